@@ -1,0 +1,5 @@
+import sys
+
+from sandpool.cli import main
+
+sys.exit(main())

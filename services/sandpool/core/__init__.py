@@ -1,0 +1,1 @@
+"""Plumbing every service shares: settings, named errors, structured logs."""

@@ -1,0 +1,1 @@
+"""The pool controller and the provider interface it drives."""

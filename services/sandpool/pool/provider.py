@@ -1,0 +1,71 @@
+"""The narrow interface between the pool controller and whatever runs sandboxes.
+
+The scheduler and the controller see only this: no Kubernetes type, no local
+process handle leaks past it. A provider creates a sandbox and returns where its
+agent listens (`http://host:port` or `unix:///path`) and the agent's
+per-sandbox secret; it lists what it runs (for reconciliation after a restart)
+and destroys sandboxes with everything they started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One pool: a kind of sandbox kept warm. Providers read the fields they understand."""
+
+    name: str
+    image: str
+    warm: int = 2
+    ceiling: int = 16
+    cpu: str | None = None
+    memory: str | None = None
+    runtime_class: str | None = None
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox the provider runs. `ready` means its agent answered its health check."""
+
+    sandbox_id: str
+    pool: str
+    address: str | None = None
+    secret: str | None = None
+    ready: bool = False
+
+
+class ProviderError(Exception):
+    """The provider could not do what was asked; `transient` ones are worth retrying later."""
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+
+    async def start(self) -> None:
+        """Prepare (connect, detect isolation, start templates). Called once by the owner."""
+
+    async def close(self) -> None:
+        """Release the provider's own resources. Does not destroy sandboxes."""
+
+    async def create(self, pool: PoolSpec, sandbox_id: str) -> SandboxInfo:
+        """Create a sandbox and return once its agent answers its health check."""
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Destroy the sandbox and every process and file it made. Idempotent."""
+
+    async def list(self) -> list[SandboxInfo]:
+        """Every sandbox this installation's provider runs, ready or not."""
+
+    def describe(self) -> dict[str, object]:
+        """What the provider is and what isolation is in force, for logs and /readyz."""

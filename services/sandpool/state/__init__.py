@@ -1,0 +1,1 @@
+"""Shared state in Redis: the key schema the scheduler and the proxy both import."""

@@ -1,0 +1,119 @@
+"""The Redis key schema: every key sandpool writes is named here and nowhere else.
+
+All keys carry one hash tag (`{<prefix>}`), so every atomic script touches a
+single cluster slot and runs unchanged on Redis Cluster. Scripts may build
+sandbox keys from `sandbox_prefix` inside Lua for that reason.
+
+Lifetimes:
+- session, sandbox, lease and lock keys expire (a safety net behind the reaper
+  and the reconciler; they are deleted explicitly in the normal path);
+- usage totals are kept; per-day usage hashes expire after `USAGE_DAY_RETENTION_DAYS`;
+- the usage event stream is trimmed to about `USAGE_STREAM_MAXLEN` entries, which a
+  billing consumer (a consumer group) must keep ahead of.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+USAGE_DAY_RETENTION_DAYS = 400
+USAGE_STREAM_MAXLEN = 1_000_000
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "sandpool"
+
+    @property
+    def base(self) -> str:
+        return "{" + self.prefix + "}:"
+
+    # --- sandboxes and pools ---------------------------------------------------------------
+    def sandbox(self, sandbox_id: str) -> str:
+        """Hash: pool, address, secret, state (starting|ready|leased|doomed), session, timestamps."""
+        return f"{self.base}sandbox:{sandbox_id}"
+
+    @property
+    def sandbox_prefix(self) -> str:
+        return f"{self.base}sandbox:"
+
+    def pool_ready(self, pool: str) -> str:
+        """List of ready sandbox ids, oldest first: the lease pops from its head."""
+        return f"{self.base}pool:{pool}:ready"
+
+    def pool_members(self, pool: str) -> str:
+        """Set of every sandbox id the pool owns, whatever its state (the ceiling counts these)."""
+        return f"{self.base}pool:{pool}:members"
+
+    @property
+    def doomed(self) -> str:
+        """Set of sandbox ids to destroy (released, reaped, dead); the controller drains it."""
+        return f"{self.base}doomed"
+
+    # --- sessions --------------------------------------------------------------------------
+    def session(self, session_id: str) -> str:
+        """Hash: sandbox, pool, image, workspace, address, secret, created_at, last_activity_at, timeouts."""
+        return f"{self.base}session:{session_id}"
+
+    @property
+    def session_prefix(self) -> str:
+        return f"{self.base}session:"
+
+    @property
+    def deadlines(self) -> str:
+        """Sorted set: session id scored by the time it must be reaped (idle or max lifetime)."""
+        return f"{self.base}deadlines"
+
+    def workspace_sessions(self, workspace: str) -> str:
+        """Set of the workspace's live session ids (its concurrency counts these)."""
+        return f"{self.base}ws:{workspace}:sessions"
+
+    @property
+    def workspace_sessions_prefix(self) -> str:
+        return f"{self.base}ws:"
+
+    # --- policy, tokens, rate ---------------------------------------------------------------
+    def workspace_policy(self, workspace: str) -> str:
+        """String: the workspace's policy as JSON, written by the admin API."""
+        return f"{self.base}policy:{workspace}"
+
+    def revoked(self, jti: str) -> str:
+        """String with expiry: a revoked token id, kept until the token would have expired."""
+        return f"{self.base}revoked:{jti}"
+
+    def rate(self, workspace: str, minute: int) -> str:
+        """Counter of the workspace's requests in one UTC minute (fixed window)."""
+        return f"{self.base}rate:{workspace}:{minute}"
+
+    # --- usage ------------------------------------------------------------------------------
+    def usage_total(self, workspace: str) -> str:
+        """Hash of counters since the beginning, kept forever."""
+        return f"{self.base}usage:{workspace}:total"
+
+    def usage_day(self, workspace: str, day: str) -> str:
+        """Hash of counters for one UTC day (`YYYY-MM-DD`), expiring after the retention."""
+        return f"{self.base}usage:{workspace}:day:{day}"
+
+    def usage_day_prefix(self, workspace: str) -> str:
+        return f"{self.base}usage:{workspace}:day:"
+
+    @property
+    def usage_workspaces(self) -> str:
+        """Set of workspaces that have any usage recorded."""
+        return f"{self.base}usage:workspaces"
+
+    @property
+    def usage_events(self) -> str:
+        """Stream of usage events (append-only, trimmed to about USAGE_STREAM_MAXLEN)."""
+        return f"{self.base}usage:events"
+
+    # --- control ----------------------------------------------------------------------------
+    @property
+    def controller_leader(self) -> str:
+        """String with expiry: the id of the scheduler replica whose pool controller is active."""
+        return f"{self.base}controller:leader"
+
+    @property
+    def pool_events(self) -> str:
+        """Pub/sub channel nudging the controller when a sandbox is released."""
+        return f"{self.base}controller:nudge"
