@@ -1,0 +1,187 @@
+"""Each contract operation as a plain description of one HTTP call, shared by the sync and async clients.
+
+A `Call` says what to send, how long to wait for the answer, whether it may be
+offered again automatically, and how to read a successful answer. Building one
+does no I/O, so the two clients differ only in how they send it.
+
+Which calls are retried automatically (`Retry`):
+
+- `SAFE` (CreateSession, DestroySession, ListFiles, GetFile): nothing changes if
+  the call is offered twice, or a refusal means nothing happened (a 503 or 429
+  CreateSession leased nothing). Retried on a connection failure, 429 and 503.
+- `ONCE` (Execute, PutFile): not idempotent. Retried only when the connection
+  failed before the request was sent; any answer, including 429/503, is raised
+  for the caller to decide.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+from urllib.parse import quote
+
+import httpx
+
+from sandpool.client.errors import ProtocolError
+from sandpool.client.results import ExecResult, SessionInfo, UploadResult, file_infos_from_body
+
+TOOL_PYTHON = "code_execution"
+TOOL_BASH = "bash_code_execution"
+TOOL_EDITOR = "text_editor_code_execution"
+
+Upload = bytes | bytearray | memoryview | IO[bytes]
+
+
+class Retry(enum.Enum):
+    SAFE = "safe"
+    ONCE = "once"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The client's time budget: `request` for every call, plus a margin on top of an exec's own timeout."""
+
+    request: float = 30.0
+    connect: float = 10.0
+    exec_margin: float = 10.0
+    exec_default: float = 300.0
+    """Assumed exec timeout when neither the call nor the session handle states one."""
+
+    def plain(self) -> httpx.Timeout:
+        return httpx.Timeout(self.request, connect=min(self.connect, self.request))
+
+    def for_exec(self, exec_seconds: float) -> httpx.Timeout:
+        # The contract: allow more wall-clock than the backend is granted, or a
+        # legitimate near-limit run reads as an unreachable backend.
+        read = exec_seconds + self.exec_margin
+        return httpx.Timeout(max(read, self.request), connect=min(self.connect, self.request))
+
+
+@dataclass
+class Call:
+    operation: str
+    method: str
+    path: str
+    expect: tuple[int, ...]
+    retry: Retry
+    timeout: httpx.Timeout
+    parse: Callable[[httpx.Response], Any]
+    params: dict[str, str] | None = None
+    json: dict[str, Any] | None = None
+    files: dict[str, Any] | None = None
+    data: dict[str, str] | None = None
+    absent_ok: bool = False
+    """A 404 means the desired state already holds (DestroySession)."""
+    rewind: Callable[[], bool] | None = field(default=None, repr=False)
+    """Before a retry: put an uploaded stream back at its start; False when it cannot be."""
+
+
+def _json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError as exc:
+        raise ProtocolError(f"{resp.request.method} {resp.request.url.path} answered non-JSON "
+                            f"({resp.headers.get('content-type', 'no content type')})",
+                            status=resp.status_code) from exc
+
+
+def _session_path(session_id: str, suffix: str = "") -> str:
+    if not session_id:
+        raise ValueError("session_id must not be empty")
+    return f"/sessions/{quote(session_id, safe='')}{suffix}"
+
+
+def create_session(timeouts: Timeouts, *, idle_timeout_seconds: int | None = None,
+                   max_lifetime_seconds: int | None = None, image: str | None = None,
+                   **extra: Any) -> Call:
+    body: dict[str, Any] = {k: v for k, v in {
+        "idle_timeout_seconds": idle_timeout_seconds,
+        "max_lifetime_seconds": max_lifetime_seconds,
+        "image": image,
+    }.items() if v is not None}
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return Call("create_session", "POST", "/sessions", (201, 200), Retry.SAFE, timeouts.plain(),
+                lambda r: SessionInfo.from_body(_json(r)), json=body)
+
+
+def destroy_session(timeouts: Timeouts, session_id: str) -> Call:
+    return Call("destroy_session", "DELETE", _session_path(session_id), (204, 200), Retry.SAFE,
+                timeouts.plain(), lambda r: None, absent_ok=True)
+
+
+def execute(timeouts: Timeouts, session_id: str, tool: str, tool_input: dict[str, Any], *,
+            timeout_seconds: int | None, tool_use_id: str | None, session_exec_timeout: int | None) -> Call:
+    body: dict[str, Any] = {"tool": tool, "input": tool_input}
+    if timeout_seconds is not None:
+        body["timeout_seconds"] = timeout_seconds
+    if tool_use_id is not None:
+        body["tool_use_id"] = tool_use_id
+    budget = timeout_seconds or session_exec_timeout or timeouts.exec_default
+    if session_exec_timeout and timeout_seconds:
+        budget = min(timeout_seconds, session_exec_timeout)  # the server clamps to what is in force
+    return Call("execute", "POST", _session_path(session_id, "/exec"), (200,), Retry.ONCE,
+                timeouts.for_exec(float(budget)), lambda r: ExecResult.from_body(_json(r)), json=body)
+
+
+def editor_input(command: str, path: str, **fields: Any) -> dict[str, Any]:
+    return {"command": command, "path": path, **{k: v for k, v in fields.items() if v is not None}}
+
+
+def list_files(timeouts: Timeouts, session_id: str, path: str = ".") -> Call:
+    return Call("list_files", "GET", _session_path(session_id, "/files/list"), (200,), Retry.SAFE,
+                timeouts.plain(), lambda r: file_infos_from_body(_json(r)), params={"path": path})
+
+
+def get_file(timeouts: Timeouts, session_id: str, path: str) -> Call:
+    if not path:
+        raise ValueError("path must not be empty")
+    return Call("get_file", "GET", _session_path(session_id, "/files"), (200,), Retry.SAFE,
+                timeouts.plain(), lambda r: r.content, params={"path": path})
+
+
+def put_file(timeouts: Timeouts, session_id: str, path: str, data: Upload) -> Call:
+    """PutFile: `data` is bytes or a binary file object (streamed, not read into memory)."""
+    if not path:
+        raise ValueError("path must not be empty")
+    if isinstance(data, str):
+        raise TypeError("upload data must be bytes or a binary file, not str (encode it first)")
+    filename = os.path.basename(path.rstrip("/")) or "upload"
+    payload: Any
+    rewind: Callable[[], bool] | None = None
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        payload = bytes(data)
+    else:
+        payload = data
+        start = data.tell() if data.seekable() else None
+
+        def rewind() -> bool:
+            if start is None:
+                return False
+            data.seek(start)
+            return True
+
+    return Call("put_file", "POST", _session_path(session_id, "/files"), (201, 200), Retry.ONCE,
+                timeouts.plain(), lambda r: UploadResult.from_body(_json(r)),
+                files={"file": (filename, payload, "application/octet-stream")}, data={"path": path},
+                rewind=rewind)
+
+
+__all__ = [
+    "TOOL_BASH",
+    "TOOL_EDITOR",
+    "TOOL_PYTHON",
+    "Call",
+    "Retry",
+    "Timeouts",
+    "Upload",
+    "create_session",
+    "destroy_session",
+    "editor_input",
+    "execute",
+    "get_file",
+    "list_files",
+    "put_file",
+]

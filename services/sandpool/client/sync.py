@@ -1,0 +1,234 @@
+"""The blocking client: `Client` and the `Session` it leases.
+
+    with Client("http://127.0.0.1:8080", token=token) as client:
+        with client.session() as s:
+            print(s.run_python("print(1)").stdout)
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from sandpool.client import calls
+from sandpool.client.calls import Call, Timeouts, Upload
+from sandpool.client.config import ClientConfig
+from sandpool.client.errors import SandpoolClientError
+from sandpool.client.results import ExecResult, FileInfo, OutputFile, SessionInfo, UploadResult
+from sandpool.client.retry import RetryPolicy
+from sandpool.client.transport import REQUEST_ID_HEADER, error_for_transport, finish_error, read_response, retry_delay
+
+
+class Client:
+    """A contract v1 client for sandpool (or any backend or gateway that speaks contract v1).
+
+    `timeout` bounds every call except Execute, whose budget is its own
+    `timeout_seconds` (or the session's exec timeout in force) plus
+    `exec_timeout_margin`. `max_retries` and `max_retry_wait` bound the automatic
+    retries of calls that are safe to repeat (see `sandpool.client.calls`).
+    Pass `http_client` to bring your own `httpx.Client` (proxies, TLS, transports);
+    it is then yours to close.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        max_retry_wait: float = 30.0,
+        exec_timeout_margin: float = 10.0,
+        default_exec_timeout: float = 300.0,
+        headers: Mapping[str, str] | None = None,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self.config = ClientConfig.build(base_url, token, timeout=timeout, max_retries=max_retries,
+                                         max_retry_wait=max_retry_wait, exec_timeout_margin=exec_timeout_margin,
+                                         default_exec_timeout=default_exec_timeout, headers=headers)
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.Client()
+        self._sleep = time.sleep
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Client:
+        """Build from `SANDPOOL_URL` and (optional) `SANDPOOL_TOKEN`, as `sandpool up` prints them."""
+        base_url, token = ClientConfig.from_env(environ)
+        return cls(base_url, token, **kwargs)
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return self.config.timeouts
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return self.config.retry
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _run(self, call: Call) -> Any:
+        request_id = uuid.uuid4().hex
+        headers = {**self.config.headers, REQUEST_ID_HEADER: request_id}
+        url = self.config.url(call.path)
+        waited, attempt = 0.0, 0
+        while True:
+            attempt += 1
+            try:
+                resp = self._http.request(call.method, url, params=call.params, json=call.json, files=call.files,
+                                          data=call.data, headers=headers, timeout=call.timeout)
+            except httpx.TransportError as exc:
+                value, err = None, error_for_transport(call, exc)
+            else:
+                value, err = read_response(call, resp)
+            if err is None:
+                return value
+            delay = retry_delay(self.config.retry, call, err, attempt - 1, waited)
+            if delay is None:
+                raise finish_error(err, request_id, attempt)
+            self._sleep(delay)
+            waited += delay
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- sessions ------------------------------------------------------------------------
+
+    def create_session(self, *, idle_timeout_seconds: int | None = None, max_lifetime_seconds: int | None = None,
+                       image: str | None = None, **extra: Any) -> Session:
+        """CreateSession. Retried on 503/429 within the retry budget; raises `AtCapacity` when it runs out.
+
+        The caller owns the session: call `destroy()` (or use `session()`).
+        """
+        info = self._run(calls.create_session(self.timeouts, idle_timeout_seconds=idle_timeout_seconds,
+                                              max_lifetime_seconds=max_lifetime_seconds, image=image, **extra))
+        return Session(self, info)
+
+    @contextmanager
+    def session(self, *, idle_timeout_seconds: int | None = None, max_lifetime_seconds: int | None = None,
+                image: str | None = None, **extra: Any) -> Iterator[Session]:
+        """A session destroyed when the block exits, however it exits."""
+        s = self.create_session(idle_timeout_seconds=idle_timeout_seconds, max_lifetime_seconds=max_lifetime_seconds,
+                                image=image, **extra)
+        with s:
+            yield s
+
+    def attach(self, session_id: str) -> Session:
+        """A `Session` for an id leased earlier (by this process or another)."""
+        return Session(self, SessionInfo(session_id=session_id))
+
+    def destroy_session(self, session_id: str) -> None:
+        """DestroySession; an unknown id is not an error (it is already gone)."""
+        self._run(calls.destroy_session(self.timeouts, session_id))
+
+
+class Session:
+    """One leased session. Interpreter state and files persist across its calls until `destroy()`."""
+
+    def __init__(self, client: Client, info: SessionInfo) -> None:
+        self.client = client
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.session_id
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r})"
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self.destroy()
+        except SandpoolClientError:
+            if exc is None:
+                raise
+            # The block's own error is the one worth seeing; the server reaps the session anyway.
+
+    def destroy(self) -> None:
+        self.client.destroy_session(self.id)
+
+    # --- Execute -------------------------------------------------------------------------
+
+    def execute(self, tool: str, tool_input: dict[str, Any], *, timeout_seconds: int | None = None,
+                tool_use_id: str | None = None) -> ExecResult:
+        """Execute any tool kind. Never retried automatically once sent (it is not idempotent)."""
+        return self.client._run(calls.execute(self.client.timeouts, self.id, tool, tool_input,
+                                              timeout_seconds=timeout_seconds, tool_use_id=tool_use_id,
+                                              session_exec_timeout=self.info.exec_timeout_seconds))
+
+    def run_python(self, code: str, *, timeout_seconds: int | None = None,
+                   tool_use_id: str | None = None) -> ExecResult:
+        """Run code in the session's persistent Python interpreter."""
+        return self.execute(calls.TOOL_PYTHON, {"code": code}, timeout_seconds=timeout_seconds,
+                            tool_use_id=tool_use_id)
+
+    def run_bash(self, command: str, *, timeout_seconds: int | None = None,
+                 tool_use_id: str | None = None) -> ExecResult:
+        """Run a shell command in the session's workspace."""
+        return self.execute(calls.TOOL_BASH, {"command": command}, timeout_seconds=timeout_seconds,
+                            tool_use_id=tool_use_id)
+
+    def edit(self, command: str, path: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
+             **fields: Any) -> ExecResult:
+        """The text editor: `command` is view, create, str_replace, insert or undo_edit."""
+        return self.execute(calls.TOOL_EDITOR, calls.editor_input(command, path, **fields),
+                            timeout_seconds=timeout_seconds, tool_use_id=tool_use_id)
+
+    def view(self, path: str, view_range: tuple[int, int] | list[int] | None = None) -> ExecResult:
+        return self.edit("view", path, view_range=list(view_range) if view_range is not None else None)
+
+    def create(self, path: str, file_text: str) -> ExecResult:
+        return self.edit("create", path, file_text=file_text)
+
+    def str_replace(self, path: str, old_str: str, new_str: str) -> ExecResult:
+        return self.edit("str_replace", path, old_str=old_str, new_str=new_str)
+
+    def insert(self, path: str, insert_line: int, new_str: str) -> ExecResult:
+        return self.edit("insert", path, insert_line=insert_line, new_str=new_str)
+
+    def undo_edit(self, path: str) -> ExecResult:
+        return self.edit("undo_edit", path)
+
+    # --- files ---------------------------------------------------------------------------
+
+    def upload(self, path: str, data: Upload) -> UploadResult:
+        """PutFile: write `data` (bytes or a binary file) to `path` in the workspace.
+
+        Over the server's cap it raises `PayloadTooLarge` and nothing is written.
+        """
+        return self.client._run(calls.put_file(self.client.timeouts, self.id, path, data))
+
+    def download(self, path: str) -> bytes:
+        """GetFile: the bytes of `path` in the workspace."""
+        return self.client._run(calls.get_file(self.client.timeouts, self.id, path))
+
+    def list_files(self, path: str = ".") -> list[FileInfo]:
+        """ListFiles: the entries of a workspace directory."""
+        return self.client._run(calls.list_files(self.client.timeouts, self.id, path))
+
+    def download_output(self, file: OutputFile) -> bytes:
+        """The bytes of a file an execution produced (addressed by its `file_id`)."""
+        return self.download(file.file_id)
+
+    def produced_files(self, result: ExecResult) -> dict[str, bytes]:
+        """Every file `result` produced, fetched, keyed by its `filename`."""
+        return {f.filename: self.download_output(f) for f in result.files}
+
+
+__all__ = ["Client", "Session"]
