@@ -1,0 +1,309 @@
+{{/* Names: every resource name comes from these helpers. */}}
+
+{{- define "sandpool.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sandpool.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sandpool.proxy.fullname" -}}{{ include "sandpool.fullname" . }}-proxy{{- end -}}
+{{- define "sandpool.scheduler.fullname" -}}{{ include "sandpool.fullname" . }}-scheduler{{- end -}}
+{{- define "sandpool.redis.fullname" -}}{{ include "sandpool.fullname" . }}-redis{{- end -}}
+{{- define "sandpool.pools.fullname" -}}{{ include "sandpool.fullname" . }}-pools{{- end -}}
+{{- define "sandpool.auth.fullname" -}}{{ include "sandpool.fullname" . }}-auth{{- end -}}
+{{- define "sandpool.signing.fullname" -}}{{ include "sandpool.fullname" . }}-signing{{- end -}}
+{{- define "sandpool.internal.fullname" -}}{{ include "sandpool.fullname" . }}-internal{{- end -}}
+{{- define "sandpool.redisurl.fullname" -}}{{ include "sandpool.fullname" . }}-redis-url{{- end -}}
+
+{{- define "sandpool.serviceAccountName" -}}
+{{- default (include "sandpool.scheduler.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The namespace the sandbox pods run in. */}}
+{{- define "sandpool.sandboxNamespace" -}}
+{{- default .Release.Namespace .Values.sandboxes.namespace -}}
+{{- end -}}
+
+{{/* Labels. Sandbox pods carry the provider's labels instead (see sandbox/networkpolicy.yaml). */}}
+{{- define "sandpool.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "sandpool.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* selectorLabels: (dict "ctx" $ "component" "proxy") */}}
+{{- define "sandpool.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sandpool.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* The labels the kubernetes provider puts on every sandbox pod of this installation. */}}
+{{- define "sandpool.sandboxSelectorLabels" -}}
+app.kubernetes.io/name: sandpool
+app.kubernetes.io/component: sandbox
+sandpool.dev/installation: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Images. */}}
+{{- define "sandpool.imageRef" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .default .image.tag | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sandpool.image" -}}
+{{- include "sandpool.imageRef" (dict "image" .Values.image "default" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "sandpool.sandboxImage" -}}
+{{- include "sandpool.imageRef" (dict "image" .Values.sandboxImage "default" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "sandpool.redis.image" -}}
+{{- include "sandpool.imageRef" (dict "image" .Values.redis.bundled.image "default" "latest") -}}
+{{- end -}}
+
+{{/* Security contexts: fixed and hardened, only the ids are values. */}}
+{{- define "sandpool.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.securityContext.runAsUser }}
+runAsGroup: {{ .Values.securityContext.runAsGroup }}
+fsGroup: {{ .Values.securityContext.fsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "sandpool.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.securityContext.runAsUser }}
+runAsGroup: {{ .Values.securityContext.runAsGroup }}
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Soft spreading of a component's replicas over nodes. */}}
+{{- define "sandpool.antiAffinity" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "sandpool.selectorLabels" . | nindent 12 }}
+{{- end -}}
+
+{{- define "sandpool.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A secret value kept across upgrades: the live Secret's value when the Secret
+exists (helm upgrade), else the given value, else a fresh random one.
+(dict "ctx" $ "secret" NAME "key" KEY "given" VALUE "length" N) -> base64 text
+*/}}
+{{- define "sandpool.keptSecret" -}}
+{{- $live := lookup "v1" "Secret" .ctx.Release.Namespace .secret -}}
+{{- if .given -}}
+{{- .given | b64enc -}}
+{{- else if and $live $live.data (hasKey $live.data .key) -}}
+{{- index $live.data .key -}}
+{{- else -}}
+{{- randAlphaNum (int .length) | b64enc -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the release holds a signing (private) key: given, or generated. */}}
+{{- define "sandpool.hasSigningKey" -}}
+{{- if or .Values.auth.privateKey (and .Values.auth.generateSigningKey (not .Values.auth.publicKeys) (not .Values.auth.existingSecret)) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret with the Redis URL (SANDPOOL_REDIS_URL) and its key. */}}
+{{- define "sandpool.redisUrlSecret" -}}
+{{- if and (eq .Values.redis.mode "external") .Values.redis.external.existingSecret -}}
+{{- .Values.redis.external.existingSecret -}}
+{{- else -}}
+{{- include "sandpool.redisurl.fullname" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sandpool.redisUrlKey" -}}
+{{- if and (eq .Values.redis.mode "external") .Values.redis.external.existingSecret -}}
+{{- .Values.redis.external.existingSecretKey -}}
+{{- else -}}
+url
+{{- end -}}
+{{- end -}}
+
+{{- define "sandpool.internalSecret" -}}
+{{- default (include "sandpool.internal.fullname" .) .Values.internalCredential.existingSecret -}}
+{{- end -}}
+
+{{- define "sandpool.authSecret" -}}
+{{- default (include "sandpool.auth.fullname" .) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{/* Key ids of the public keys in the auth Secret. */}}
+{{- define "sandpool.publicKeyIds" -}}
+{{- if .Values.auth.existingSecret -}}
+{{- join "," .Values.auth.existingSecretKeyIds -}}
+{{- else -}}
+{{- join "," (keys .Values.auth.publicKeys | sortAlpha) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Checks that fail the render with a message naming the value. */}}
+{{- define "sandpool.validate" -}}
+{{- if and (eq .Values.redis.mode "external") (not .Values.redis.external.url) (not .Values.redis.external.existingSecret) -}}
+{{- fail "redis.mode=external needs redis.external.url or redis.external.existingSecret" -}}
+{{- end -}}
+{{- if and .Values.auth.existingSecret (not .Values.auth.existingSecretKeyIds) -}}
+{{- fail "auth.existingSecret needs auth.existingSecretKeyIds (the <kid>.pub entries to trust)" -}}
+{{- end -}}
+{{- if and (not .Values.auth.publicKeys) (not .Values.auth.existingSecret) (not (include "sandpool.hasSigningKey" .)) -}}
+{{- fail "no token key: set auth.publicKeys, auth.existingSecret or auth.privateKey, or leave auth.generateSigningKey on" -}}
+{{- end -}}
+{{- if not .Values.pools -}}
+{{- fail "pools: at least one pool is needed" -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range .Values.pools -}}
+{{- if hasKey $seen .name -}}
+{{- fail (printf "pools: the name %q is used twice" .name) -}}
+{{- end -}}
+{{- $_ := set $seen .name true -}}
+{{- if gt (int .warm) (int .ceiling) -}}
+{{- fail (printf "pools[%s]: warm (%d) is above ceiling (%d)" .name (int .warm) (int .ceiling)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.sandboxes.createNamespace (not .Values.sandboxes.namespace) -}}
+{{- fail "sandboxes.createNamespace needs sandboxes.namespace (the release namespace already exists)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A NetworkPolicy peer from the chart's closed form {cidr | namespaceLabels/podLabels}. */}}
+{{- define "sandpool.peer" -}}
+{{- if .cidr -}}
+- ipBlock:
+    cidr: {{ .cidr }}
+{{- else -}}
+- {{- if .namespaceLabels }}
+  namespaceSelector:
+    matchLabels:
+      {{- toYaml .namespaceLabels | nindent 6 }}
+  {{- end }}
+  {{- if .podLabels }}
+  podSelector:
+    matchLabels:
+      {{- toYaml .podLabels | nindent 6 }}
+  {{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* pools.yaml: the PoolSpec fields (services/sandpool/pool/provider.py), snake_case. */}}
+{{- define "sandpool.poolsFile" -}}
+pools:
+{{- range .Values.pools }}
+  - name: {{ .name | quote }}
+    image: {{ default (include "sandpool.sandboxImage" $) .image | quote }}
+    warm: {{ int .warm }}
+    ceiling: {{ int .ceiling }}
+    {{- if .cpu }}
+    cpu: {{ .cpu | quote }}
+    {{- end }}
+    {{- if .memory }}
+    memory: {{ .memory | quote }}
+    {{- end }}
+    {{- if .runtimeClassName }}
+    runtime_class: {{ .runtimeClassName | quote }}
+    {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The proxy's command line (flags of `sandpool proxy`, services/sandpool/proxy/settings.py). */}}
+{{- define "sandpool.proxy.args" -}}
+- proxy
+- --host=0.0.0.0
+- --port={{ .Values.proxy.port }}
+- --scheduler-url=http://{{ include "sandpool.scheduler.fullname" . }}:{{ .Values.scheduler.service.port }}
+- --internal-token-file=/etc/sandpool/internal/token
+- --auth-audience={{ .Values.auth.audience }}
+{{- range $kid := splitList "," (include "sandpool.publicKeyIds" .) }}
+{{- if $kid }}
+- --auth-public-key=/etc/sandpool/keys/{{ $kid }}.pub
+{{- end }}
+{{- end }}
+{{- if include "sandpool.hasSigningKey" . }}
+- --auth-public-key=/etc/sandpool/derived/{{ .Values.auth.signingKeyId }}.pub
+{{- end }}
+{{- range .Values.proxy.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The scheduler's command line (flags of `sandpool scheduler`, services/sandpool/scheduler/settings.py). */}}
+{{- define "sandpool.scheduler.args" -}}
+- scheduler
+- --host=0.0.0.0
+- --port={{ .Values.scheduler.port }}
+- --internal-token-file=/etc/sandpool/internal/token
+- --pools-file=/etc/sandpool/pools.yaml
+- --provider={{ .Values.scheduler.provider }}
+{{- if eq .Values.scheduler.provider "kubernetes" }}
+- --kubernetes-namespace={{ include "sandpool.sandboxNamespace" . }}
+- --kubernetes-installation={{ .Release.Name }}
+- --kubernetes-agent-port={{ .Values.sandboxes.agentPort }}
+{{- end }}
+{{- range .Values.scheduler.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* redis.conf of the bundled Redis. */}}
+{{- define "sandpool.redis.conf" -}}
+# Durable state: append-only file plus periodic snapshots.
+dir /data
+appendonly yes
+appendfsync {{ .Values.redis.bundled.appendfsync }}
+save 900 1 300 10 60 10000
+# sandpool's keys must never be evicted: refuse writes instead.
+maxmemory-policy noeviction
+{{- with .Values.redis.bundled.maxmemory }}
+maxmemory {{ . }}
+{{- end }}
+protected-mode no
+port 6379
+# The password, from the Secret (never on a command line).
+include /etc/redis-auth/auth.conf
+{{- end -}}
