@@ -15,6 +15,7 @@ from sandpool.client import (
     BadRequest,
     ExecResult,
     Forbidden,
+    ImageNotAllowed,
     InvalidRequest,
     NotFound,
     PathOutsideWorkspace,
@@ -51,6 +52,9 @@ from sandpool.client.retry import parse_retry_after
         (502, "sandbox_failed", SandboxFailed, True),
         (503, "at_capacity", AtCapacity, True),
         (503, "unavailable", Unavailable, True),
+        (503, "redis_unavailable", Unavailable, True),
+        (503, "sandbox_unavailable", Unavailable, True),
+        (403, "image_not_allowed", ImageNotAllowed, False),
         (500, "internal_error", ServerError, False),
         (409, None, BadRequest, False),
     ],
@@ -91,6 +95,7 @@ def test_extension_fields_of_the_error_body_are_kept() -> None:
     err = error_from_response(429, httpx.Headers({"retry-after": "7"}),
                               {"detail": "budget", "reason": "quota_exceeded", "limit": "daily_session_seconds"})
     assert err.body["limit"] == "daily_session_seconds"
+    assert isinstance(err, QuotaExceeded) and err.limit == "daily_session_seconds"
     assert err.retry_after == 7.0
 
 
@@ -180,19 +185,33 @@ def test_total_wait_and_count_never_exceed_the_policy(retries: int, budget: floa
 # --- timeouts --------------------------------------------------------------------------------------
 
 
-def test_exec_timeout_exceeds_the_granted_execution_time_by_the_margin() -> None:
+def _read_timeout(timeout_seconds: int | None, default: int | None = None, ceiling: int | None = None) -> float:
     t = Timeouts(request=30, exec_margin=10, exec_default=300)
-    call = execute(t, "s", "code_execution", {"code": "1"}, timeout_seconds=100, tool_use_id=None,
-                   session_exec_timeout=None)
-    assert call.timeout.read == 110
-    assert call.json == {"tool": "code_execution", "input": {"code": "1"}, "timeout_seconds": 100}
-    # The session's exec timeout in force is used when the call sets none, and caps a larger request.
-    assert execute(t, "s", "x", {}, timeout_seconds=None, tool_use_id=None, session_exec_timeout=20).timeout.read == 30
-    assert execute(t, "s", "x", {}, timeout_seconds=500, tool_use_id=None, session_exec_timeout=20).timeout.read == 30
-    assert execute(t, "s", "x", {}, timeout_seconds=None, tool_use_id=None, session_exec_timeout=None).timeout.read \
-        == 310
+    call = execute(t, "s", "code_execution", {"code": "1"}, timeout_seconds=timeout_seconds, tool_use_id=None,
+                   session_exec_timeout=default, session_max_exec_timeout=ceiling)
+    assert call.timeout.read is not None
+    return call.timeout.read
+
+
+def test_exec_timeout_exceeds_the_granted_execution_time_by_the_margin() -> None:
+    assert _read_timeout(100) == 110
+    assert _read_timeout(100, default=60, ceiling=300) == 110
+    # A request above the session's ceiling runs for the ceiling only.
+    assert _read_timeout(500, default=60, ceiling=300) == 310
+    # No timeout asked: the session's default in force, else its ceiling, else the client's assumption.
+    assert _read_timeout(None, default=60, ceiling=300) == 70
+    assert _read_timeout(None, ceiling=120) == 130
+    assert _read_timeout(None) == 310
     # Never below the plain request timeout.
-    assert execute(t, "s", "x", {}, timeout_seconds=1, tool_use_id=None, session_exec_timeout=None).timeout.read == 30
+    assert _read_timeout(1) == 30
+
+
+def test_exec_body_carries_only_what_was_given() -> None:
+    call = execute(Timeouts(), "s", "code_execution", {"code": "1"}, timeout_seconds=100, tool_use_id="u")
+    assert call.json == {"tool": "code_execution", "input": {"code": "1"}, "timeout_seconds": 100,
+                         "tool_use_id": "u"}
+    bare = execute(Timeouts(), "s", "code_execution", {"code": "1"}, timeout_seconds=None, tool_use_id=None)
+    assert bare.json == {"tool": "code_execution", "input": {"code": "1"}}
 
 
 def test_session_ids_are_escaped_into_the_path() -> None:
@@ -285,9 +304,12 @@ def test_non_conforming_exec_bodies_are_protocol_errors(body: object) -> None:
 
 
 def test_session_info_reads_sandpool_extensions_when_present() -> None:
-    info = SessionInfo.from_body({"session_id": "s", "image": "python:3.12", "exec_timeout_seconds": 60})
-    assert (info.image, info.exec_timeout_seconds) == ("python:3.12", 60)
-    plain = SessionInfo.from_body({"session_id": "s"})
-    assert (plain.image, plain.exec_timeout_seconds) == (None, None)
+    info = SessionInfo.from_body({"session_id": "s", "image": "python:3.12", "pool": "py", "exec_timeout_seconds": 60,
+                                  "max_exec_timeout_seconds": 300})
+    assert (info.image, info.pool, info.exec_timeout_seconds, info.max_exec_timeout_seconds) == (
+        "python:3.12", "py", 60, 300)
+    plain = SessionInfo.from_body({"session_id": "s", "exec_timeout_seconds": True})
+    assert (plain.image, plain.pool, plain.exec_timeout_seconds, plain.max_exec_timeout_seconds) == (
+        None, None, None, None)
     with pytest.raises(ProtocolError):
         SessionInfo.from_body({"session_id": ""})

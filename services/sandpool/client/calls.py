@@ -112,18 +112,32 @@ def destroy_session(timeouts: Timeouts, session_id: str) -> Call:
                 timeouts.plain(), lambda r: None, absent_ok=True)
 
 
+def exec_budget(timeouts: Timeouts, timeout_seconds: int | None, session_default: int | None,
+                session_max: int | None) -> float:
+    """The longest the server may run this exec, as far as the client can tell.
+
+    The call's own `timeout_seconds` (clamped by the server to the session's
+    ceiling, which a sandpool handle reports), else the session's default in
+    force, else `Timeouts.exec_default` for a backend that reports neither.
+    """
+    if timeout_seconds is not None:
+        return float(min(timeout_seconds, session_max) if session_max else timeout_seconds)
+    if session_default:
+        return float(session_default)
+    return float(session_max or timeouts.exec_default)
+
+
 def execute(timeouts: Timeouts, session_id: str, tool: str, tool_input: dict[str, Any], *,
-            timeout_seconds: int | None, tool_use_id: str | None, session_exec_timeout: int | None) -> Call:
+            timeout_seconds: int | None, tool_use_id: str | None, session_exec_timeout: int | None = None,
+            session_max_exec_timeout: int | None = None) -> Call:
     body: dict[str, Any] = {"tool": tool, "input": tool_input}
     if timeout_seconds is not None:
         body["timeout_seconds"] = timeout_seconds
     if tool_use_id is not None:
         body["tool_use_id"] = tool_use_id
-    budget = timeout_seconds or session_exec_timeout or timeouts.exec_default
-    if session_exec_timeout and timeout_seconds:
-        budget = min(timeout_seconds, session_exec_timeout)  # the server clamps to what is in force
+    budget = exec_budget(timeouts, timeout_seconds, session_exec_timeout, session_max_exec_timeout)
     return Call("execute", "POST", _session_path(session_id, "/exec"), (200,), Retry.ONCE,
-                timeouts.for_exec(float(budget)), lambda r: ExecResult.from_body(_json(r)), json=body)
+                timeouts.for_exec(budget), lambda r: ExecResult.from_body(_json(r)), json=body)
 
 
 def editor_input(command: str, path: str, **fields: Any) -> dict[str, Any]:
@@ -180,6 +194,7 @@ __all__ = [
     "create_session",
     "destroy_session",
     "editor_input",
+    "exec_budget",
     "execute",
     "get_file",
     "list_files",

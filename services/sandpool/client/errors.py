@@ -120,6 +120,12 @@ class Forbidden(SandpoolClientError):
     default_reason = "forbidden"
 
 
+class ImageNotAllowed(Forbidden):
+    """403: the workspace's policy does not allow the requested `image` (nothing was leased)."""
+
+    default_reason = "image_not_allowed"
+
+
 class PathOutsideWorkspace(Forbidden):
     """403: a file path that escapes the session's workspace."""
 
@@ -147,9 +153,19 @@ class QuotaExceeded(SandpoolClientError):
     retryable = True
     default_reason = "quota_exceeded"
 
+    @property
+    def limit(self) -> str | None:
+        """sandpool: which limit refused (`concurrent_sessions`, `daily_session_seconds`, `requests_per_minute`)."""
+        value = self.body.get("limit")
+        return value if isinstance(value, str) else None
+
 
 class Unavailable(SandpoolClientError):
-    """503: the service cannot serve the call right now (a dependency is down)."""
+    """503: the call could not be served now (a dependency is down, or the session's sandbox is unreachable).
+
+    `reason` says which: `redis_unavailable`, `scheduler_unavailable`, `sandbox_unavailable`
+    (the session is gone; create a new one), ...
+    """
 
     retryable = True
     default_reason = "unavailable"
@@ -188,7 +204,8 @@ _BY_STATUS: dict[int, type[SandpoolClientError]] = {
 
 _BY_REASON: dict[tuple[int, str], type[SandpoolClientError]] = {
     (403, "path_outside_workspace"): PathOutsideWorkspace,
-    (503, "unavailable"): Unavailable,
+    (403, "image_not_allowed"): ImageNotAllowed,
+    (503, "at_capacity"): AtCapacity,
 }
 
 
@@ -196,10 +213,13 @@ def error_class_for(status: int, reason: str | None) -> type[SandpoolClientError
     """The exception class for an error status (and, where it refines it, the body's `reason`).
 
     A 503 without a reason is `AtCapacity`: that is what the contract uses 503 for,
-    and a gateway other than sandpool sends no `reason`.
+    and a gateway other than sandpool sends no `reason`. A 503 whose reason is
+    anything but `at_capacity` is `Unavailable` (a dependency, not capacity).
     """
     if reason is not None and (status, reason) in _BY_REASON:
         return _BY_REASON[(status, reason)]
+    if status == 503 and reason is not None:
+        return Unavailable
     if status in _BY_STATUS:
         return _BY_STATUS[status]
     if 400 <= status < 500:
@@ -252,6 +272,7 @@ __all__ = [
     "ConnectionFailed",
     "ConnectionLost",
     "Forbidden",
+    "ImageNotAllowed",
     "InvalidRequest",
     "NotFound",
     "PathOutsideWorkspace",

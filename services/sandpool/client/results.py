@@ -40,11 +40,25 @@ class SessionInfo:
         value = self.raw.get("image")
         return value if isinstance(value, str) else None
 
+    def _int(self, name: str) -> int | None:
+        value = self.raw.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     @property
     def exec_timeout_seconds(self) -> int | None:
-        """sandpool extension: the longest an Execute in this session may run."""
-        value = self.raw.get("exec_timeout_seconds")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        """sandpool extension: the timeout of an Execute that names none."""
+        return self._int("exec_timeout_seconds")
+
+    @property
+    def max_exec_timeout_seconds(self) -> int | None:
+        """sandpool extension: the most `timeout_seconds` an Execute may get (larger is clamped)."""
+        return self._int("max_exec_timeout_seconds")
+
+    @property
+    def pool(self) -> str | None:
+        """sandpool extension: the pool the session's sandbox came from."""
+        value = self.raw.get("pool")
+        return value if isinstance(value, str) else None
 
     @classmethod
     def from_body(cls, body: Any) -> SessionInfo:

@@ -170,7 +170,8 @@ class Session:
         """Execute any tool kind. Never retried automatically once sent (it is not idempotent)."""
         return self.client._run(calls.execute(self.client.timeouts, self.id, tool, tool_input,
                                               timeout_seconds=timeout_seconds, tool_use_id=tool_use_id,
-                                              session_exec_timeout=self.info.exec_timeout_seconds))
+                                              session_exec_timeout=self.info.exec_timeout_seconds,
+                                              session_max_exec_timeout=self.info.max_exec_timeout_seconds))
 
     def run_python(self, code: str, *, timeout_seconds: int | None = None,
                    tool_use_id: str | None = None) -> ExecResult:
