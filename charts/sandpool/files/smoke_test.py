@@ -1,13 +1,13 @@
 """`helm test`: one session end to end through the proxy.
 
-Mints a short-lived token with the release's signing key, creates a session,
-runs print(1), checks the result and destroys the session. Exits non-zero with
-a one-line reason on any failure. Uses only what the control-plane image has
-(httpx, PyJWT); configured by environment:
+Mints a short-lived token with the release's signing key (sandpool's own
+`mint_token`, so the kid is the key's thumbprint, as the proxy expects),
+creates a session, runs print(1), checks the result and destroys the session.
+Exits non-zero with a one-line reason on any failure. Runs in the control-plane
+image; configured by environment:
 
   SMOKE_URL        base URL of the proxy
   SMOKE_KEY        path of the Ed25519 private key (PEM)
-  SMOKE_KID        key id the proxy trusts the key's public half under
   SMOKE_AUDIENCE   the `aud` claim
   SMOKE_WORKSPACE  the `workspace` claim
   SMOKE_TIMEOUT    seconds to wait for a ready sandbox (default 120)
@@ -18,19 +18,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-import uuid
 
 import httpx
-import jwt
 
-
-def mint(key_path: str, kid: str, audience: str, workspace: str) -> str:
-    with open(key_path, "rb") as f:
-        key = f.read()
-    now = int(time.time())
-    claims = {"workspace": workspace, "aud": audience, "sub": "helm-test",
-              "iat": now, "exp": now + 300, "jti": uuid.uuid4().hex}
-    return jwt.encode(claims, key, algorithm="EdDSA", headers={"kid": kid})
+from sandpool.proxy.keys_cli import mint_token
 
 
 def fail(message: str) -> int:
@@ -41,8 +32,8 @@ def fail(message: str) -> int:
 def main() -> int:
     env = os.environ
     url = env["SMOKE_URL"].rstrip("/")
-    token = mint(env["SMOKE_KEY"], env["SMOKE_KID"], env.get("SMOKE_AUDIENCE", "sandpool"),
-                 env.get("SMOKE_WORKSPACE", "helm-test"))
+    token = mint_token(env["SMOKE_KEY"], env.get("SMOKE_WORKSPACE", "helm-test"), ttl_seconds=300,
+                       audience=env.get("SMOKE_AUDIENCE", "sandpool"), subject="helm-test")
     deadline = time.monotonic() + float(env.get("SMOKE_TIMEOUT", "120"))
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=headers, timeout=30.0) as client:

@@ -54,11 +54,17 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{/* The labels the kubernetes provider puts on every sandbox pod of this installation. */}}
+{{/* The installation name (--kube-installation): the provider's label on every sandbox pod. */}}
+{{- define "sandpool.installation" -}}
+{{- default .Release.Name .Values.sandboxes.installation -}}
+{{- end -}}
+
+{{/* The labels the kubernetes provider puts on every sandbox pod of this installation
+     (services/sandpool/providers/kubernetes/pods.py, sandbox_labels). */}}
 {{- define "sandpool.sandboxSelectorLabels" -}}
 app.kubernetes.io/name: sandpool
 app.kubernetes.io/component: sandbox
-sandpool.dev/installation: {{ .Release.Name }}
+sandpool.dev/installation: {{ include "sandpool.installation" . }}
 {{- end -}}
 
 {{/* Images. */}}
@@ -177,7 +183,7 @@ url
 {{/* Key ids of the public keys in the auth Secret. */}}
 {{- define "sandpool.publicKeyIds" -}}
 {{- if .Values.auth.existingSecret -}}
-{{- join "," .Values.auth.existingSecretKeyIds -}}
+{{- join "," .Values.auth.existingSecretKeyNames -}}
 {{- else -}}
 {{- join "," (keys .Values.auth.publicKeys | sortAlpha) -}}
 {{- end -}}
@@ -188,11 +194,14 @@ url
 {{- if and (eq .Values.redis.mode "external") (not .Values.redis.external.url) (not .Values.redis.external.existingSecret) -}}
 {{- fail "redis.mode=external needs redis.external.url or redis.external.existingSecret" -}}
 {{- end -}}
-{{- if and .Values.auth.existingSecret (not .Values.auth.existingSecretKeyIds) -}}
-{{- fail "auth.existingSecret needs auth.existingSecretKeyIds (the <kid>.pub entries to trust)" -}}
+{{- if and .Values.auth.existingSecret (not .Values.auth.existingSecretKeyNames) -}}
+{{- fail "auth.existingSecret needs auth.existingSecretKeyNames (the <name>.pub entries to trust)" -}}
 {{- end -}}
 {{- if and (not .Values.auth.publicKeys) (not .Values.auth.existingSecret) (not (include "sandpool.hasSigningKey" .)) -}}
 {{- fail "no token key: set auth.publicKeys, auth.existingSecret or auth.privateKey, or leave auth.generateSigningKey on" -}}
+{{- end -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$" (include "sandpool.installation" .)) -}}
+{{- fail (printf "the installation name %q (the release name unless sandboxes.installation is set) must be 1-20 lowercase letters, digits or '-': set sandboxes.installation" (include "sandpool.installation" .)) -}}
 {{- end -}}
 {{- if not .Values.pools -}}
 {{- fail "pools: at least one pool is needed" -}}
@@ -231,7 +240,7 @@ url
 {{- end -}}
 {{- end -}}
 
-{{/* pools.yaml: the PoolSpec fields (services/sandpool/pool/provider.py), snake_case. */}}
+{{/* pools.yaml in the format of services/sandpool/pool/templates.py (snake_case keys). */}}
 {{- define "sandpool.poolsFile" -}}
 pools:
 {{- range .Values.pools }}
@@ -239,18 +248,31 @@ pools:
     image: {{ default (include "sandpool.sandboxImage" $) .image | quote }}
     warm: {{ int .warm }}
     ceiling: {{ int .ceiling }}
-    {{- if .cpu }}
-    cpu: {{ .cpu | quote }}
+    {{- with .resources }}
+    resources:
+      {{- toYaml . | nindent 6 }}
     {{- end }}
-    {{- if .memory }}
-    memory: {{ .memory | quote }}
+    {{- with .runtimeClassName }}
+    runtime_class: {{ . | quote }}
     {{- end }}
-    {{- if .runtimeClassName }}
-    runtime_class: {{ .runtimeClassName | quote }}
+    {{- with .nodeSelector }}
+    node_selector:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .tolerations }}
+    tolerations:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .workspaceSize }}
+    workspace_size: {{ . | quote }}
+    {{- end }}
+    egress: {{ .egress | default false }}
+    {{- with .args }}
+    args:
+      {{- toYaml . | nindent 6 }}
     {{- end }}
 {{- end }}
 {{- end -}}
-
 {{/* The proxy's command line (flags of `sandpool proxy`, services/sandpool/proxy/settings.py). */}}
 {{- define "sandpool.proxy.args" -}}
 - proxy
@@ -265,7 +287,7 @@ pools:
 {{- end }}
 {{- end }}
 {{- if include "sandpool.hasSigningKey" . }}
-- --auth-public-key=/etc/sandpool/derived/{{ .Values.auth.signingKeyId }}.pub
+- --auth-public-key=/etc/sandpool/derived/signing.pub
 {{- end }}
 {{- range .Values.proxy.extraArgs }}
 - {{ . | quote }}
@@ -281,9 +303,14 @@ pools:
 - --pools-file=/etc/sandpool/pools.yaml
 - --provider={{ .Values.scheduler.provider }}
 {{- if eq .Values.scheduler.provider "kubernetes" }}
-- --kubernetes-namespace={{ include "sandpool.sandboxNamespace" . }}
-- --kubernetes-installation={{ .Release.Name }}
-- --kubernetes-agent-port={{ .Values.sandboxes.agentPort }}
+- --kube-namespace={{ include "sandpool.sandboxNamespace" . }}
+- --kube-installation={{ include "sandpool.installation" . }}
+- --kube-agent-port={{ .Values.sandboxes.agentPort }}
+- --kube-sandbox-uid={{ .Values.sandboxes.uid }}
+- --kube-image-pull-policy={{ .Values.image.pullPolicy }}
+{{- with .Values.sandboxes.priorityClassName }}
+- --kube-priority-class={{ . }}
+{{- end }}
 {{- end }}
 {{- range .Values.scheduler.extraArgs }}
 - {{ . | quote }}
