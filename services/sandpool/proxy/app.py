@@ -1,0 +1,195 @@
+"""`create_app(settings)`: the public, multi-tenant edge in front of the scheduler.
+
+Per contract request: verify the bearer token (cached), one Redis round trip
+(revocation, rate, policy), the image allow-list for CreateSession, then a
+byte-for-byte forward with the workspace, its limits and the internal
+credential injected. The lifespan owns the Redis client, the pooled HTTP client
+to the scheduler and the JWKS refresher; nothing is built at import time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sandpool import __version__
+from sandpool.contract import tenancy
+from sandpool.core.errors import Forbidden, Invalid, install_error_handlers
+from sandpool.proxy.admin import router as admin_router
+from sandpool.proxy.auth import TokenVerifier
+from sandpool.proxy.edge import OPERATION_KEY, REQUEST_ID_KEY, EdgeMiddleware
+from sandpool.proxy.forward import BodyTooLarge, Forwarder, make_client
+from sandpool.proxy.gate import Gate
+from sandpool.proxy.keyring import KeyRing
+from sandpool.proxy.metrics import ProxyMetrics
+from sandpool.proxy.policy import Effective, PolicyCodec, ceilings_of
+from sandpool.proxy.settings import ProxySettings
+from sandpool.proxy.store import ProxyStore
+
+log = logging.getLogger(__name__)
+
+CREATE_BODY_MAX = 64 * 1024  # a CreateSession body is two integers and an image name
+READY_TIMEOUT = 2.0
+
+
+class ImageNotAllowed(Forbidden):
+    reason = "image_not_allowed"
+
+
+def check_image(body: bytes, effective: Effective) -> None:
+    """Refuse a CreateSession naming an image outside the workspace's allow-list (before any lease).
+
+    A body the proxy cannot read is refused here rather than passed on: the
+    scheduler must never see an image the proxy did not check. A request naming
+    no image gets the operator's default pool, which is always allowed.
+    """
+    if effective.allowed_images is None:
+        return
+    try:
+        document = json.loads(body) if body.strip() else {}
+    except ValueError:
+        raise Invalid("the CreateSession body is not JSON") from None
+    if not isinstance(document, dict):
+        raise Invalid("the CreateSession body must be a JSON object")
+    image = document.get("image")
+    if image is None:
+        return
+    if not isinstance(image, str):
+        raise Invalid("image must be a string")
+    if image not in effective.allowed_images:
+        raise ImageNotAllowed("this workspace may not use that image",
+                              allowed_images=sorted(effective.allowed_images))
+
+
+async def read_small_body(request: Request, cap: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise BodyTooLarge(f"request body is over the {cap}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(settings: ProxySettings) -> FastAPI:
+    settings.check_startable()
+    internal_authorization = f"Bearer {settings.resolved_internal_token()}"
+    keyring = KeyRing(settings.auth_public_keys, settings.auth_jwks)
+    verifier = TokenVerifier(keyring, algorithms=settings.auth_algorithms, audience=settings.auth_audience,
+                             leeway=settings.auth_leeway_seconds, cache_size=settings.auth_cache_size)
+    metrics = ProxyMetrics()
+    codec = PolicyCodec(ceilings_of(settings))
+    create_cap = min(CREATE_BODY_MAX, settings.max_body_bytes)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = ProxyStore(settings.redis_url, settings.redis_prefix, timeout=settings.redis_timeout_seconds)
+        client = make_client(settings.scheduler_url, connect_timeout=settings.forward_connect_timeout_seconds,
+                             timeout=settings.forward_timeout_seconds,
+                             max_connections=settings.forward_max_connections)
+        jwks_client = httpx.AsyncClient(timeout=10.0) if keyring.is_url else None
+        refresher: asyncio.Task[None] | None = None
+        try:
+            await keyring.start(jwks_client)
+            log.info("proxy starting", extra={"trusted_kids": keyring.kids(),
+                                              "scheduler_url": settings.scheduler_url})
+            if settings.auth_jwks:
+                refresher = asyncio.create_task(
+                    keyring.refresh_forever(jwks_client, settings.auth_jwks_refresh_seconds))
+            app.state.gate = Gate(verifier=verifier, keyring=keyring, store=store, codec=codec, metrics=metrics,
+                                  jwks_client=jwks_client)
+            app.state.forwarder = Forwarder(client, max_body_bytes=settings.max_body_bytes)
+            app.state.scheduler = client
+            yield
+        finally:
+            if refresher is not None:
+                refresher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await refresher
+            await client.aclose()
+            if jwks_client is not None:
+                await jwks_client.aclose()
+            await store.close()
+
+    app = FastAPI(title="sandpool proxy", version=__version__, lifespan=lifespan,
+                  description="Authenticated, multi-tenant edge of sandpool: the code-execution contract v1 "
+                              "plus the admin API (usage, policy, sessions, revocation).")
+    install_error_handlers(app)
+    app.add_middleware(EdgeMiddleware, metrics=metrics)
+    app.include_router(admin_router)
+
+    async def contract(request: Request, operation: str) -> Response:
+        request.scope[OPERATION_KEY] = operation
+        gate: Gate = request.app.state.gate
+        principal = await gate.principal(request)
+        effective = await gate.admit(principal)
+        body = None
+        if operation == "create_session":
+            body = await read_small_body(request, create_cap)
+            check_image(body, effective)
+        injected = [("authorization", internal_authorization), (tenancy.WORKSPACE, principal.workspace),
+                    *effective.headers]
+        forwarder: Forwarder = request.app.state.forwarder
+        return await forwarder.forward(request, injected, request.scope[REQUEST_ID_KEY], body=body)
+
+    contract_tags = ["contract v1"]
+
+    @app.post("/sessions", tags=contract_tags, status_code=201, summary="CreateSession")
+    async def create_session(request: Request) -> Response:
+        return await contract(request, "create_session")
+
+    @app.delete("/sessions/{session_id}", tags=contract_tags, status_code=204, summary="DestroySession")
+    async def destroy_session(request: Request, session_id: str) -> Response:
+        return await contract(request, "destroy_session")
+
+    @app.post("/sessions/{session_id}/exec", tags=contract_tags, summary="Execute")
+    async def execute(request: Request, session_id: str) -> Response:
+        return await contract(request, "execute")
+
+    @app.get("/sessions/{session_id}/files/list", tags=contract_tags, summary="ListFiles")
+    async def list_files(request: Request, session_id: str) -> Response:
+        return await contract(request, "list_files")
+
+    @app.get("/sessions/{session_id}/files", tags=contract_tags, summary="GetFile")
+    async def get_file(request: Request, session_id: str) -> Response:
+        return await contract(request, "get_file")
+
+    @app.post("/sessions/{session_id}/files", tags=contract_tags, status_code=201, summary="PutFile")
+    async def put_file(request: Request, session_id: str) -> Response:
+        return await contract(request, "put_file")
+
+    @app.get("/healthz", tags=["operations"], summary="Alive")
+    async def healthz(request: Request) -> dict[str, str]:
+        request.scope[OPERATION_KEY] = "healthz"
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"], summary="Can serve: Redis and the scheduler answer")
+    async def readyz(request: Request) -> JSONResponse:
+        request.scope[OPERATION_KEY] = "readyz"
+        gate: Gate = request.app.state.gate
+        redis_ok = await gate.store.ping()
+        if not redis_ok:
+            metrics.redis_error()
+        try:
+            answer = await request.app.state.scheduler.get("/healthz", timeout=READY_TIMEOUT)
+            scheduler_ok = answer.status_code == 200
+        except httpx.HTTPError:
+            scheduler_ok = False
+        ok = redis_ok and scheduler_ok
+        return JSONResponse({"status": "ok" if ok else "unavailable", "redis": redis_ok, "scheduler": scheduler_ok},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics")
+    async def metrics_endpoint(request: Request) -> Response:
+        request.scope[OPERATION_KEY] = "metrics"
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

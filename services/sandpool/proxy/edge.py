@@ -1,0 +1,73 @@
+"""The outermost layer of the proxy: request ids and per-request metrics, as plain ASGI (no per-request
+task or body buffering that `BaseHTTPMiddleware` would add).
+
+A client's `X-Request-Id` is kept when it is short and printable, otherwise one
+is generated; it is set in `core.logs.request_id_var` for every log line, passed
+to the scheduler and returned on the response. Route handlers name their
+operation in `scope["sandpool.operation"]` so the metrics carry a closed set of
+labels (unmatched paths count as `other`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sandpool.core.logs import request_id_var
+from sandpool.proxy.metrics import ProxyMetrics
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+OPERATION_KEY = "sandpool.operation"
+REQUEST_ID_KEY = "sandpool.request_id"
+
+
+def request_id_from(scope: Scope) -> str:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            candidate = value.decode("latin-1")
+            if _REQUEST_ID.fullmatch(candidate):
+                return candidate
+            break
+    return uuid.uuid4().hex
+
+
+class EdgeMiddleware:
+    def __init__(self, app: ASGIApp, metrics: ProxyMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = request_id_from(scope)
+        scope[REQUEST_ID_KEY] = request_id
+        token = request_id_var.set(request_id)
+        status: dict[str, Any] = {"code": 500, "observed": False}
+        rid_header = (b"x-request-id", request_id.encode("latin-1"))
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
+                headers.append(rid_header)
+                message["headers"] = headers
+                status["code"] = message["status"]
+                self._observe(scope, status, started)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self._observe(scope, status, started)
+            request_id_var.reset(token)
+
+    def _observe(self, scope: Scope, status: dict[str, Any], started: float) -> None:
+        if status["observed"]:
+            return
+        status["observed"] = True
+        self.metrics.observe(scope.get(OPERATION_KEY, "other"), status["code"], time.perf_counter() - started)

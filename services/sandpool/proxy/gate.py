@@ -1,0 +1,94 @@
+"""Who may pass, and under which limits: authentication, revocation, rate and policy for one request.
+
+A contract request costs one signature check the first time its token is seen
+and one Redis round trip every time (revocation + rate + policy in one script).
+Every refusal is a named error: 401 with `WWW-Authenticate: Bearer`, 429 with
+`Retry-After` naming the limit, 503 when Redis cannot be asked (fail closed:
+without Redis neither revocation nor the rate can be checked).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import httpx
+from starlette.requests import Request
+
+from sandpool.core.errors import QuotaExceeded, Unauthorized, Unavailable
+from sandpool.proxy.auth import AuthFailure, Principal, TokenVerifier
+from sandpool.proxy.keyring import KeyRing
+from sandpool.proxy.metrics import ProxyMetrics
+from sandpool.proxy.policy import CorruptPolicy, Effective, PolicyCodec
+from sandpool.proxy.store import ProxyStore, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class Gate:
+    def __init__(self, *, verifier: TokenVerifier, keyring: KeyRing, store: ProxyStore, codec: PolicyCodec,
+                 metrics: ProxyMetrics, jwks_client: httpx.AsyncClient | None) -> None:
+        self.verifier = verifier
+        self.keyring = keyring
+        self.store = store
+        self.codec = codec
+        self.metrics = metrics
+        self.jwks_client = jwks_client
+
+    def refuse(self, failure: AuthFailure) -> Unauthorized:
+        self.metrics.auth_failures.labels(failure.reason).inc()
+        log.info("credential refused", extra={"reason": failure.reason})
+        return Unauthorized(failure.detail, cause=failure.reason)
+
+    async def principal(self, request: Request) -> Principal:
+        """The verified caller (signature, claims; revocation is checked by `admit`/`not_revoked`)."""
+        authorization = request.headers.get("authorization")
+        try:
+            return self.verifier.authenticate(authorization)
+        except AuthFailure as failure:
+            if failure.reason != "unknown_key" or not await self.keyring.refresh(self.jwks_client):
+                raise self.refuse(failure) from None
+        try:  # a kid nobody knew may have just been rotated into the JWKS document
+            return self.verifier.authenticate(authorization)
+        except AuthFailure as failure:
+            raise self.refuse(failure) from None
+
+    def _store_failed(self, exc: StoreError) -> Unavailable:
+        self.metrics.redis_error()
+        log.warning("redis call failed", extra={"error": str(exc)})
+        return Unavailable("the proxy cannot reach its state store", retry_after=1)
+
+    async def admit(self, principal: Principal) -> Effective:
+        """Revocation, rate and policy in one round trip; the values in force for this request."""
+        now = time.time()
+        minute = int(now // 60)
+        try:
+            admission = await self.store.admit(principal.workspace, principal.jti, minute, count=True)
+        except StoreError as exc:
+            raise self._store_failed(exc) from None
+        if admission.revoked:
+            raise self.refuse(AuthFailure("revoked", "the token has been revoked"))
+        try:
+            effective = self.codec.decode(admission.policy_raw)
+        except CorruptPolicy:
+            log.error("stored workspace policy is unreadable; refusing the workspace's requests",
+                      extra={"workspace": principal.workspace})
+            raise Unavailable("the workspace's policy is unreadable; ask the operator", retry_after=60) from None
+        limit = effective.requests_per_minute
+        if limit and admission.count > limit:
+            retry_after = max(1, math.ceil((minute + 1) * 60 - now))
+            raise QuotaExceeded(f"the workspace's rate limit of {limit} requests per minute is exhausted",
+                                retry_after=retry_after, limit="requests_per_minute")
+        return effective
+
+    async def not_revoked(self, principal: Principal) -> None:
+        """The admin API's check: no rate counted, revocation still exact."""
+        if principal.jti is None:
+            return
+        try:
+            revoked = await self.store.is_revoked(principal.jti)
+        except StoreError as exc:
+            raise self._store_failed(exc) from None
+        if revoked:
+            raise self.refuse(AuthFailure("revoked", "the token has been revoked"))

@@ -1,0 +1,196 @@
+"""Fixtures of the proxy tests: real uvicorn servers on loopback, a real Redis, real keys.
+
+Until a scheduler is in the loop, the proxy forwards to an echo peer: a tiny real
+HTTP server that records every request it receives (method, path, headers, body)
+so a test can prove what crossed the proxy and what did not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from sandpool.proxy.app import create_app
+from sandpool.proxy.keys_cli import generate_keypair, mint_token
+from sandpool.proxy.settings import ProxySettings
+
+INTERNAL_TOKEN = "internal-credential-for-tests"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ThreadServer:
+    """A real uvicorn server on a loopback port, in a thread of the test process."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None,
+                                                    lifespan="on", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ThreadServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    query: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k == name.lower()]
+
+
+@dataclass
+class Echo:
+    server: ThreadServer
+    seen: list[Seen] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+def echo_app(seen: list[Seen]) -> Starlette:
+    async def record(request: Request) -> Response:
+        body = await request.body()
+        seen.append(Seen(request.method, request.url.path, request.url.query,
+                         [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.scope["headers"]], body))
+        if request.method == "POST" and request.url.path == "/sessions":
+            return JSONResponse({"session_id": f"s{len(seen)}"}, status_code=201)
+        if request.url.path.endswith("/files") and request.method == "GET":
+            size = int(request.query_params.get("size", "0"))
+
+            async def chunks() -> Any:
+                sent = 0
+                while sent < size:
+                    n = min(65536, size - sent)
+                    yield b"x" * n
+                    sent += n
+
+            return StreamingResponse(chunks(), media_type="application/octet-stream",
+                                     headers={"x-sandpool-outcome": "ok", "connection": "close"}
+                                     if request.query_params.get("hop") else None)
+        return JSONResponse({"method": request.method, "path": request.url.path, "body_len": len(body),
+                             "body_sha256": hashlib.sha256(body).hexdigest()},
+                            headers={"x-request-id": "upstream-must-not-leak"})
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(routes=[Route("/healthz", healthz),
+                             Route("/{path:path}", record, methods=["GET", "POST", "DELETE", "PUT"])])
+
+
+@pytest.fixture
+def echo() -> Iterator[Echo]:
+    seen: list[Seen] = []
+    server = ThreadServer(echo_app(seen)).start()
+    yield Echo(server, seen)
+    server.stop()
+
+
+@dataclass
+class Keys:
+    private: Path
+    public: Path
+
+    def token(self, workspace: str = "acme", **kwargs: Any) -> str:
+        return mint_token(self.private, workspace, **kwargs)
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Keys:
+    private, public = generate_keypair(tmp_path / "keys" / "signing.pem")
+    return Keys(private, public)
+
+
+@pytest.fixture
+def other_keys(tmp_path: Path) -> Keys:
+    private, public = generate_keypair(tmp_path / "other" / "untrusted.pem")
+    return Keys(private, public)
+
+
+@dataclass
+class Proxy:
+    server: ThreadServer
+    settings: ProxySettings
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
+
+
+@pytest.fixture
+def make_proxy(redis_url: str, redis_prefix: str, keys: Keys, echo: Echo) -> Iterator[Callable[..., Proxy]]:
+    started: list[ThreadServer] = []
+
+    def make(**overrides: Any) -> Proxy:
+        values: dict[str, Any] = {"redis_url": redis_url, "redis_prefix": redis_prefix,
+                                  "scheduler_url": echo.url, "auth_public_keys": [str(keys.public)],
+                                  "internal_token": INTERNAL_TOKEN}
+        values.update(overrides)
+        settings = ProxySettings(**values)
+        server = ThreadServer(create_app(settings)).start()
+        started.append(server)
+        return Proxy(server, settings)
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def proxy(make_proxy: Callable[..., Proxy]) -> Proxy:
+    return make_proxy()
+
+
+@pytest.fixture
+def rdb(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def keys_under(rdb: redis.Redis, prefix: str) -> list[str]:
+    return sorted(rdb.scan_iter(match="{" + prefix + "}:*", count=1000))
