@@ -1,0 +1,260 @@
+"""The agent's HTTP application: the contract's session-scoped paths, under any session id.
+
+`create_app(settings, secret)` builds it; importing this module does nothing
+else, so a template process can import it once and fork agents from it. The
+lifespan starts (and warms) the interpreter and the shell before the first
+request is served, and kills every child when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import os
+import secrets
+import stat
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from sandpool.agent import produced
+from sandpool.agent.auth import BearerSecretMiddleware
+from sandpool.agent.execution import ExecOutcome
+from sandpool.agent.limits import BodyLimitMiddleware
+from sandpool.agent.runtime import Runtime
+from sandpool.agent.settings import AgentSettings
+from sandpool.agent.workspace import shown
+from sandpool.contract.models import (
+    BashExecutionRequest,
+    CodeExecutionRequest,
+    TextEditorRequest,
+    UnknownTool,
+    parse_exec_request,
+    result_type_for,
+)
+from sandpool.core.errors import Invalid, NotFound, UnknownToolKind, install_error_handlers
+
+OUTCOME_HEADER = "X-Sandpool-Outcome"
+_LIST_LIMIT = 10_000
+_READ_CHUNK = 1 << 20
+
+
+def _validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()]
+
+
+def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = None) -> FastAPI:
+    root = workspace or str(settings.workspace_dir())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = Runtime(settings, root)  # type: ignore[arg-type]
+        app.state.runtime = runtime
+        try:
+            await runtime.start()
+            yield
+        finally:
+            await runtime.close()
+
+    app = FastAPI(title="sandpool agent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_request_bytes=settings.max_request_bytes,
+                       max_upload_bytes=settings.max_upload_bytes)
+    app.add_middleware(BearerSecretMiddleware, secret=secret)
+
+    def rt(request: Request) -> Runtime:
+        return request.app.state.runtime
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/sessions/{session_id}/exec")
+    async def execute(session_id: str, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise Invalid("request body is not JSON") from None
+        try:
+            call = parse_exec_request(body)
+        except UnknownTool as exc:
+            raise UnknownToolKind(str(exc)) from None
+        except ValidationError as exc:
+            return JSONResponse({"detail": _validation_errors(exc), "reason": "invalid_request"}, status_code=422)
+        runtime = rt(request)
+        tool_use_id = call.tool_use_id or "srvtoolu_" + secrets.token_hex(12)
+        timeout = runtime.clamp_timeout(call.timeout_seconds)
+        async with runtime.lock:
+            started = time.monotonic()
+            extra: dict[str, Any] = {}
+            files: list[dict[str, str]] = []
+            if isinstance(call, TextEditorRequest):
+                edit = await run_in_threadpool(runtime.editor.run, call.input)
+                outcome = ExecOutcome(stdout=edit.stdout, stderr=edit.stderr, return_code=edit.return_code)
+            else:
+                before = await _snapshot(runtime)
+                if isinstance(call, CodeExecutionRequest):
+                    outcome = await runtime.interpreter.run(call.input.code, timeout)
+                    restart_field = "interpreter_restarted"
+                else:
+                    assert isinstance(call, BashExecutionRequest)
+                    outcome = await _run_bash(runtime, call.input.command, timeout)
+                    restart_field = "shell_restarted"
+                if outcome.restarted or outcome.fresh:
+                    extra[restart_field] = True
+                after = await _snapshot(runtime)
+                files = produced.changed(before, after, runtime.settings.max_produced_files)
+                extra["timeout_seconds"] = timeout
+            elapsed_ms = int((time.monotonic() - started) * 1000)
+        if outcome.limit is not None:
+            extra["limit_exceeded"] = outcome.limit
+        if outcome.timed_out:
+            outcome_label = "timeout"
+        elif outcome.output_truncated:
+            outcome_label = "limit"
+        else:
+            outcome_label = "ok" if outcome.return_code == 0 else "failed"
+        payload = {
+            "tool_use_id": tool_use_id,
+            "execution_time_ms": elapsed_ms,
+            "result_block": {
+                "type": result_type_for(call.tool),
+                "tool_use_id": tool_use_id,
+                "content": {
+                    "type": "code_execution_result",
+                    "stdout": outcome.stdout,
+                    "stderr": outcome.stderr,
+                    "return_code": outcome.return_code,
+                    "content": files,
+                },
+            },
+            **extra,
+        }
+        return JSONResponse(payload, headers={OUTCOME_HEADER: outcome_label})
+
+    @app.get("/sessions/{session_id}/files/list")
+    async def list_files(session_id: str, request: Request, path: str = ".") -> dict[str, Any]:
+        runtime = rt(request)
+        async with runtime.lock:
+            return await run_in_threadpool(_list_dir, runtime, path)
+
+    @app.get("/sessions/{session_id}/files")
+    async def get_file(session_id: str, request: Request, path: str) -> Response:
+        runtime = rt(request)
+        async with runtime.lock:
+            fd, st = await run_in_threadpool(runtime.workspace.open_file, path,
+                                             max_bytes=runtime.settings.max_read_bytes)
+        media_type = mimetypes.guess_type(path)[0] or "application/octet-stream"
+        filename = os.path.basename(path).replace('"', "")
+        return StreamingResponse(_stream_fd(fd, st.st_size), media_type=media_type,
+                                 headers={"Content-Length": str(st.st_size),
+                                          "Content-Disposition": f'attachment; filename="{filename}"'})
+
+    @app.post("/sessions/{session_id}/files", status_code=201)
+    async def put_file(session_id: str, request: Request) -> JSONResponse:
+        runtime = rt(request)
+        form = await request.form(max_files=1, max_fields=4)
+        try:
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise Invalid("multipart field 'file' is required")
+            target = form.get("path")
+            if target is not None and not isinstance(target, str):
+                raise Invalid("multipart field 'path' must be text")
+            if target is None:
+                target = os.path.basename(upload.filename or "")
+                if not target:
+                    raise Invalid("no 'path' given and the upload has no file name")
+            async with runtime.lock:
+                rel, size = await run_in_threadpool(runtime.workspace.write, target, _chunks(upload.file),
+                                                    max_bytes=runtime.settings.max_upload_bytes)
+        finally:
+            await form.close()
+        return JSONResponse({"path": rel, "size_bytes": size}, status_code=201)
+
+    return app
+
+
+async def _run_bash(runtime: Runtime, command: str, timeout: float) -> ExecOutcome:
+    if "\x00" in command:
+        return ExecOutcome(stdout="", stderr="command contains a NUL byte, which bash cannot take\n", return_code=2)
+    return await runtime.shell.run(command, timeout)
+
+
+async def _snapshot(runtime: Runtime) -> produced.Snapshot:
+    if runtime.settings.max_produced_files == 0:
+        return {}
+    return await run_in_threadpool(produced.snapshot, runtime.workspace.root, runtime.settings.produced_scan_limit)
+
+
+def _chunks(fileobj: Any) -> Iterator[bytes]:
+    while True:
+        chunk = fileobj.read(_READ_CHUNK)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _stream_fd(fd: int, size: int) -> Iterator[bytes]:
+    """The file's bytes from the already-checked descriptor (a later path swap cannot redirect it)."""
+    try:
+        remaining = size
+        while remaining > 0:
+            chunk = os.read(fd, min(_READ_CHUNK, remaining))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+def _list_dir(runtime: Runtime, path: str) -> dict[str, Any]:
+    workspace = runtime.workspace
+    fd, real = workspace.open_dir(path)
+    files: list[dict[str, Any]] = []
+    truncated = False
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if len(files) >= _LIST_LIMIT:
+                    truncated = True
+                    break
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                rel = os.path.normpath(os.path.join(workspace.relative(real), entry.name))
+                if stat.S_ISDIR(st.st_mode):
+                    kind = "directory"
+                elif stat.S_ISREG(st.st_mode):
+                    kind = "file"
+                elif stat.S_ISLNK(st.st_mode):
+                    kind = "symlink"
+                else:
+                    kind = "other"
+                files.append({
+                    "path": rel,
+                    "size_bytes": st.st_size if kind == "file" else 0,
+                    "mime_type": mimetypes.guess_type(entry.name)[0] if kind == "file" else None,
+                    "modified_at": st.st_mtime,
+                    "type": kind,
+                })
+    except OSError:
+        raise NotFound(f"no such directory: {shown(path)!r}") from None
+    finally:
+        os.close(fd)
+    files.sort(key=lambda f: f["path"])
+    return {"files": files, "truncated": truncated}
+
+
+__all__ = ["OUTCOME_HEADER", "create_app"]

@@ -1,0 +1,150 @@
+"""Running one call in a persistent child: deadline, interrupt, kill, restart.
+
+Shared by the Python interpreter and the shell. Past the deadline the child's
+process group gets SIGINT (the program may clean up and the child's state
+survives); if it has not finished after the grace period, the child and every
+process it started are killed and a fresh child takes its place, and the
+result says the state was lost. Whatever happens, a timed-out call leaves no
+process of its own behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from sandpool.agent.capture import StreamCapture
+from sandpool.agent.worker import CallOutput, Worker, WorkerDied
+
+log = logging.getLogger("sandpool.agent.execution")
+
+TIMEOUT_RETURN_CODE = 124
+
+
+@dataclass
+class ExecOutcome:
+    stdout: str
+    stderr: str
+    return_code: int
+    timed_out: bool = False
+    output_truncated: bool = False
+    restarted: bool = False
+    """The child's state was lost during this call (it timed out hard, crashed or exited)."""
+    fresh: bool = False
+    """This call started in a new child because the previous one's state was lost."""
+
+    @property
+    def limit(self) -> str | None:
+        if self.timed_out:
+            return "timeout"
+        if self.output_truncated:
+            return "output"
+        return None
+
+
+class PersistentChild:
+    """Base of the interpreter and the shell: owns the current worker and replaces it when lost."""
+
+    kind = "child"
+
+    def __init__(self, *, max_output_bytes: int, grace_seconds: float) -> None:
+        self.max_output_bytes = max_output_bytes
+        self.grace_seconds = grace_seconds
+        self.worker: Worker | None = None
+        self._lost_since_last_call = False
+        self._closed = False
+
+    # Subclasses: build, warm and talk to a worker.
+    async def new_worker(self) -> Worker:
+        raise NotImplementedError
+
+    def encode_request(self, text: str) -> bytes:
+        raise NotImplementedError
+
+    def decode_completion(self, event: bytes) -> int:
+        raise NotImplementedError
+
+    async def replacement(self) -> Worker:
+        return await self.new_worker()
+
+    async def start(self) -> None:
+        self.worker = await self.new_worker()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self.worker is not None:
+            await self.worker.close()
+
+    async def _current(self) -> Worker:
+        if self.worker is None or self.worker.dead:
+            if self.worker is not None:
+                await self.worker.close()
+            self.worker = await self.replacement()
+            self._lost_since_last_call = True
+        return self.worker
+
+    async def run(self, text: str, timeout: float) -> ExecOutcome:
+        worker = await self._current()
+        fresh, self._lost_since_last_call = self._lost_since_last_call, False
+        worker.current = None
+        worker.drain_output()  # what background processes wrote between calls is not this call's output
+        out = CallOutput(StreamCapture(self.max_output_bytes), StreamCapture(self.max_output_bytes))
+        worker.current = out
+        timed_out = lost = False
+        note = ""
+        return_code = 0
+        worker.send(self.encode_request(text))
+        try:
+            return_code = self.decode_completion(await worker.next_event(timeout))
+        except asyncio.TimeoutError:
+            timed_out = True
+            return_code, lost = await self._stop_overdue(worker)
+            note = (f"[sandpool: timeout: execution exceeded the {timeout:g}s limit and was "
+                    f"{'killed; ' + self.kind + ' state was lost' if lost else 'interrupted'}]\n")
+        except WorkerDied:
+            lost = True
+            code = await worker.wait_exit(timeout=1.0)
+            worker.kill()
+            code = code if code is not None else await worker.wait_exit(timeout=1.0)
+            return_code = code if code is not None else 1
+            note = f"[sandpool: the {self.kind} exited with status {return_code}; a new one was started]\n"
+        worker.drain_output()
+        if timed_out and not lost:
+            worker.kill_descendants()
+        worker.current = None
+        stderr = out.stderr.text() + note
+        if lost:
+            await worker.close()
+            self._lost_since_last_call = True
+            if not self._closed:
+                try:
+                    self.worker = await self.replacement()
+                    self._lost_since_last_call = True
+                except Exception:  # noqa: BLE001 - the next call retries the start
+                    log.exception("could not restart the %s", self.kind)
+                    self.worker = None
+        return ExecOutcome(stdout=out.stdout.text(), stderr=stderr,
+                           return_code=TIMEOUT_RETURN_CODE if timed_out else return_code,
+                           timed_out=timed_out, output_truncated=out.stdout.truncated or out.stderr.truncated,
+                           restarted=lost, fresh=fresh)
+
+    async def _stop_overdue(self, worker: Worker) -> tuple[int, bool]:
+        """Interrupt, then kill. Returns (the child's own code, whether its state was lost)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace_seconds
+        while True:
+            worker.interrupt()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                event = await worker.next_event(min(0.2, remaining))
+                return self.decode_completion(event), False
+            except asyncio.TimeoutError:
+                continue
+            except WorkerDied:
+                break
+        worker.kill()
+        code = await worker.wait_exit(timeout=2.0)
+        return (code if code is not None else 137), True

@@ -1,0 +1,99 @@
+"""What the interpreter and shell children do to themselves between fork and exec.
+
+Order matters and must stay: drop supplementary groups, then the gid, then the
+uid (a uid drop first would forbid the others); then `PR_SET_NO_NEW_PRIVS` so no
+set-uid binary can win privileges back; then resource limits; then the seccomp
+filter last, because it may forbid the calls above. Runs in the forked child
+(`preexec_fn`), so it touches only what was imported before the fork.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sandpool.agent import procs, seccomp
+from sandpool.agent.settings import AgentSettings
+
+
+@dataclass(frozen=True)
+class ChildPolicy:
+    uid: int | None
+    gid: int | None
+    nproc: int | None
+    nofile: int | None
+    fsize: int | None
+    address_space: int | None
+
+    @classmethod
+    def from_settings(cls, settings: AgentSettings) -> ChildPolicy:
+        dropping = settings.sandbox_uid is not None and os.geteuid() == 0
+        return cls(
+            uid=settings.sandbox_uid if dropping else None,
+            gid=settings.effective_gid() if dropping else None,
+            nproc=settings.rlimit_nproc if dropping else None,  # NPROC counts per uid: only for a uid of its own
+            nofile=settings.rlimit_nofile,
+            fsize=settings.rlimit_fsize_bytes,
+            address_space=settings.rlimit_as_bytes,
+        )
+
+    @property
+    def drops_privileges(self) -> bool:
+        return self.uid is not None
+
+
+def _limit(which: int, value: int | None) -> None:
+    if value is None:
+        return
+    _, hard = resource.getrlimit(which)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def apply(policy: ChildPolicy) -> None:
+    """Harden the calling process; raises (and so fails the spawn) if a step that was asked for fails."""
+    if policy.uid is not None:
+        gid = policy.gid if policy.gid is not None else policy.uid
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(policy.uid, policy.uid, policy.uid)
+        if os.geteuid() != policy.uid or os.getegid() != gid:
+            raise OSError("privilege drop did not take")
+    if not procs.prctl(procs.PR_SET_NO_NEW_PRIVS, 1):
+        raise OSError("PR_SET_NO_NEW_PRIVS failed")
+    _limit(resource.RLIMIT_CORE, 0)
+    _limit(resource.RLIMIT_NPROC, policy.nproc)
+    _limit(resource.RLIMIT_NOFILE, policy.nofile)
+    _limit(resource.RLIMIT_FSIZE, policy.fsize)
+    _limit(resource.RLIMIT_AS, policy.address_space)
+    seccomp.install_filter()
+
+
+def preexec(policy: ChildPolicy) -> Callable[[], None]:
+    return lambda: apply(policy)
+
+
+def child_env(workspace: str) -> dict[str, str]:
+    """A clean environment: nothing of the agent's (no SANDPOOL_*, no secret) reaches sandboxed code."""
+    return {
+        "HOME": workspace,
+        "PWD": workspace,
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "MPLBACKEND": "Agg",
+        "TERM": "dumb",
+    }
+
+
+def prepare_workspace(path: str, policy: ChildPolicy) -> None:
+    """Make the workspace writable by the sandbox uid (the agent runs as root when it drops)."""
+    if policy.uid is None:
+        return
+    gid = policy.gid if policy.gid is not None else policy.uid
+    os.chown(path, policy.uid, gid)
+    os.chmod(path, 0o700)

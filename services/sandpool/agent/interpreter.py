@@ -1,0 +1,118 @@
+"""The persistent Python interpreter: a warmed runner process, plus a warmed spare.
+
+Why a separate process started with `python -I -u runner.py` rather than a fork
+of the agent: the runner imports only the standard library, so a cold start
+costs about as much as the interpreter's own start-up (~20-30 ms, measured in
+bench/agent_bench.py), it carries none of the agent's memory (no secret, no
+FastAPI), and it can be hardened and started at any time, also after the event
+loop runs. It is started and warmed before the agent answers its first
+request, so the first call is as fast as the tenth; a spare is kept warm so a
+restart after a timeout costs nothing on the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+import sys
+from pathlib import Path
+
+from sandpool.agent import procs
+from sandpool.agent.execution import PersistentChild
+from sandpool.agent.worker import Worker, WorkerDied
+
+log = logging.getLogger("sandpool.agent.interpreter")
+
+RUNNER = str(Path(__file__).with_name("runner.py"))
+_HEADER = struct.Struct(">I")
+START_TIMEOUT_SECONDS = 30.0
+
+
+def parse_frame(buf: bytearray) -> bytes | None:
+    if len(buf) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack_from(buf)
+    if size > 1 << 20:
+        raise ValueError("oversized control frame")
+    if len(buf) < _HEADER.size + size:
+        return None
+    body = bytes(buf[_HEADER.size:_HEADER.size + size])
+    del buf[:_HEADER.size + size]
+    return body
+
+
+class Interpreter(PersistentChild):
+    kind = "interpreter"
+
+    def __init__(self, *, python: str | None, workspace: str, env: dict[str, str], preexec,  # noqa: ANN001
+                 reaper: procs.Reaper, max_output_bytes: int, grace_seconds: float, spare: bool) -> None:
+        super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
+        self._python = python or sys.executable
+        self._workspace = workspace
+        self._env = env
+        self._preexec = preexec
+        self._reaper = reaper
+        self._want_spare = spare
+        self._spare: asyncio.Task[Worker] | None = None
+
+    async def new_worker(self) -> Worker:
+        worker = Worker("interpreter", [self._python, "-I", "-u", RUNNER], cwd=self._workspace, env=self._env,
+                        preexec=self._preexec, reaper=self._reaper, parse_event=parse_frame)
+        worker.spawn()
+        try:
+            event = json.loads(await worker.next_event(START_TIMEOUT_SECONDS))
+            if event.get("event") != "ready":
+                raise RuntimeError("interpreter did not report ready")
+        except (asyncio.TimeoutError, WorkerDied, ValueError, RuntimeError):
+            await worker.close()
+            raise RuntimeError("the Python interpreter failed to start") from None
+        return worker
+
+    async def start(self) -> None:
+        first = asyncio.create_task(self.new_worker())
+        self._refill_spare()
+        self.worker = await first
+        if self._spare is not None:
+            await asyncio.wait([self._spare])
+
+    def _refill_spare(self) -> None:
+        if self._want_spare and not self._closed:
+            self._spare = asyncio.create_task(self.new_worker())
+
+    async def replacement(self) -> Worker:
+        spare, self._spare = self._spare, None
+        worker = None
+        if spare is not None:
+            try:
+                worker = await spare
+                if worker.dead:
+                    await worker.close()
+                    worker = None
+            except Exception:  # noqa: BLE001 - fall back to a cold start
+                worker = None
+        if worker is None:
+            worker = await self.new_worker()
+        self._refill_spare()
+        return worker
+
+    async def close(self) -> None:
+        await super().close()
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                worker = await spare
+            except Exception:  # noqa: BLE001
+                return
+            await worker.close()
+
+    def encode_request(self, text: str) -> bytes:
+        body = json.dumps({"code": text}).encode()
+        return _HEADER.pack(len(body)) + body
+
+    def decode_completion(self, event: bytes) -> int:
+        message = json.loads(event)
+        if message.get("event") != "done":
+            raise ValueError("unexpected interpreter event")
+        return int(message.get("return_code", 1))

@@ -1,0 +1,168 @@
+"""The persistent Python interpreter's worker process (stdlib only).
+
+Started by the agent as `python -I -u runner.py IN_FD OUT_FD`, so it imports
+nothing of sandpool and starts in a few tens of milliseconds. Program output
+goes to fds 1 and 2 (pipes the agent reads); requests and completions travel on
+a separate control channel (length-prefixed JSON on IN_FD/OUT_FD), so nothing a
+program prints can be mistaken for framing.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import signal
+import struct
+import sys
+import traceback
+
+_HEADER = struct.Struct(">I")
+_MAX_REQUEST = 64 * 1024 * 1024
+
+
+class _State:
+    in_user_code = False
+
+
+def _on_sigint(signum, frame):  # noqa: ANN001 - signal handler signature
+    # Only user code is interrupted; a late SIGINT landing in the loop below is dropped.
+    if _State.in_user_code:
+        raise KeyboardInterrupt
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        try:
+            chunk = os.read(fd, n - len(buf))
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv(fd: int) -> dict | None:
+    head = _read_exact(fd, _HEADER.size)
+    if head is None:
+        return None
+    (size,) = _HEADER.unpack(head)
+    if size > _MAX_REQUEST:
+        return None
+    body = _read_exact(fd, size)
+    return None if body is None else json.loads(body)
+
+
+def _send(fd: int, message: dict) -> None:
+    body = json.dumps(message).encode()
+    data = _HEADER.pack(len(body)) + body
+    while data:
+        try:
+            written = os.write(fd, data)
+        except InterruptedError:
+            continue
+        data = data[written:]
+
+
+def _flush_all() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - user code may have replaced or closed the stream
+            pass
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # C extensions' stdio buffers
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _print_exception(exc: BaseException) -> None:
+    """The cell's traceback without the runner's own frames (they name host paths)."""
+    te = traceback.TracebackException.from_exception(exc)
+    for link in _chain(te):
+        link.stack = traceback.StackSummary.from_list([f for f in link.stack if f.filename != __file__])
+    sys.stderr.write("".join(te.format()))
+
+
+def _chain(te: traceback.TracebackException) -> list[traceback.TracebackException]:
+    out, seen = [], set()
+    stack = [te]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        out.append(item)
+        for nxt in (item.__cause__, item.__context__):
+            if nxt is not None:
+                stack.append(nxt)
+    return out
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def run(source: str, namespace: dict) -> tuple[int, bool]:
+    """Run one cell; returns (return_code, interrupted)."""
+    try:
+        compiled = compile(source, "<code>", "exec")
+    except (SyntaxError, ValueError) as exc:
+        traceback.print_exception(type(exc), exc, None, file=sys.stderr)
+        return 1, False
+    signal.signal(signal.SIGINT, _on_sigint)
+    _State.in_user_code = True
+    try:
+        exec(compiled, namespace)  # noqa: S102 - running the caller's code is this process's job
+        return 0, False
+    except SystemExit as exc:
+        return _exit_code(exc), False
+    except KeyboardInterrupt as exc:
+        _print_exception(exc)
+        return 130, True
+    except BaseException as exc:  # noqa: BLE001 - every failure of the cell is a result
+        _print_exception(exc)
+        return 1, False
+    finally:
+        _State.in_user_code = False
+
+
+def _warm(namespace: dict) -> None:
+    # Pay the first-call costs (compiler, traceback formatting, ctypes) before the first call.
+    exec(compile("_ = 1\n", "<warm>", "exec"), namespace)
+    namespace.pop("_", None)
+    traceback.format_exception(ValueError, ValueError("warm"), None)
+    _flush_all()
+
+
+def main(argv: list[str]) -> int:
+    in_fd, out_fd = int(argv[1]), int(argv[2])
+    os.set_inheritable(in_fd, False)
+    os.set_inheritable(out_fd, False)
+    signal.signal(signal.SIGINT, _on_sigint)
+    sys.argv = [""]
+    sys.path.insert(0, os.getcwd())  # like a notebook: modules written to the workspace import
+    namespace: dict = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
+    _warm(namespace)
+    _send(out_fd, {"event": "ready", "pid": os.getpid()})
+    while True:
+        request = _recv(in_fd)
+        if request is None:
+            return 0
+        code, interrupted = run(request.get("code", ""), namespace)
+        _flush_all()
+        _send(out_fd, {"event": "done", "return_code": code, "interrupted": interrupted})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

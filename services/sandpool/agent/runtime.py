@@ -1,0 +1,75 @@
+"""Everything one agent owns while it serves: the children, the editor, the call lock.
+
+Built and started by the app's lifespan, torn down (children killed) when it
+ends. Calls run one at a time in arrival order: `asyncio.Lock` hands itself to
+waiters first-in first-out, and exec and file operations share the one lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from sandpool.agent import hardening, procs
+from sandpool.agent.editor import Editor
+from sandpool.agent.interpreter import Interpreter
+from sandpool.agent.settings import AgentSettings
+from sandpool.agent.shell import Shell
+from sandpool.agent.workspace import Workspace
+
+
+class Runtime:
+    def __init__(self, settings: AgentSettings, workspace: Path) -> None:
+        self.settings = settings
+        self.policy = hardening.ChildPolicy.from_settings(settings)
+        self.workspace = Workspace(workspace, owner=(self.policy.uid, self.policy.gid))
+        self.lock = asyncio.Lock()
+        self.reaper = procs.Reaper()
+        env = hardening.child_env(str(workspace))
+        preexec = hardening.preexec(self.policy)
+        self.interpreter = Interpreter(
+            python=settings.python_executable, workspace=str(workspace), env=env, preexec=preexec,
+            reaper=self.reaper, max_output_bytes=settings.max_output_bytes,
+            grace_seconds=settings.interrupt_grace_seconds, spare=settings.spare_interpreter)
+        self.shell = Shell(
+            bash=settings.shell, workspace=str(workspace), env=env, preexec=preexec, reaper=self.reaper,
+            max_output_bytes=settings.max_output_bytes, grace_seconds=settings.interrupt_grace_seconds)
+        self.editor = Editor(self.workspace, history=settings.editor_history, max_bytes=settings.max_read_bytes)
+        self._reap_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        hardening.prepare_workspace(str(self.workspace.root), self.policy)
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGCHLD, self.reaper.reap)
+        except (ValueError, RuntimeError):  # not the main thread: the periodic reap below covers it
+            pass
+        self._reap_task = asyncio.create_task(self._reap_forever())
+        await asyncio.gather(self.interpreter.start(), self.shell.start())
+
+    async def _reap_forever(self) -> None:
+        while True:
+            self.reaper.reap()
+            await asyncio.sleep(1.0)
+
+    async def close(self) -> None:
+        await asyncio.gather(self.interpreter.close(), self.shell.close(), return_exceptions=True)
+        procs.kill_trees(set(), keep=set(), include_roots=False)  # whatever sandboxed code left behind
+        self.reaper.reap()
+        if self._reap_task is not None:
+            self._reap_task.cancel()
+        try:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGCHLD)
+        except (ValueError, RuntimeError):
+            pass
+
+    def clamp_timeout(self, requested: int | None) -> float:
+        if requested is None:
+            return self.settings.exec_timeout_seconds
+        return float(min(requested, self.settings.max_exec_timeout_seconds))
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,64 @@
+"""`serve(settings)`: run one agent until SIGTERM/SIGINT, then kill every child and return.
+
+Usable from a freshly forked child of a template process that already imported
+the agent: all work happens here, none at import. Before serving, the agent
+becomes a child subreaper (so processes that escape their worker with setsid or
+a double fork are still its descendants and die with it) and undumpable (so
+sandboxed code running under the same uid cannot read its memory or
+environment, where the secret is). The interpreter and shell are started and
+warmed in the lifespan, before the socket accepts its first connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+
+import uvicorn
+
+from sandpool.agent import procs
+from sandpool.agent.app import create_app
+from sandpool.agent.settings import AgentSettings
+from sandpool.core.settings import ConfigurationError, dump_settings
+
+log = logging.getLogger("sandpool.agent")
+
+
+def _clear_stale_socket(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigurationError(f"--uds {path} exists and is not a socket")
+    os.unlink(path)
+
+
+def serve(settings: AgentSettings) -> None:
+    secret = settings.secret()
+    workspace = str(settings.workspace_dir())
+    procs.become_subreaper()
+    procs.make_undumpable()
+    app = create_app(settings, secret, workspace=workspace)
+    if settings.uds is not None:
+        _clear_stale_socket(str(settings.uds))
+        config = uvicorn.Config(app, uds=str(settings.uds), log_config=None, access_log=False,
+                                lifespan="on", timeout_graceful_shutdown=5)
+    else:
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+                                lifespan="on", timeout_graceful_shutdown=5)
+    log.info("agent starting", extra={"settings": dump_settings(settings)})
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    finally:
+        if settings.uds is not None:
+            try:
+                os.unlink(settings.uds)
+            except OSError:
+                pass
+        # Belt and braces: nothing sandboxed outlives the agent, even if the lifespan did not finish.
+        procs.kill_trees(set(), keep=set(), include_roots=False)
+    if not server.started:
+        raise SystemExit(1)

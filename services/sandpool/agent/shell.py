@@ -1,0 +1,79 @@
+"""The persistent bash shell: cwd and exported variables carry over between calls.
+
+Commands are fed NUL-terminated on a dedicated fd and run with `eval`; the
+status comes back on another fd. Unbalanced quotes or a heredoc without its end
+in a command therefore cannot desynchronise the framing: `eval` sees the whole
+command as one string and fails it as a syntax error. Each command's stdin is
+/dev/null. A command that runs `exit` ends the shell: its status is reported
+and a new shell takes over (the result says so).
+
+The `INT` trap keeps the shell alive when a timeout interrupts the command it
+is running (bash would otherwise exit with its child), so cwd and variables
+survive an interrupted call; a `read` interrupted by a late SIGINT resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from sandpool.agent import procs
+from sandpool.agent.execution import PersistentChild
+from sandpool.agent.worker import Worker, WorkerDied
+
+LOOP = r"""
+trap ':' INT
+__sandpool_in=$1; __sandpool_out=$2; shift 2
+while :; do
+  IFS= read -r -d '' __sandpool_cmd <&"$__sandpool_in"
+  __sandpool_rc=$?
+  if [ "$__sandpool_rc" -gt 128 ]; then continue; fi
+  if [ "$__sandpool_rc" -ne 0 ]; then break; fi
+  eval "$__sandpool_cmd" </dev/null
+  printf '%d\n' "$?" >&"$__sandpool_out"
+done
+"""
+
+START_TIMEOUT_SECONDS = 10.0
+
+
+def parse_line(buf: bytearray) -> bytes | None:
+    end = buf.find(b"\n")
+    if end < 0:
+        if len(buf) > 64:
+            raise ValueError("garbled status line")
+        return None
+    line = bytes(buf[:end])
+    del buf[:end + 1]
+    return line
+
+
+class Shell(PersistentChild):
+    kind = "shell"
+
+    def __init__(self, *, bash: str, workspace: str, env: dict[str, str], preexec,  # noqa: ANN001
+                 reaper: procs.Reaper, max_output_bytes: int, grace_seconds: float) -> None:
+        super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
+        self._bash = bash
+        self._workspace = workspace
+        self._env = env
+        self._preexec = preexec
+        self._reaper = reaper
+
+    async def new_worker(self) -> Worker:
+        worker = Worker("shell", [self._bash, "--noprofile", "--norc", "-c", LOOP, "sandpool-shell"],
+                        cwd=self._workspace, env=self._env, preexec=self._preexec, reaper=self._reaper,
+                        parse_event=parse_line)
+        worker.spawn()
+        worker.send(b":\0")
+        try:
+            await worker.next_event(START_TIMEOUT_SECONDS)
+        except (asyncio.TimeoutError, WorkerDied):
+            await worker.close()
+            raise RuntimeError("the shell failed to start") from None
+        return worker
+
+    def encode_request(self, text: str) -> bytes:
+        return text.encode("utf-8", errors="surrogateescape") + b"\0"
+
+    def decode_completion(self, event: bytes) -> int:
+        return int(event.decode("ascii").strip())

@@ -1,0 +1,260 @@
+"""One long-lived child process (the Python runner or the bash loop) and its four pipes.
+
+fd 1 and fd 2 of the child are pipes the agent reads continuously into bounded
+captures; requests go down one control pipe and completions come back up
+another, so program output can never be mistaken for framing. The child runs in
+a session of its own (`setsid`) and is hardened between fork and exec.
+
+Exit statuses come from the agent's one `Reaper`; nothing here calls
+`Popen.wait`, which would race it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sandpool.agent import procs
+from sandpool.agent.capture import StreamCapture
+
+log = logging.getLogger("sandpool.agent.worker")
+
+_READ_CHUNK = 65536
+
+
+class WorkerDied(Exception):
+    """The child exited (or broke its control channel) while a call ran."""
+
+    def __init__(self, return_code: int | None) -> None:
+        super().__init__(f"worker exited with {return_code}")
+        self.return_code = return_code
+
+
+@dataclass
+class CallOutput:
+    stdout: StreamCapture
+    stderr: StreamCapture
+    done: asyncio.Future[bytes] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+EventParser = Callable[[bytearray], "bytes | None"]
+"""Takes one complete event off the front of the buffer (mutating it), or returns None."""
+
+
+class Worker:
+    def __init__(self, name: str, argv: list[str], *, cwd: str, env: dict[str, str],
+                 preexec: Callable[[], None], reaper: procs.Reaper, parse_event: EventParser,
+                 max_event_bytes: int = 1 << 20, extra_fds_in_argv: bool = True) -> None:
+        self.name = name
+        self._argv = argv
+        self._cwd = cwd
+        self._env = env
+        self._preexec = preexec
+        self._reaper = reaper
+        self._parse_event = parse_event
+        self._max_event_bytes = max_event_bytes
+        self._extra_fds_in_argv = extra_fds_in_argv
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid = 0
+        self._fds: dict[str, int] = {}
+        self._events = bytearray()
+        self._pending: list[bytes] = []
+        self._waiter: asyncio.Future[bytes] | None = None
+        self.current: CallOutput | None = None
+        self.dead = False
+        self.return_code: int | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def spawn(self) -> None:
+        loop = asyncio.get_running_loop()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        req_r, req_w = os.pipe()
+        ev_r, ev_w = os.pipe()
+        argv = self._argv + ([str(req_r), str(ev_w)] if self._extra_fds_in_argv else [])
+        try:
+            self.proc = subprocess.Popen(  # noqa: S603 - argv is ours, never the caller's
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, pass_fds=(req_r, ev_w),
+                cwd=self._cwd, env=self._env, start_new_session=True, preexec_fn=self._preexec,
+                close_fds=True)
+        finally:
+            for fd in (out_w, err_w, req_r, ev_w):
+                os.close(fd)
+        self.pid = self.proc.pid
+        self._reaper.watch(self.pid)
+        self._fds = {"stdout": out_r, "stderr": err_r, "req": req_w, "ev": ev_r}
+        for fd in (out_r, err_r, ev_r, req_w):
+            os.set_blocking(fd, False)
+        loop.add_reader(out_r, self._on_output, "stdout")
+        loop.add_reader(err_r, self._on_output, "stderr")
+        loop.add_reader(ev_r, self._on_event)
+
+    async def next_event(self, timeout: float | None = None) -> bytes:
+        """The next completion/ready event; raises WorkerDied when the channel closes."""
+        if self._pending:
+            return self._pending.pop(0)
+        if self.dead:
+            raise WorkerDied(self.return_code)
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._waiter), timeout)
+        finally:
+            self._waiter = None
+
+    def send(self, data: bytes) -> None:
+        """Write a request; the pipe holds it whole unless it is huge, so finish it on a thread then."""
+        fd = self._fds["req"]
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(fd, view)
+            except BlockingIOError:
+                os.set_blocking(fd, True)
+                try:
+                    os.write(fd, view)  # a blocking write of the rest (the child is reading)
+                finally:
+                    os.set_blocking(fd, False)
+                return
+            except (BrokenPipeError, OSError):
+                return  # the child died; the event channel reports it
+            view = view[written:]
+
+    # --- readers --------------------------------------------------------------------------
+
+    def _on_output(self, stream: str) -> None:
+        fd = self._fds.get(stream)
+        if fd is None:
+            return
+        try:
+            data = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_fd(stream)
+            return
+        if self.current is not None:
+            getattr(self.current, stream).feed(data)
+
+    def drain_output(self) -> None:
+        """Read what is already in the output pipes (after a completion), without waiting for more."""
+        for stream in ("stdout", "stderr"):
+            for _ in range(4096):  # bounded: a grandchild may be writing as fast as we read
+                fd = self._fds.get(stream)
+                if fd is None:
+                    break
+                try:
+                    data = os.read(fd, _READ_CHUNK)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    self._close_fd(stream)
+                    break
+                if self.current is not None:
+                    getattr(self.current, stream).feed(data)
+
+    def _on_event(self) -> None:
+        fd = self._fds.get("ev")
+        if fd is None:
+            return
+        try:
+            data = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_fd("ev")
+            self._mark_dead()
+            return
+        self._events += data
+        if len(self._events) > self._max_event_bytes:
+            log.warning("worker control channel overflow", extra={"worker": self.name})
+            self._events.clear()
+            self.kill()
+            return
+        while True:
+            try:
+                event = self._parse_event(self._events)
+            except ValueError:
+                log.warning("worker control channel garbled", extra={"worker": self.name})
+                self._events.clear()
+                self.kill()
+                return
+            if event is None:
+                break
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(event)
+            else:
+                self._pending.append(event)
+
+    def _mark_dead(self) -> None:
+        if self.dead:
+            return
+        self.dead = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(WorkerDied(None))
+
+    def _close_fd(self, name: str) -> None:
+        fd = self._fds.pop(name, None)
+        if fd is None:
+            return
+        if name != "req":
+            try:
+                asyncio.get_running_loop().remove_reader(fd)
+            except RuntimeError:
+                pass
+        os.close(fd)
+
+    # --- signals and teardown -------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """SIGINT to the child's process group (its foreground work)."""
+        if self.pid:
+            procs.kill_group(self.pid, signal.SIGINT)
+
+    def kill(self) -> None:
+        """SIGKILL the child and everything below it."""
+        if self.pid:
+            procs.kill_group(self.pid, signal.SIGKILL)
+            procs.kill_trees({self.pid}, keep=self._reaper.watched - {self.pid}, include_roots=True)
+        self._mark_dead()
+
+    def kill_descendants(self) -> None:
+        """SIGKILL everything this child started (and the agent's orphans), keeping the child itself."""
+        if self.pid and not self.dead:
+            procs.kill_trees({self.pid}, keep=set(self._reaper.watched), include_roots=False)
+
+    async def wait_exit(self, timeout: float = 2.0) -> int | None:
+        """The exit code once the process is reaped (None if it did not exit in time)."""
+        if self.return_code is not None:
+            return self.return_code
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            code = self._reaper.exit_code(self.pid)
+            if code is not None:
+                self.return_code = code
+                if self.proc is not None:
+                    self.proc.returncode = code  # so Popen never waits on a reaped pid
+                return code
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(0.005)
+
+    async def close(self) -> None:
+        """Kill the child, reap it and release every pipe."""
+        self.kill()
+        await self.wait_exit(timeout=2.0)
+        self.drain_output()
+        for name in list(self._fds):
+            self._close_fd(name)

@@ -1,0 +1,139 @@
+"""code_execution and bash_code_execution against a real agent: state, failures, timeouts, floods."""
+
+from __future__ import annotations
+
+from conftest import Agent, content, wait_dead
+
+
+def test_python_state_persists_and_output_is_captured_at_fd_level(agent: Agent) -> None:
+    first = agent.py("import os, subprocess\nx = 41\nprint('py')\nos.write(1, b'raw\\n')\n"
+                     "subprocess.run(['echo', 'child'])\nimport sys\nprint('err', file=sys.stderr)")
+    c = content(first)
+    assert c["stdout"] == "py\nraw\nchild\n"
+    assert c["stderr"] == "err\n"
+    assert c["return_code"] == 0
+    assert first["result_block"]["type"] == "code_execution_tool_result"
+    assert first["tool_use_id"].startswith("srvtoolu_")
+    assert first["result_block"]["tool_use_id"] == first["tool_use_id"]
+    assert isinstance(first["execution_time_ms"], int)
+    second = agent.py("print(x + 1, os.getcwd() == os.environ['HOME'])", tool_use_id="mine")
+    assert content(second)["stdout"] == "42 True\n"
+    assert second["tool_use_id"] == "mine" and second["result_block"]["tool_use_id"] == "mine"
+
+
+def test_python_exception_is_a_failed_result(agent: Agent) -> None:
+    resp = agent.exec("code_execution", code="def f():\n    raise ValueError('boom')\nf()")
+    assert resp.status_code == 200
+    assert resp.headers["X-Sandpool-Outcome"] == "failed"
+    c = content(resp.json())
+    assert c["return_code"] == 1
+    assert "ValueError: boom" in c["stderr"] and "Traceback" in c["stderr"]
+    assert "runner.py" not in c["stderr"]
+    syntax = content(agent.py("def ("))
+    assert syntax["return_code"] == 1 and "SyntaxError" in syntax["stderr"]
+    exited = content(agent.py("import sys\nsys.exit(3)"))
+    assert exited["return_code"] == 3
+    assert content(agent.py("print('still here')"))["stdout"] == "still here\n"
+
+
+def test_no_secret_in_the_sandbox_environment(agent: Agent) -> None:
+    c = content(agent.py("import os\nprint(sorted(k for k in os.environ if 'SANDPOOL' in k or 'SECRET' in k))"))
+    assert c["stdout"] == "[]\n"
+    c = content(agent.sh("env"))
+    assert agent.secret not in c["stdout"] and "SANDPOOL" not in c["stdout"]
+
+
+def test_bash_state_persists_and_framing_survives_hostile_input(agent: Agent) -> None:
+    assert content(agent.sh("mkdir -p sub && cd sub && export FOO=bar"))["return_code"] == 0
+    c = content(agent.sh("pwd; echo $FOO"))
+    assert c["stdout"].splitlines()[1] == "bar"
+    assert c["stdout"].splitlines()[0].endswith("/sub")
+    broken = content(agent.sh("echo 'unbalanced"))
+    assert broken["return_code"] != 0
+    heredoc = content(agent.sh("cat <<EOF\nno end marker"))
+    assert "no end marker" in heredoc["stdout"]
+    assert content(agent.sh("read line; echo got=$?"))["stdout"] == "got=1\n"  # stdin is /dev/null
+    c = content(agent.sh("printf '0\\n'; echo done; echo $FOO; cd .."))
+    assert c["stdout"] == "0\ndone\nbar\n"
+    failing = agent.exec("bash_code_execution", command="echo out; echo err >&2; false")
+    assert failing.headers["X-Sandpool-Outcome"] == "failed"
+    assert content(failing.json()) | {"content": []} == {"type": "code_execution_result", "stdout": "out\n",
+                                                          "stderr": "err\n", "return_code": 1, "content": []}
+
+
+def test_bash_exit_restarts_the_shell_and_says_so(agent: Agent) -> None:
+    agent.sh("export KEEP=1")
+    result = agent.sh("echo bye; exit 7")
+    assert content(result)["return_code"] == 7
+    assert content(result)["stdout"] == "bye\n"
+    assert result["shell_restarted"] is True
+    after = agent.sh("echo [$KEEP]")
+    assert content(after)["stdout"] == "[]\n"
+    assert agent.sh("true").get("shell_restarted") is None
+
+
+def test_python_timeout_interrupts_and_keeps_state(agent: Agent) -> None:
+    agent.py("kept = 'yes'")
+    resp = agent.exec("code_execution", code="import time\nprint('before', flush=True)\ntime.sleep(30)",
+                      timeout=1)
+    assert resp.headers["X-Sandpool-Outcome"] == "timeout"
+    body = resp.json()
+    c = content(body)
+    assert c["return_code"] == 124
+    assert c["stdout"] == "before\n"
+    assert "timeout" in c["stderr"] and "1s limit" in c["stderr"]
+    assert body["limit_exceeded"] == "timeout"
+    assert body["timeout_seconds"] == 1
+    nxt = agent.py("print(kept)")
+    assert content(nxt)["stdout"] == "yes\n"
+    assert "interpreter_restarted" not in nxt
+
+
+def test_python_timeout_kills_sigint_ignoring_code_and_escaped_children(agent: Agent) -> None:
+    agent.py("lost = 1")
+    code = (
+        "import os, signal, subprocess, time\n"
+        "kids = [subprocess.Popen(['sleep', '300']).pid,\n"
+        "        subprocess.Popen(['setsid', 'sleep', '301']).pid,\n"
+        "        subprocess.Popen(['bash', '-c', 'sleep 302 & echo $!'], stdout=subprocess.PIPE)]\n"
+        "grand = int(kids[2].stdout.readline())\n"
+        "print(kids[0], kids[1], grand, flush=True)\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "while True: time.sleep(1)\n"
+    )
+    result = agent.py(code, timeout=1)
+    c = content(result)
+    assert c["return_code"] == 124
+    assert result["interpreter_restarted"] is True
+    assert "killed" in c["stderr"]
+    pids = [int(p) for p in c["stdout"].split()]
+    assert len(pids) == 3
+    assert wait_dead(pids) == []
+    nxt = agent.py("print('lost' in globals())")
+    assert content(nxt)["stdout"] == "False\n"
+    assert nxt["interpreter_restarted"] is True
+    assert "interpreter_restarted" not in agent.py("pass")
+
+
+def test_bash_timeout_keeps_shell_state_and_kills_background_children(agent: Agent) -> None:
+    agent.sh("export STAY=here")
+    result = agent.sh("(setsid sleep 303 &); sleep 304 & echo $!; sleep 60", timeout=1)
+    c = content(result)
+    assert c["return_code"] == 124
+    assert result["limit_exceeded"] == "timeout"
+    assert wait_dead([int(c["stdout"].split()[0])]) == []
+    lingering = content(agent.sh("pgrep -f 'sleep 30[34]' || echo none"))["stdout"]
+    assert lingering == "none\n"
+    assert content(agent.sh("echo $STAY"))["stdout"] == "here\n"
+
+
+def test_bash_timeout_of_a_builtin_loop_restarts_the_shell(agent: Agent) -> None:
+    result = agent.sh("while :; do :; done", timeout=1)
+    assert content(result)["return_code"] == 124
+    assert result["shell_restarted"] is True
+    assert content(agent.sh("echo ok"))["stdout"] == "ok\n"
+
+
+def test_timeout_is_clamped_to_the_ceiling(agent: Agent) -> None:
+    assert agent.py("pass", timeout=10_000)["timeout_seconds"] == 300
+    assert agent.py("pass")["timeout_seconds"] == 60
