@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from client_scripted import ScriptedServer, free_port  # noqa: E402
+from client_stack import Stack, StackUnavailable, up_help  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -25,3 +26,33 @@ def scripted_server() -> Iterator[ScriptedServer]:
 def scripted(scripted_server: ScriptedServer) -> ScriptedServer:
     scripted_server.reset()
     return scripted_server
+
+
+POOL_SIZE = 2
+MAX_BODY_BYTES = 256 * 1024
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One `sandpool up --no-auth` for all the client's stack tests: a pool of 2 with a ceiling of 2.
+
+    The ceiling equal to the warm target makes capacity reachable by holding two
+    sessions; a small body cap makes 413 reachable with a small upload.
+    """
+    try:
+        help_text = up_help()
+    except StackUnavailable as exc:
+        pytest.skip(str(exc))
+    extra = ["--pool-size", str(POOL_SIZE)]
+    limits: dict[str, int] = {}
+    if "--max-sandboxes" in help_text:
+        extra += ["--max-sandboxes", str(POOL_SIZE)]
+        limits["max_sandboxes"] = POOL_SIZE
+    if "--max-body-bytes" in help_text:
+        extra += ["--max-body-bytes", str(MAX_BODY_BYTES)]
+        limits["max_body_bytes"] = MAX_BODY_BYTES
+    s = Stack(free_port(), tmp_path_factory.mktemp("stack") / "data", extra)
+    s.limits = limits
+    s.start()
+    yield s
+    s.stop()

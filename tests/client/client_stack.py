@@ -1,0 +1,105 @@
+"""A real `sandpool up --no-auth` in a subprocess, for the client's end-to-end tests.
+
+It waits for `SANDPOOL_URL=` on the stack's stdout (printed once the pool is
+warm) and keeps the stack's stderr in a file so a failure shows its logs.
+The stack runs in its own process group so teardown also ends whatever it
+started (redis-server, sandbox agents) should it not stop them itself.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+STARTUP_SECONDS = 40.0
+
+
+class StackUnavailable(Exception):
+    """`sandpool up` is not there to start (not built yet, or not installed)."""
+
+
+def up_help() -> str:
+    proc = subprocess.run([sys.executable, "-m", "sandpool", "up", "--help"], capture_output=True, text=True,
+                          timeout=30)
+    if proc.returncode != 0 or "--no-auth" not in proc.stdout:
+        said = " ".join((proc.stdout + proc.stderr).split())[:200]
+        raise StackUnavailable(f"`sandpool up --no-auth` is not available in this tree yet "
+                               f"(`sandpool up --help` exit {proc.returncode}: {said!r})")
+    return proc.stdout
+
+
+class Stack:
+    def __init__(self, port: int, data_dir: Path, extra_args: list[str]) -> None:
+        self.port = port
+        self.data_dir = data_dir
+        self.args = [sys.executable, "-m", "sandpool", "up", "--no-auth", "--port", str(port),
+                     "--data-dir", str(data_dir), *extra_args]
+        self.stderr_path = data_dir.parent / f"{data_dir.name}-stderr.log"
+        self.proc: subprocess.Popen[str] | None = None
+        self.env: dict[str, str] = {}
+        self.stdout_lines: list[str] = []
+        self.limits: dict[str, int] = {}
+        """The limits the stack was started with (`max_sandboxes`, `max_body_bytes`), when `up` takes them."""
+
+    @property
+    def url(self) -> str:
+        return self.env["SANDPOOL_URL"]
+
+    def logs(self, last: int = 60) -> str:
+        try:
+            lines = self.stderr_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-last:])
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        stderr = self.stderr_path.open("w")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+                                     start_new_session=True)
+        stderr.close()
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while "SANDPOOL_URL" not in self.env:
+            try:
+                line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.stop()
+                why = "exited" if self.proc.poll() is not None else f"printed no SANDPOOL_URL in {STARTUP_SECONDS:g}s"
+                raise RuntimeError(f"sandpool up {why} (rc={self.proc.returncode}); stderr:\n{self.logs()}")
+            self.stdout_lines.append(line)
+            key, sep, value = line.strip().partition("=")
+            if sep and key.startswith("SANDPOOL_"):
+                self.env[key] = value
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        try:  # anything of its group it left behind
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
