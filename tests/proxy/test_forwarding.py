@@ -107,7 +107,7 @@ def test_redis_down_fails_closed(make_proxy: Callable[..., Proxy], keys: Keys, e
     with proxy.client(keys.token()) as client:
         response = client.post("/sessions", json={})
         metrics = client.get("/metrics").text
-    assert response.status_code == 503 and response.json()["reason"] == "unavailable"
+    assert response.status_code == 503 and response.json()["reason"] == "redis_unavailable"
     assert echo.seen == []
     assert 'sandpool_redis_errors_total{service="proxy"} 1.0' in metrics
 

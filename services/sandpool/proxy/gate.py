@@ -26,6 +26,10 @@ from sandpool.proxy.store import ProxyStore, StoreError
 log = logging.getLogger(__name__)
 
 
+class RedisUnavailable(Unavailable):
+    reason = "redis_unavailable"
+
+
 class Gate:
     def __init__(self, *, verifier: TokenVerifier, keyring: KeyRing, store: ProxyStore, codec: PolicyCodec,
                  metrics: ProxyMetrics, jwks_client: httpx.AsyncClient | None) -> None:
@@ -57,7 +61,7 @@ class Gate:
     def _store_failed(self, exc: StoreError) -> Unavailable:
         self.metrics.redis_error()
         log.warning("redis call failed", extra={"error": str(exc)})
-        return Unavailable("the proxy cannot reach its state store", retry_after=1)
+        return RedisUnavailable("the proxy cannot reach its state store", retry_after=1)
 
     async def admit(self, principal: Principal) -> Effective:
         """Revocation, rate and policy in one round trip; the values in force for this request."""

@@ -38,6 +38,8 @@ class KeyRing:
         self._last_attempt = 0.0
         self._lock = asyncio.Lock()
         self.generation = 0
+        if jwks and not self.is_url:
+            self._load_file_now()
         self._rebuild()
 
     @property
@@ -66,6 +68,17 @@ class KeyRing:
 
     def __len__(self) -> int:
         return len(self._by_kid)
+
+    def _load_file_now(self) -> None:
+        """A JWKS file is configuration: read it while the app is built, so a bad one stops the start."""
+        assert self._jwks_location is not None
+        try:
+            keys = self._read_file(Path(self._jwks_location))
+        except (OSError, ValueError) as exc:
+            raise ConfigurationError(f"--auth-jwks {self._jwks_location}: cannot load ({exc})") from None
+        if not keys and not self._static:
+            raise ConfigurationError(f"--auth-jwks {self._jwks_location}: no usable public key")
+        self._jwks_keys = keys or []
 
     async def start(self, client: httpx.AsyncClient | None) -> None:
         """First load of the JWKS document: a failure here stops the start when no PEM key is trusted."""
@@ -113,7 +126,9 @@ class KeyRing:
             if len(response.content) > JWKS_MAX_BYTES:
                 raise ValueError("JWKS document too large")
             return parse_jwks(response.json(), source=self._jwks_location)
-        path = Path(self._jwks_location)
+        return self._read_file(Path(self._jwks_location))
+
+    def _read_file(self, path: Path) -> list[TrustedKey] | None:
         st = path.stat()
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp == self._jwks_stamp and self._jwks_keys:
