@@ -1,0 +1,328 @@
+"""The Kubernetes provider: one pod (plus one Secret) per sandbox.
+
+`create` POSTs the pod, then its Secret owned by the pod's uid, waits for the
+watch to report the pod Ready with an IP, then asks the agent itself
+(`GET http://<podIP>:<port>/healthz`) before returning: a sandbox is published
+only once the scheduler can reach its agent, NetworkPolicy and all. A create
+that fails or is cancelled deletes its pod (the Secret follows through its
+ownerReference).
+
+`destroy` queues the sandbox for deletion; queued deletions leave in batches
+(one `deletecollection` with a label selector naming up to `DELETE_BATCH`
+sandboxes), paced by their own token bucket. Creations are paced by another.
+`list` asks the API server for every pod with this installation's label, so a
+restarted controller finds what its predecessor started.
+
+Nothing here is on the CreateSession path: the scheduler leases from Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import Any
+
+import httpx
+
+from sandpool.pool.provider import PoolSpec, ProviderError, SandboxInfo
+from sandpool.providers.kubernetes.client import ApiError, Conflict, KubeApi, NotFound
+from sandpool.providers.kubernetes.pods import (
+    ANNOTATION_ATTEMPT,
+    HEALTH_PATH,
+    InvalidPool,
+    PodOptions,
+    agent_address,
+    build_pod,
+    build_secret,
+    check_sandbox_id,
+    installation_selector,
+    object_name,
+    read_pod,
+    sandboxes_selector,
+)
+from sandpool.providers.kubernetes.ratelimit import TokenBucket
+from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
+from sandpool.providers.kubernetes.watch import PodGone, PodWatcher
+
+log = logging.getLogger("sandpool.providers.kubernetes")
+
+DELETE_BATCH = 50  # sandboxes named in one deletecollection selector (a short URL either way)
+
+
+class KubernetesProvider:
+    name = "kubernetes"
+    settings_class = KubernetesProviderSettings
+
+    def __init__(self, settings: KubernetesProviderSettings | None = None) -> None:
+        self.settings = settings or KubernetesProviderSettings()
+        self.options = PodOptions.from_settings(self.settings)
+        self.selector = installation_selector(self.settings.kube_installation)
+        self.api = KubeApi(self.settings)
+        self.watcher = PodWatcher(self.api, self.selector,
+                                  watch_timeout_seconds=self.settings.kube_watch_timeout_seconds,
+                                  backoff_max_seconds=self.settings.kube_backoff_max_seconds)
+        self._create_bucket = TokenBucket(self.settings.kube_create_rate, self.settings.kube_create_burst)
+        self._delete_bucket = TokenBucket(self.settings.kube_delete_rate, self.settings.kube_delete_burst)
+        self._http: httpx.AsyncClient | None = None
+        self._pending_deletes: dict[str, list[asyncio.Future[None]]] = {}
+        self._delete_wakeup: asyncio.Event | None = None
+        self._deleter: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self.counts = {"created": 0, "create_failed": 0, "destroyed": 0, "delete_calls": 0}
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            await self.api.start()
+            # Pod IPs are never behind a proxy: ignore HTTP(S)_PROXY for the agent probe.
+            self._http = httpx.AsyncClient(timeout=self.settings.kube_health_timeout_seconds, trust_env=False)
+            await self.watcher.start()
+        except ApiError as exc:
+            await self.close()
+            raise ProviderError(f"kubernetes provider cannot start: {exc}", transient=exc.transient) from None
+        self._delete_wakeup = asyncio.Event()
+        self._deleter = asyncio.create_task(self._delete_loop(), name="sandpool-kube-deleter")
+        self._started = True
+        log.info("kubernetes provider started", extra={"server": self.api.server,
+                                                       "namespace": self.settings.kube_namespace,
+                                                       "installation": self.settings.kube_installation,
+                                                       "pods": len(self.watcher.pods)})
+
+    async def close(self) -> None:
+        self._started = False
+        if self._deleter is not None:
+            self._deleter.cancel()
+            await asyncio.gather(self._deleter, return_exceptions=True)
+            self._deleter = None
+        for futures in self._pending_deletes.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(ProviderError("the provider closed before the delete was sent"))
+        self._pending_deletes.clear()
+        if self._background:
+            await asyncio.wait(self._background, timeout=self.settings.kube_api_timeout_seconds)
+        await self.watcher.close()
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+        await self.api.close()
+
+    # --- create -------------------------------------------------------------------------------
+
+    async def create(self, pool: PoolSpec, sandbox_id: str) -> SandboxInfo:
+        self._require_started()
+        attempt = secrets.token_hex(8)
+        try:
+            pod = build_pod(pool, sandbox_id, self.options, attempt=attempt)
+        except InvalidPool as exc:
+            raise ProviderError(str(exc), transient=False) from None
+        name = pod["metadata"]["name"]
+        agent_secret = secrets.token_urlsafe(32)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.kube_ready_timeout_seconds
+        await self._create_bucket.acquire()
+        uid: str | None = None
+        created = False
+        try:
+            uid = await self._create_pod(pod, attempt)
+            created = True
+            await self._create_secret(pool, sandbox_id, agent_secret, uid, attempt)
+            state = await self.watcher.wait_ready(name, uid, deadline - loop.time())
+            address = agent_address(str(state.pod_ip), self.settings.kube_agent_port)
+            await self._wait_for_agent(address, name, uid, deadline)
+        except asyncio.CancelledError:
+            # The caller gave up (its own start timeout): clean up without making it wait.
+            self._spawn(self._delete_quietly(name, uid))
+            self.counts["create_failed"] += 1
+            raise
+        except (ApiError, PodGone, TimeoutError, ProviderError) as exc:
+            self.counts["create_failed"] += 1
+            if created or not isinstance(exc, ProviderError):
+                await self._delete_quietly(name, uid)
+            if isinstance(exc, ProviderError):
+                raise
+            transient = getattr(exc, "transient", True)
+            raise ProviderError(f"sandbox {sandbox_id}: {exc}", transient=transient) from None
+        self.counts["created"] += 1
+        return SandboxInfo(sandbox_id=sandbox_id, pool=pool.name, address=address, secret=agent_secret, ready=True)
+
+    async def _create_pod(self, pod: dict[str, Any], attempt: str) -> str:
+        """POST the pod; a 409 on a pod our own earlier (retried) POST made is that pod."""
+        name = pod["metadata"]["name"]
+        try:
+            return str(read_pod(await self.api.create_pod(pod)).uid)
+        except Conflict:
+            try:
+                existing = read_pod(await self.api.get_pod(name))
+            except NotFound:
+                return str(read_pod(await self.api.create_pod(pod)).uid)  # it went meanwhile: once more
+            if existing.attempt == attempt and not existing.terminating:
+                return existing.uid
+            raise ProviderError(f"a pod named {name} already exists", transient=existing.terminating) from None
+
+    async def _create_secret(self, pool: PoolSpec, sandbox_id: str, value: str, owner_uid: str, attempt: str) -> None:
+        """POST the Secret owned by the pod; replace a stale one a previous pod of that name left."""
+        body = build_secret(pool, sandbox_id, self.options, secret=value, owner_uid=owner_uid, attempt=attempt)
+        name = body["metadata"]["name"]
+        try:
+            await self.api.create_secret(body)
+            return
+        except Conflict:
+            pass
+        try:
+            existing = await self.api.get_secret(name)
+        except NotFound:
+            await self.api.create_secret(body)
+            return
+        meta = existing.get("metadata") or {}
+        owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
+        if (meta.get("annotations") or {}).get(ANNOTATION_ATTEMPT) == attempt and owner_uid in owners:
+            return  # our own earlier (retried) POST
+        # Left by an earlier pod of this name that the garbage collector has not caught up with.
+        try:
+            await self.api.delete_secret(name, uid=meta.get("uid"))
+        except NotFound:
+            pass
+        await self.api.create_secret(body)
+
+    async def _wait_for_agent(self, address: str, name: str, uid: str, deadline: float) -> None:
+        """Poll the agent's health check from here: Ready says the kubelet reaches it, not that we do."""
+        assert self._http is not None
+        loop = asyncio.get_running_loop()
+        pause = 0.02
+        last = "no answer"
+        while True:
+            self.watcher.check_alive(name, uid)
+            try:
+                response = await self._http.get(address + HEALTH_PATH)
+                if response.status_code == 200:
+                    return
+                last = f"status {response.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            if loop.time() + pause >= deadline:
+                raise TimeoutError(f"agent of pod {name} did not answer at {address} ({last})")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+    async def _delete_quietly(self, name: str, uid: str | None) -> None:
+        try:
+            await self._delete_bucket.acquire()
+            await self.api.delete_pod(name, uid=uid)
+            self.counts["delete_calls"] += 1
+        except NotFound:
+            pass
+        except ApiError as exc:
+            log.warning("could not delete a failed sandbox pod; reconciliation will",
+                        extra={"pod": name, "error": str(exc)})
+
+    # --- destroy ------------------------------------------------------------------------------
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Returns once the API server has accepted the pod's deletion (its Secret follows it)."""
+        self._require_started()
+        try:
+            check_sandbox_id(sandbox_id)
+        except InvalidPool:
+            return  # no pod can carry such an id: nothing to destroy
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending_deletes.setdefault(sandbox_id, []).append(future)
+        assert self._delete_wakeup is not None
+        self._delete_wakeup.set()
+        await future
+
+    async def _delete_loop(self) -> None:
+        assert self._delete_wakeup is not None
+        while True:
+            await self._delete_wakeup.wait()
+            self._delete_wakeup.clear()
+            while self._pending_deletes:
+                await self._delete_bucket.acquire()
+                batch = list(self._pending_deletes)[:DELETE_BATCH]
+                futures = {sid: self._pending_deletes.pop(sid) for sid in batch}
+                self._spawn(self._delete_batch(futures))
+
+    async def _delete_batch(self, futures: dict[str, list[asyncio.Future[None]]]) -> None:
+        ids = sorted(futures)
+        error: ProviderError | None = None
+        try:
+            self.counts["delete_calls"] += 1
+            if len(ids) == 1:
+                try:
+                    await self.api.delete_pod(object_name(self.settings.kube_installation, ids[0]))
+                except NotFound:
+                    pass
+            else:
+                await self.api.delete_pods(sandboxes_selector(self.settings.kube_installation, ids))
+            self.counts["destroyed"] += len(ids)
+        except ApiError as exc:
+            error = ProviderError(f"delete of {len(ids)} sandbox(es) failed: {exc}", transient=exc.transient)
+        for waiting in futures.values():
+            for future in waiting:
+                if future.done():
+                    continue
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+
+    # --- list and describe --------------------------------------------------------------------
+
+    async def list(self) -> list[SandboxInfo]:
+        """Every pod of this installation that is not already being deleted.
+
+        `ready` is "its agent is running": the pod runs and has its IP. (The Ready
+        condition itself can flap while sandboxed code keeps the agent busy; a
+        leased sandbox must not be declared dead for that.)
+        """
+        self._require_started()
+        try:
+            data = await self.api.list_pods(self.selector)
+        except ApiError as exc:
+            raise ProviderError(f"list of sandbox pods failed: {exc}", transient=exc.transient) from None
+        out = []
+        for item in data.get("items") or []:
+            state = read_pod(item)
+            if state.terminating or not state.sandbox_id:
+                continue
+            running = state.phase == "Running" and bool(state.pod_ip)
+            out.append(SandboxInfo(
+                sandbox_id=state.sandbox_id, pool=state.pool or "",
+                address=agent_address(state.pod_ip, self.settings.kube_agent_port) if state.pod_ip else None,
+                ready=running,
+            ))
+        return out
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "provider": self.name,
+            "server": self.api.server,
+            "namespace": self.settings.kube_namespace,
+            "installation": self.settings.kube_installation,
+            "isolation": {
+                "pod_security": "non-root, read-only root filesystem, all capabilities dropped, "
+                                "no privilege escalation, seccomp RuntimeDefault, no service-account token",
+                "runtime_class": "per pool (runtimeClassName)",
+                "network": "NetworkPolicy from the chart (sandbox ingress from the scheduler only)",
+            },
+            "rates": {"create_per_second": self.settings.kube_create_rate,
+                      "delete_per_second": self.settings.kube_delete_rate},
+            "api": self.api.stats.as_dict(),
+            "watch": {"pods": len(self.watcher.pods), "relists": self.watcher.relists,
+                      "requests": self.watcher.watch_requests, "events": self.watcher.events},
+            "sandboxes": dict(self.counts),
+        }
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise ProviderError("the kubernetes provider is not started", transient=False)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
