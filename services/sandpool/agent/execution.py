@@ -71,6 +71,12 @@ class PersistentChild:
     async def start(self) -> None:
         self.worker = await self.new_worker()
 
+    def stop_now(self) -> None:
+        """Synchronous kill at shutdown: no restart follows."""
+        self._closed = True
+        if self.worker is not None:
+            self.worker.kill()
+
     async def close(self) -> None:
         self._closed = True
         if self.worker is not None:
@@ -91,12 +97,13 @@ class PersistentChild:
         worker.drain_output()  # what background processes wrote between calls is not this call's output
         out = CallOutput(StreamCapture(self.max_output_bytes), StreamCapture(self.max_output_bytes))
         worker.current = out
+        worker.forget_events()
         timed_out = lost = False
         note = ""
         return_code = 0
         worker.send(self.encode_request(text))
         try:
-            return_code = self.decode_completion(await worker.next_event(timeout))
+            return_code = self._completion(worker, await worker.next_event(timeout))
         except asyncio.TimeoutError:
             timed_out = True
             return_code, lost = await self._stop_overdue(worker)
@@ -129,6 +136,15 @@ class PersistentChild:
                            timed_out=timed_out, output_truncated=out.stdout.truncated or out.stderr.truncated,
                            restarted=lost, fresh=fresh)
 
+    def _completion(self, worker: Worker, event: bytes) -> int:
+        """The completion's return code; a garbled one (the program wrote to the channel) kills the child."""
+        try:
+            return self.decode_completion(event)
+        except (ValueError, TypeError, KeyError):
+            log.warning("garbled completion from the %s", self.kind)
+            worker.kill()
+            raise WorkerDied(None) from None
+
     async def _stop_overdue(self, worker: Worker) -> tuple[int, bool]:
         """Interrupt, then kill. Returns (the child's own code, whether its state was lost)."""
         loop = asyncio.get_running_loop()
@@ -140,7 +156,7 @@ class PersistentChild:
                 break
             try:
                 event = await worker.next_event(min(0.2, remaining))
-                return self.decode_completion(event), False
+                return self._completion(worker, event), False
             except asyncio.TimeoutError:
                 continue
             except WorkerDied:

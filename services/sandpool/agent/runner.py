@@ -23,6 +23,7 @@ _MAX_REQUEST = 64 * 1024 * 1024
 
 class _State:
     in_user_code = False
+    pid = 0
 
 
 def _on_sigint(signum, frame):  # noqa: ANN001 - signal handler signature
@@ -135,6 +136,10 @@ def run(source: str, namespace: dict) -> tuple[int, bool]:
         return 1, False
     finally:
         _State.in_user_code = False
+        if os.getpid() != _State.pid:
+            # A fork made by the cell finished the cell too: it must not join the request loop.
+            _flush_all()
+            os._exit(0)
 
 
 def _warm(namespace: dict) -> None:
@@ -149,6 +154,7 @@ def main(argv: list[str]) -> int:
     in_fd, out_fd = int(argv[1]), int(argv[2])
     os.set_inheritable(in_fd, False)
     os.set_inheritable(out_fd, False)
+    _State.pid = os.getpid()
     signal.signal(signal.SIGINT, _on_sigint)
     sys.argv = [""]
     sys.path.insert(0, os.getcwd())  # like a notebook: modules written to the workspace import

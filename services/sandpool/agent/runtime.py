@@ -65,6 +65,12 @@ class Runtime:
         except (ValueError, RuntimeError):
             pass
 
+    def stop_now(self) -> None:
+        """On SIGTERM/SIGINT: kill every child at once so in-flight calls end and shutdown is prompt."""
+        self.interpreter.stop_now()
+        self.shell.stop_now()
+        procs.kill_trees(set(), keep=set(), include_roots=False)
+
     def clamp_timeout(self, requested: int | None) -> float:
         if requested is None:
             return self.settings.exec_timeout_seconds

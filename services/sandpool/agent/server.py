@@ -11,9 +11,14 @@ warmed in the lifespan, before the socket accepts its first connection.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import stat
+import threading
+from collections.abc import Iterator
+from types import FrameType
 
 import uvicorn
 
@@ -35,6 +40,28 @@ def _clear_stale_socket(path: str) -> None:
     os.unlink(path)
 
 
+class _AgentServer(uvicorn.Server):
+    """uvicorn's server that kills the children first on SIGTERM/SIGINT and returns instead of re-raising."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        runtime = getattr(self.config.app.state, "runtime", None) if hasattr(self.config.app, "state") else None
+        if runtime is not None and not self.should_exit:
+            runtime.stop_now()
+        super().handle_exit(sig, frame)
+
+
 def serve(settings: AgentSettings) -> None:
     secret = settings.secret()
     workspace = str(settings.workspace_dir())
@@ -49,7 +76,7 @@ def serve(settings: AgentSettings) -> None:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
                                 lifespan="on", timeout_graceful_shutdown=5)
     log.info("agent starting", extra={"settings": dump_settings(settings)})
-    server = uvicorn.Server(config)
+    server = _AgentServer(config)
     try:
         server.run()
     finally:

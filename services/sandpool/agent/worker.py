@@ -107,6 +107,11 @@ class Worker:
         finally:
             self._waiter = None
 
+    def forget_events(self) -> None:
+        """Drop completions nobody waits for (a program may forge them on its own channel)."""
+        self._pending.clear()
+        self._events.clear()
+
     def send(self, data: bytes) -> None:
         """Write a request; the pipe holds it whole unless it is huge, so finish it on a thread then."""
         fd = self._fds["req"]
@@ -146,7 +151,7 @@ class Worker:
     def drain_output(self) -> None:
         """Read what is already in the output pipes (after a completion), without waiting for more."""
         for stream in ("stdout", "stderr"):
-            for _ in range(4096):  # bounded: a grandchild may be writing as fast as we read
+            for _ in range(256):  # bounded: a grandchild may be writing as fast as we read
                 fd = self._fds.get(stream)
                 if fd is None:
                     break
