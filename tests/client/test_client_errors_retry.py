@@ -313,3 +313,25 @@ def test_session_info_reads_sandpool_extensions_when_present() -> None:
         None, None, None, None)
     with pytest.raises(ProtocolError):
         SessionInfo.from_body({"session_id": ""})
+
+
+def test_public_exports_are_pinned() -> None:
+    import sandpool.client as client
+
+    assert sorted(client.__all__) == sorted([
+        "AsyncClient", "AsyncSession", "AtCapacity", "BadRequest", "Client", "ConnectionFailed", "ConnectionLost",
+        "ExecResult", "FileInfo", "Forbidden", "ImageNotAllowed", "InvalidRequest", "NotFound", "OutputFile",
+        "PathOutsideWorkspace", "PayloadTooLarge", "ProtocolError", "QuotaExceeded", "ResponseTimeout",
+        "RetryPolicy", "SandboxFailed", "SandpoolClientError", "ServerError", "Session", "SessionInfo",
+        "Unauthorized", "Unavailable", "UploadResult",
+    ])
+    for name in client.__all__:
+        obj = getattr(client, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, client.SandpoolClientError), name
+    # The sync and async sessions offer the same calls.
+    def public(cls: type) -> set[str]:
+        return {n for n in vars(cls) if not n.startswith("_")}
+
+    assert public(client.Session) == public(client.AsyncSession)
+    assert public(client.Client) - {"close"} == public(client.AsyncClient) - {"aclose"}

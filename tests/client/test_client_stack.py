@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Iterator
 
 import pytest
 from client_stack import Stack
@@ -28,7 +29,7 @@ RETRIES = {"max_retries": 20, "max_retry_wait": 30.0}
 
 
 @pytest.fixture
-def client(stack: Stack) -> Client:
+def client(stack: Stack) -> Iterator[Client]:
     with Client(stack.url, **RETRIES) as c:  # type: ignore[arg-type]
         yield c
 

@@ -228,8 +228,12 @@ class Session:
         return self.download(file.file_id)
 
     def produced_files(self, result: ExecResult) -> dict[str, bytes]:
-        """Every file `result` produced, fetched, keyed by its `filename`."""
-        return {f.filename: self.download_output(f) for f in result.files}
+        """Every file `result` produced, fetched with GetFile, keyed by its `file_id`.
+
+        sandpool's `file_id` is the file's path in the workspace, so two files of one
+        name in different directories do not collide.
+        """
+        return {f.file_id: self.download_output(f) for f in result.files}
 
 
 __all__ = ["Client", "Session"]
