@@ -259,7 +259,8 @@ def test_config_from_env() -> None:
 
 
 def _exec_body(**content: object) -> dict:
-    return {"tool_use_id": "t1", "execution_time_ms": 5, "timed_out": True, "limit": "timeout",
+    return {"tool_use_id": "t1", "execution_time_ms": 5, "limit_exceeded": "timeout", "timeout_seconds": 2.0,
+            "shell_restarted": True,
             "result_block": {"type": "bash_code_execution_tool_result", "tool_use_id": "t1",
                              "content": {"stdout": "o", "stderr": "e", **content}}}
 
@@ -272,16 +273,21 @@ def test_exec_result_reads_the_nested_envelope_and_keeps_extensions() -> None:
     assert result.tool_use_id == "t1" and result.execution_time_ms == 5
     assert result.type == "bash_code_execution_tool_result"
     assert result.timed_out and result.limit == "timeout" and not result.ok
+    assert result.timeout_seconds == 2.0 and result.shell_restarted and not result.interpreter_restarted
     assert result.raw == body
 
 
 def test_exec_result_ok_and_unknown_result_types_are_accepted() -> None:
     body = _exec_body(return_code=0)
-    del body["timed_out"], body["limit"]
+    del body["limit_exceeded"], body["shell_restarted"], body["timeout_seconds"]
     body["result_block"]["type"] = "some_future_tool_result"
-    assert ExecResult.from_body(body).ok
+    plain = ExecResult.from_body(body)
+    assert plain.ok and plain.limit is None and not plain.timed_out and plain.timeout_seconds is None
     body["result_block"]["content"]["return_code"] = 2
     assert not ExecResult.from_body(body).ok
+    body["result_block"]["content"]["return_code"] = 0
+    body["limit_exceeded"] = "output"  # output cut at the cap: the call did not run as written
+    assert not ExecResult.from_body(body).ok and not ExecResult.from_body(body).timed_out
 
 
 @pytest.mark.parametrize(

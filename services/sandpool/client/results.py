@@ -113,20 +113,35 @@ class ExecResult:
         return content.get(name) if isinstance(content, dict) else None
 
     @property
-    def timed_out(self) -> bool:
-        """sandpool extension: the execution was stopped by its timeout."""
-        return self.extra("timed_out") is True
+    def limit(self) -> str | None:
+        """sandpool extension (`limit_exceeded`): which limit stopped or cut the call, `timeout` or `output`."""
+        for name in ("limit_exceeded", "limit"):
+            value = self.extra(name)
+            if isinstance(value, str) and value:
+                return value
+        return None
 
     @property
-    def limit(self) -> str | None:
-        """sandpool extension: which limit stopped or truncated the execution, if any."""
-        value = self.extra("limit")
-        return value if isinstance(value, str) and value else None
+    def timed_out(self) -> bool:
+        """sandpool extension: the call was stopped by its timeout (its return code is then 124)."""
+        return self.limit == "timeout" or self.extra("timed_out") is True
 
     @property
     def interpreter_restarted(self) -> bool:
-        """sandpool extension: the Python interpreter was restarted, so earlier state is gone."""
+        """sandpool extension: the Python interpreter was replaced (killed at a timeout, crashed, exited),
+        so variables and imports from earlier calls are gone."""
         return self.extra("interpreter_restarted") is True
+
+    @property
+    def shell_restarted(self) -> bool:
+        """sandpool extension: the persistent bash was replaced, so its cwd and variables are reset."""
+        return self.extra("shell_restarted") is True
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        """sandpool extension: the timeout that was in force for this call."""
+        value = self.extra("timeout_seconds")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     @classmethod
     def from_body(cls, body: Any) -> ExecResult:
@@ -160,9 +175,14 @@ class FileInfo:
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
+    def kind(self) -> str | None:
+        """sandpool extension: `file`, `directory`, `symlink` or `other` (None when the server does not say)."""
+        value = self.raw.get("type")
+        return value if isinstance(value, str) else None
+
+    @property
     def is_dir(self) -> bool:
-        """sandpool extension (`type: "directory"`); False when the server does not say."""
-        return self.raw.get("type") == "directory" or self.raw.get("is_dir") is True
+        return self.kind == "directory"
 
 
 def file_infos_from_body(body: Any) -> list[FileInfo]:
