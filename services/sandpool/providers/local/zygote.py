@@ -1,0 +1,324 @@
+"""The zygote's client in the scheduler, and the local provider's `ZygoteLauncher`.
+
+The scheduler starts one zygote (`zygote_server`) as its child and asks it, over
+a private socketpair, to fork one namespaced, cgroup-limited agent per sandbox.
+A launch costs the fork and the namespace/mount set-up (milliseconds) instead of
+a new interpreter's imports (a quarter of a CPU-second), which is what lets the
+pool refill faster than clients release sessions.
+
+The zygote is started with a scrubbed environment (no `SANDPOOL_*`, no
+credentials), from the event-loop thread (PDEATHSIG follows the thread that
+forked it, so a worker thread's exit must not kill it), and its stdout goes to
+stderr so nothing a sandbox prints reaches the scheduler's stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import sandpool
+from sandpool.providers.local import zygote_protocol
+from sandpool.providers.local.isolation.detect import IsolationReport
+from sandpool.providers.local.launcher import AgentSecret, SandboxLimits
+from sandpool.providers.local.procs import ProcessHandle, kill_tree, start_time
+
+log = logging.getLogger("sandpool.providers.local.zygote")
+
+# Headroom in the pids cgroup over the sandbox uid's process limit: the agent, its
+# threads and its interpreter workers are tasks too.
+AGENT_TASKS = 64
+SOCKET_SUBDIR = "s"
+
+
+class ZygoteError(Exception):
+    """The zygote could not start or could not do what was asked."""
+
+
+class ZygoteClient:
+    """Owns the zygote process and the request/reply channel to it."""
+
+    def __init__(self, run_dir: Path, *, disabled: frozenset[str] = frozenset(),
+                 cgroup_version: str = "auto", start_timeout: float = 30.0, request_timeout: float = 30.0,
+                 python: str | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.disabled = disabled
+        self.cgroup_version = cgroup_version
+        self.start_timeout = start_timeout
+        self.request_timeout = request_timeout
+        self.python = python or sys.executable
+        self.report: IsolationReport | None = None
+        self.cgroup_bases: list[str] = []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._hello: asyncio.Future[dict[str, Any]] | None = None
+        self.exits: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=10_000)
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def start(self) -> IsolationReport:
+        loop = asyncio.get_running_loop()
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.run_dir, 0o700)
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = {"disabled": sorted(self.disabled), "run_dir": str(self.run_dir),
+                  "cgroup_version": self.cgroup_version}
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+               "PYTHONPATH": str(Path(sandpool.__file__).resolve().parent.parent),
+               "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "2"}
+        try:
+            # Popen, not asyncio's subprocess: it must be forked from this (the loop's) thread.
+            self.proc = subprocess.Popen(
+                [self.python, "-m", "sandpool.providers.local.zygote_server", "--fd", str(child.fileno()),
+                 "--parent", str(os.getpid())],
+                pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+                env=env, cwd=str(self.run_dir), start_new_session=True)
+        finally:
+            child.close()
+        self.sock = parent
+        zygote_protocol.send(parent, {"op": "configure", **config})
+        parent.setblocking(False)
+        self._hello = loop.create_future()
+        loop.add_reader(parent.fileno(), self._on_readable)
+        try:
+            hello = await asyncio.wait_for(asyncio.shield(self._hello), self.start_timeout)
+        except (asyncio.TimeoutError, ZygoteError) as exc:
+            await self.close()
+            raise ZygoteError(f"the zygote did not start: {exc or 'timed out'}") from None
+        self.report = IsolationReport.from_dict(hello["isolation"])
+        self.cgroup_bases = [str(p) for p in hello.get("cgroup_bases", [])]
+        return self.report
+
+    def _on_readable(self) -> None:
+        assert self.sock is not None
+        while True:
+            try:
+                message, fds = zygote_protocol.recv(self.sock)
+            except BlockingIOError:
+                return
+            except (OSError, zygote_protocol.ProtocolError) as exc:
+                self._fail(f"zygote channel broken: {exc}")
+                return
+            for fd in fds:
+                os.close(fd)
+            if message is None:
+                self._fail("the zygote exited")
+                return
+            self._dispatch(message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        event = message.get("event")
+        if event == "hello":
+            if self._hello is not None and not self._hello.done():
+                self._hello.set_result(message)
+            return
+        if event == "exit":
+            with contextlib.suppress(asyncio.QueueFull):
+                self.exits.put_nowait(message)
+            return
+        rid = message.get("id")
+        future = self._pending.pop(rid, None) if isinstance(rid, int) else None
+        if future is not None and not future.done():
+            future.set_result(message)
+
+    def _fail(self, reason: str) -> None:
+        if self.sock is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self.sock.fileno())
+        error = ZygoteError(reason)
+        if self._hello is not None and not self._hello.done():
+            self._hello.set_exception(error)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        if not self._closed:
+            log.error("zygote failed: %s", reason)
+        self._closed = True
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self.proc is not None and self.proc.poll() is None
+
+    async def request(self, message: dict[str, Any], fds: tuple[int, ...] = (),
+                      timeout: float | None = None) -> dict[str, Any]:
+        if not self.alive or self.sock is None:
+            raise ZygoteError("the zygote is not running")
+        rid = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        data = zygote_protocol.encode({**message, "id": rid})
+        try:
+            await self._send(data, fds)
+            return await asyncio.wait_for(future, timeout or self.request_timeout)
+        except asyncio.TimeoutError:
+            raise ZygoteError(f"the zygote did not answer {message.get('op')} in time") from None
+        finally:
+            self._pending.pop(rid, None)
+
+    async def _send(self, data: bytes, fds: tuple[int, ...]) -> None:
+        assert self.sock is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                zygote_protocol.send_raw(self.sock, data, fds)
+                return
+            except BlockingIOError:
+                ready = loop.create_future()
+                loop.add_writer(self.sock.fileno(), lambda: ready.done() or ready.set_result(None))
+                try:
+                    await ready
+                finally:
+                    loop.remove_writer(self.sock.fileno())
+            except OSError as exc:
+                self._fail(f"cannot write to the zygote: {exc}")
+                raise ZygoteError("the zygote is not running") from None
+
+    async def launch(self, sandbox_id: str, *, socket_path: str, workspace: str | None, uid: int | None,
+                     secret: str, limits: dict[str, int | None], agent: dict[str, Any]) -> dict[str, Any]:
+        fd = zygote_protocol.secret_fd(secret)
+        try:
+            reply = await self.request({"op": "launch", "sandbox_id": sandbox_id, "socket_path": socket_path,
+                                        "workspace": workspace, "uid": uid, "limits": limits, "agent": agent},
+                                       (fd,))
+        finally:
+            os.close(fd)
+        if not reply.get("ok"):
+            raise ZygoteError(str(reply.get("error") or "launch failed"))
+        return reply
+
+    async def kill(self, *, sandbox_id: str | None = None, pid: int | None = None) -> bool:
+        """Kill a sandbox (by id or by its init's pid); False when the zygote does not know it."""
+        reply = await self.request({"op": "kill", "sandbox_id": sandbox_id, "pid": pid})
+        if not reply.get("ok"):
+            raise ZygoteError(str(reply.get("error") or "kill failed"))
+        return not reply.get("gone")
+
+    async def stats(self) -> dict[str, Any]:
+        """CPU the zygote spent itself, and what reaped sandboxes (with everything they ran) spent."""
+        return await self.request({"op": "stats"})
+
+    async def list(self) -> list[dict[str, Any]]:
+        reply = await self.request({"op": "list"})
+        return list(reply.get("sandboxes") or [])
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop the zygote: it kills every sandbox it made and removes their cgroups."""
+        if self.sock is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+        self._closed = True
+        self._fail("closed")
+        if self.proc is not None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while self.proc.poll() is None and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait()
+        # A zygote killed outright leaves empty groups behind: remove them.
+        for base in self.cgroup_bases:
+            for child in _subdirs(Path(base)):
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+            with contextlib.suppress(OSError):
+                Path(base).rmdir()
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+
+
+class ZygoteLauncher:
+    """`Launcher` for the local provider: agents forked from a warm zygote into their own namespaces."""
+
+    def __init__(self, run_dir: Path, *, disabled: frozenset[str] = frozenset(), cgroup_version: str = "auto",
+                 stop_grace_seconds: float = 2.0, python: str | None = None,
+                 agent_options: dict[str, Any] | None = None) -> None:
+        self.client = ZygoteClient(run_dir, disabled=disabled, cgroup_version=cgroup_version, python=python)
+        self.stop_grace_seconds = stop_grace_seconds
+        self.agent_options = dict(agent_options or {})
+        self.report: IsolationReport | None = None
+
+    async def start(self) -> IsolationReport:
+        self.report = await self.client.start()
+        self.report.log()
+        return self.report
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+    async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
+                     limits: SandboxLimits) -> ProcessHandle:
+        if self.report is None:
+            await self.start()
+        assert self.report is not None
+        filesystem = self.report.is_active("filesystem")
+        if filesystem:
+            # The sandbox sees one host directory: this one, holding nothing but its socket.
+            # `socket_path` becomes a link to the socket inside it.
+            socket_dir = socket_path.parent / SOCKET_SUBDIR
+            socket_dir.mkdir(mode=0o711, exist_ok=True)
+            real_socket = socket_dir / socket_path.name
+            with contextlib.suppress(FileNotFoundError):
+                socket_path.unlink()
+            socket_path.symlink_to(Path(SOCKET_SUBDIR) / socket_path.name)
+        else:
+            real_socket = socket_path
+        agent = {"log_level": "warning", **self.agent_options}
+        if limits.max_processes and limits.uid is not None:
+            agent["rlimit_nproc"] = limits.max_processes
+        if limits.max_open_files:
+            agent["rlimit_nofile"] = limits.max_open_files
+        if limits.max_file_size_bytes:
+            agent["rlimit_fsize_bytes"] = limits.max_file_size_bytes
+        if limits.memory_bytes:
+            agent["rlimit_as_bytes"] = limits.memory_bytes
+        uid = limits.uid if self.report.is_active("unprivileged_uid") else None
+        reply = await self.client.launch(
+            sandbox_id, socket_path=str(real_socket), workspace=str(workspace), uid=uid, secret=secret.value,
+            limits={"memory_bytes": limits.memory_bytes,
+                    "pids_max": (limits.max_processes + AGENT_TASKS) if limits.max_processes else None,
+                    "workspace_bytes": limits.workspace_bytes},
+            agent=agent)
+        pid = int(reply["pid"])
+        return ProcessHandle(pid=pid, pgid=pid, start_time=start_time(pid))
+
+    async def kill(self, handle: ProcessHandle) -> None:
+        if self.client.alive:
+            try:
+                if await self.client.kill(pid=handle.pid):
+                    return
+            except ZygoteError:
+                pass
+        # Not one of this zygote's (an earlier scheduler's, or the zygote is gone).
+        await kill_tree(handle, grace=0)
+
+    def describe(self) -> dict[str, object]:
+        report = self.report
+        return {
+            "launcher": "zygote",
+            "namespaces": bool(report and report.is_active("namespaces")),
+            "isolation": report.to_dict() if report else None,
+            "zygote_pid": self.client.pid,
+        }

@@ -1,0 +1,144 @@
+"""What a freshly forked sandbox does before it becomes the agent.
+
+Runs in the child the zygote forked, as PID 1 of a new PID namespace (when the
+namespaces layer is active). The order matters:
+
+1. leave the zygote's session, die with the zygote (PDEATHSIG), forget its fds;
+2. join the sandbox's cgroups first, so everything after, and every process the
+   sandbox ever makes, is counted against its limits;
+3. read the secret from its memfd (it never passed through the zygote's memory);
+4. unshare mount, IPC, UTS, cgroup and network namespaces; build the root;
+5. drop every capability the agent does not need (it keeps only what it takes to
+   start children as the sandbox uid, chown workspace files and kill its
+   children), for good, via the bounding set;
+6. install the seccomp filter on the agent itself (its children inherit it);
+7. clear the environment, report "ok" to the zygote, and serve.
+
+Any failure is written to the status pipe and the child exits: a sandbox is
+never served half-isolated.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from sandpool.agent import seccomp
+from sandpool.core.logs import configure_logging
+
+from . import zygote_protocol
+from .isolation import linux, mounts
+from .isolation.cgroups import SandboxCgroup
+
+# Capabilities the agent keeps (linux/capability.h): CHOWN, DAC_OVERRIDE,
+# DAC_READ_SEARCH, FOWNER, FSETID, KILL, SETGID, SETUID. Not SYS_ADMIN (no more
+# mounts or namespaces), not SYS_PTRACE, NET_*, SYS_MODULE, MKNOD, SYS_CHROOT...
+AGENT_CAPS = {0, 1, 2, 3, 4, 5, 6, 7}
+
+CHILD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+FAILED = 70
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """Everything the child needs, resolved by the zygote before the fork."""
+
+    sandbox_id: str
+    layers: frozenset[str]
+    uid: int | None
+    plan: mounts.RootPlan | None
+    fs: mounts.SandboxFs | None
+    new_root: str
+    host_workspace: str | None
+    host_socket: str
+    agent: dict[str, Any]
+
+
+def _reset_signals() -> None:
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def _stdin_devnull() -> None:
+    fd = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+
+
+def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> dict[str, Any]:
+    """Steps 1-7 but serving; returns the agent's settings keyword arguments."""
+    os.setsid()
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    _reset_signals()
+    _stdin_devnull()
+    if cgroup is not None:
+        cgroup.join()
+    secret = zygote_protocol.read_secret_fd(secret_fd)
+
+    flags = 0
+    if "namespaces" in spec.layers:
+        flags |= linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS | linux.CLONE_NEWCGROUP
+    if "network" in spec.layers:
+        flags |= linux.CLONE_NEWNET
+    if flags:
+        linux.unshare(flags)
+    if "namespaces" in spec.layers:
+        linux.sethostname("sandbox")
+    if "network" in spec.layers:
+        linux.loopback_up()
+
+    if "filesystem" in spec.layers and spec.plan is not None and spec.fs is not None:
+        mounts.build_root(spec.plan, spec.fs, spec.new_root)
+        workspace, uds = mounts.WORKSPACE, f"{mounts.AGENT_DIR}/{os.path.basename(spec.host_socket)}"
+    else:
+        if spec.host_workspace is None:
+            raise RuntimeError("no workspace: the filesystem layer is off and none was given")
+        workspace, uds = spec.host_workspace, spec.host_socket
+        os.chdir(workspace)
+
+    if "unprivileged_uid" in spec.layers and os.geteuid() == 0:
+        linux.restrict_capabilities(AGENT_CAPS, linux.last_cap())
+    if "seccomp" in spec.layers and not seccomp.install_filter():
+        raise RuntimeError("seccomp filter could not be installed")
+
+    os.environ.clear()
+    os.environ.update({"PATH": CHILD_PATH, "LANG": "C.UTF-8", "HOME": workspace})
+    settings = dict(spec.agent)
+    settings.update(agent_secret=secret, secret_file=None, uds=uds, workspace=workspace,
+                    python_executable=sys.executable)
+    if spec.uid is not None:
+        settings.update(sandbox_uid=spec.uid, sandbox_gid=spec.uid)
+    return settings
+
+
+def run(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int, status_fd: int) -> NoReturn:
+    """Become the sandbox's agent; never returns."""
+    try:
+        kwargs = prepare(spec, cgroup, secret_fd)
+        from sandpool.agent.server import serve
+        from sandpool.agent.settings import AgentSettings
+
+        settings = AgentSettings(**kwargs)
+        del kwargs
+        configure_logging("agent", settings.log_level)
+    except BaseException as exc:  # noqa: BLE001 - reported to the zygote, then exit
+        try:
+            os.write(status_fd, f"error: {type(exc).__name__}: {exc}"[:1000].encode(errors="replace"))
+        finally:
+            os._exit(FAILED)
+    os.write(status_fd, b"ok")
+    os.close(status_fd)
+    code = 0
+    try:
+        serve(settings)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the agent crashed; its own logs say why
+        code = 1
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,413 @@
+"""The zygote: a pre-initialised, single-threaded template that forks one sandbox per request.
+
+Why: starting an agent as a new interpreter costs ~0.25 CPU-seconds of imports
+(FastAPI, pydantic, uvicorn) per sandbox. The zygote pays that once; a fork
+copies page tables, not work, so a sandbox costs a few milliseconds. bubblewrap
+would give the same namespaces, but it execs a program, which means paying the
+interpreter start again for every sandbox.
+
+It is started by the scheduler (`python -m sandpool.providers.local.zygote_server
+--fd N`) as its child, with a scrubbed environment; it talks only over the
+inherited socketpair (see `zygote_protocol`), dies with its parent
+(PDEATHSIG), and on end-of-stream kills every sandbox it made, removes their
+cgroups and exits. It must stay single-threaded: forking a threaded process
+copies locks held by threads that do not exist in the child.
+
+Per launch: create the cgroup, fork into a new PID namespace (unshare
+CLONE_NEWPID, fork, setns back, so the child is PID 1 there and still our own
+child), and reply when the child reports its isolation is in place. Killing a
+sandbox kills its PID-namespace init, which takes every process inside with it;
+the zygote reaps it and removes its cgroups. Sandbox pids are only ever reaped
+here, so a pid the zygote signals cannot have been reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import logging
+import os
+import re
+import resource
+import selectors
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandpool.core.logs import configure_logging
+
+from . import zygote_child, zygote_protocol
+from .isolation import detect as detection
+from .isolation import linux, mounts
+from .isolation.cgroups import CgroupError, CgroupManager, SandboxCgroup
+
+log = logging.getLogger("sandpool.zygote")
+
+SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MIB = 1024 * 1024
+
+# Imported before the first fork so that no sandbox pays for them.
+PRELOAD = (
+    "sandpool.agent.settings", "sandpool.agent.hardening", "sandpool.agent.seccomp",
+    "sandpool.agent.app", "sandpool.agent.server",
+    "uvicorn", "uvicorn.config", "uvicorn.server", "uvicorn.main",
+    "uvicorn.protocols.http.httptools_impl", "uvicorn.protocols.http.h11_impl",
+    "uvicorn.lifespan.on", "uvicorn.loops.auto", "uvicorn.loops.asyncio", "uvicorn.loops.uvloop",
+    "asyncio.unix_events", "multipart", "python_multipart",
+)
+
+
+@dataclass
+class Sandbox:
+    sandbox_id: str
+    pid: int
+    uid: int | None
+    cgroup: SandboxCgroup | None
+    started: float
+    status_fd: int | None = None
+    launch_request: int | None = None
+    kill_requests: list[int] = field(default_factory=list)
+    status: str = "starting"
+
+
+@dataclass(frozen=True)
+class ZygoteConfig:
+    disabled: frozenset[str]
+    run_dir: str
+    uid_probe: int = 65534
+    cgroup_version: str = "auto"
+    extra_paths: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ZygoteConfig:
+        return cls(disabled=frozenset(data.get("disabled", ())), run_dir=data["run_dir"],
+                   uid_probe=int(data.get("uid_probe", 65534)),
+                   cgroup_version=data.get("cgroup_version", "auto"),
+                   extra_paths=tuple(data.get("extra_paths", ())))
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket, config: ZygoteConfig) -> None:
+        self.sock = sock
+        self.config = config
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.by_pid: dict[int, Sandbox] = {}
+        self.selector = selectors.DefaultSelector()
+        self.report: detection.IsolationReport | None = None
+        self.cgroups: CgroupManager | None = None
+        self.plan: mounts.RootPlan | None = None
+        self.layers: frozenset[str] = frozenset()
+        self.new_root = os.path.join(config.run_dir, "root")
+        self.host_pidns: int | None = None
+        self.wake_r, self.wake_w = os.pipe()
+        self.running = True
+
+    # -- start ---------------------------------------------------------------------------
+    def prepare(self) -> None:
+        os.makedirs(self.new_root, mode=0o700, exist_ok=True)
+        self.report, self.cgroups = detection.detect(self.config.disabled, uid_probe=self.config.uid_probe,
+                                                     cgroup_version=self.config.cgroup_version)
+        self.layers = frozenset(self.report.active)
+        if "filesystem" in self.layers:
+            self.plan = mounts.plan_root(self.config.extra_paths,
+                                         exclude=(os.path.realpath(self.config.run_dir),))
+        if "namespaces" in self.layers:
+            self.host_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
+        # Objects that exist now are never collected: the GC will not touch (and so
+        # copy) their pages in every sandbox.
+        gc.collect()
+        gc.freeze()
+
+    # -- loop ----------------------------------------------------------------------------
+    def serve(self) -> None:
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
+        self.selector.register(self.sock, selectors.EVENT_READ, "control")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "signal")
+        assert self.report is not None
+        self.send({"event": "hello", "pid": os.getpid(), "isolation": self.report.to_dict(),
+                   "cgroup_bases": [str(p) for p in (self.cgroups.bases.values() if self.cgroups else ())]})
+        while self.running:
+            for key, _ in self.selector.select(timeout=1.0):
+                if key.data == "control":
+                    self.on_control()
+                elif key.data == "signal":
+                    try:
+                        while os.read(self.wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    self.reap()
+                else:
+                    self.on_status(key.data)
+            self.reap()
+        self.shutdown()
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            zygote_protocol.send(self.sock, message)
+        except OSError:
+            self.running = False
+
+    def on_control(self) -> None:
+        try:
+            message, fds = zygote_protocol.recv(self.sock)
+        except (OSError, zygote_protocol.ProtocolError) as exc:
+            log.error("zygote control channel failed: %s", exc)
+            self.running = False
+            return
+        if message is None:
+            self.running = False
+            return
+        op, rid = message.get("op"), message.get("id")
+        try:
+            if op == "launch":
+                self.launch(message, fds)
+                fds = []
+            elif op == "kill":
+                self.kill(message, rid)
+            elif op == "stats":
+                own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+                self.send({"id": rid, "ok": True, "sandboxes": len(self.sandboxes),
+                           "cpu_self_seconds": own.ru_utime + own.ru_stime,
+                           "cpu_children_seconds": children.ru_utime + children.ru_stime})
+            elif op == "list":
+                self.send({"id": rid, "ok": True, "sandboxes": [
+                    {"sandbox_id": s.sandbox_id, "pid": s.pid, "status": s.status}
+                    for s in self.sandboxes.values()]})
+            else:
+                self.send({"id": rid, "ok": False, "error": f"unknown op {op!r}"})
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the zygote down
+            self.send({"id": rid, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    # -- launch --------------------------------------------------------------------------
+    def launch(self, message: dict[str, Any], fds: list[int]) -> None:
+        rid = message.get("id")
+        sandbox_id = message.get("sandbox_id")
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise ValueError("launch needs exactly one descriptor (the secret)")
+        secret_fd = fds[0]
+        try:
+            if not isinstance(sandbox_id, str) or not SANDBOX_ID.match(sandbox_id):
+                raise ValueError("bad sandbox id")
+            if sandbox_id in self.sandboxes:
+                raise ValueError("sandbox id already in use")
+            limits = message.get("limits") or {}
+            agent = message.get("agent") or {}
+            host_socket = message.get("socket_path")
+            if not isinstance(limits, dict) or not isinstance(agent, dict) or not isinstance(host_socket, str):
+                raise ValueError("malformed launch request")
+            uid = message.get("uid")
+            if uid is not None and (not isinstance(uid, int) or isinstance(uid, bool) or not 0 < uid < 2**31):
+                raise ValueError("uid must be a positive integer")
+            if "unprivileged_uid" not in self.layers:
+                uid = None
+            self._launch(rid, sandbox_id, uid, limits, agent, host_socket, message.get("workspace"), secret_fd)
+        finally:
+            os.close(secret_fd)
+
+    def _launch(self, rid: Any, sandbox_id: str, uid: int | None, limits: dict[str, Any], agent: dict[str, Any],
+                host_socket: str, host_workspace: Any, secret_fd: int) -> None:
+        if not isinstance(host_workspace, str) or not os.path.isabs(host_workspace):
+            raise ValueError("workspace must be an absolute path")
+        memory_bytes, pids_max = _int(limits.get("memory_bytes")), _int(limits.get("pids_max"))
+        workspace_bytes = _int(limits.get("workspace_bytes"))
+        cgroup = None
+        if self.cgroups is not None:
+            cgroup = self.cgroups.create(sandbox_id, memory_bytes=memory_bytes, pids_max=pids_max)
+        fs = None
+        if "filesystem" in self.layers:
+            fs = mounts.SandboxFs(
+                uid=uid if uid is not None else 0, gid=uid if uid is not None else 0,
+                # The provider's workspace when it is already a (capped) mount or no cap was asked
+                # for; otherwise a tmpfs of the asked size inside the sandbox's namespace.
+                workspace_source=host_workspace if os.path.ismount(host_workspace) or not workspace_bytes
+                else None,
+                workspace_bytes=workspace_bytes or 256 * MIB,
+                tmp_bytes=min(workspace_bytes or 64 * MIB, 64 * MIB), shm_bytes=min(memory_bytes or 64 * MIB, 64 * MIB),
+                agent_dir=os.path.dirname(host_socket))
+        spec = zygote_child.ChildSpec(
+            sandbox_id=sandbox_id, layers=self.layers, uid=uid, plan=self.plan, fs=fs, new_root=self.new_root,
+            host_workspace=host_workspace, host_socket=host_socket, agent=agent)
+        status_r, status_w = os.pipe()
+        try:
+            pid = self._fork()
+        except BaseException:
+            os.close(status_r)
+            os.close(status_w)
+            if cgroup is not None:
+                cgroup.remove(0.5)
+            raise
+        if pid == 0:  # pragma: no cover - the sandbox; never returns
+            try:
+                self._forget_in_child(keep=(status_w, secret_fd))
+                zygote_child.run(spec, cgroup, secret_fd, status_w)
+            finally:
+                os._exit(zygote_child.FAILED)
+        os.close(status_w)
+        sandbox = Sandbox(sandbox_id, pid, uid, cgroup, time.monotonic(), status_r, rid)
+        self.sandboxes[sandbox_id] = sandbox
+        self.by_pid[pid] = sandbox
+        self.selector.register(status_r, selectors.EVENT_READ, sandbox)
+
+    def _fork(self) -> int:
+        if self.host_pidns is None:
+            return os.fork()
+        linux.unshare(linux.CLONE_NEWPID)
+        try:
+            return os.fork()
+        finally:
+            if os.getpid() != 1:  # in the parent: children we fork later get fresh namespaces too
+                linux.setns(self.host_pidns, linux.CLONE_NEWPID)
+
+    def _forget_in_child(self, keep: tuple[int, ...]) -> None:
+        """In the forked child: drop every descriptor of the zygote's (not the kept ones)."""
+        self.selector.close()
+        self.sock.close()
+        for fd in (self.wake_r, self.wake_w, self.host_pidns):
+            if fd is not None and fd not in keep:
+                os.close(fd)
+        for other in self.sandboxes.values():
+            if other.status_fd is not None and other.status_fd not in keep:
+                os.close(other.status_fd)
+
+    def on_status(self, sandbox: Sandbox) -> None:
+        fd = sandbox.status_fd
+        assert fd is not None
+        try:
+            data = os.read(fd, 1024)
+        except OSError:
+            data = b""
+        self.selector.unregister(fd)
+        os.close(fd)
+        sandbox.status_fd = None
+        rid, sandbox.launch_request = sandbox.launch_request, None
+        if data == b"ok":
+            sandbox.status = "running"
+            self.send({"id": rid, "ok": True, "pid": sandbox.pid, "sandbox_id": sandbox.sandbox_id,
+                       "uid": sandbox.uid})
+            return
+        reason = data.decode(errors="replace").removeprefix("error: ") or "the sandbox exited during set-up"
+        sandbox.status = "failed"
+        self._signal(sandbox)
+        self.send({"id": rid, "ok": False, "error": reason})
+
+    # -- kill and reap -------------------------------------------------------------------
+    def _signal(self, sandbox: Sandbox) -> None:
+        try:
+            os.kill(sandbox.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def kill(self, message: dict[str, Any], rid: Any) -> None:
+        pid = message.get("pid")
+        if isinstance(pid, int) and not isinstance(pid, bool):
+            sandbox = self.by_pid.get(pid)
+        else:
+            sandbox = self.sandboxes.get(str(message.get("sandbox_id")))
+        if sandbox is None:
+            self.send({"id": rid, "ok": True, "gone": True})
+            return
+        sandbox.kill_requests.append(rid)
+        self._signal(sandbox)
+
+    def reap(self) -> None:
+        while self.by_pid:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            sandbox = self.by_pid.pop(pid, None)
+            if sandbox is not None:
+                self._finish(sandbox, status)
+
+    def _finish(self, sandbox: Sandbox, status: int) -> None:
+        self.sandboxes.pop(sandbox.sandbox_id, None)
+        if sandbox.status_fd is not None:
+            self.selector.unregister(sandbox.status_fd)
+            os.close(sandbox.status_fd)
+            sandbox.status_fd = None
+        cleaned = sandbox.cgroup.remove() if sandbox.cgroup is not None else True
+        code = os.waitstatus_to_exitcode(status)
+        if sandbox.launch_request is not None:
+            self.send({"id": sandbox.launch_request, "ok": False,
+                       "error": f"the sandbox exited during set-up (status {code})"})
+        for rid in sandbox.kill_requests:
+            self.send({"id": rid, "ok": True, "cleaned": cleaned})
+        if not sandbox.kill_requests and sandbox.launch_request is None and sandbox.status != "failed":
+            self.send({"event": "exit", "sandbox_id": sandbox.sandbox_id, "status": code, "cleaned": cleaned})
+
+    def shutdown(self) -> None:
+        for sandbox in list(self.sandboxes.values()):
+            self._signal(sandbox)
+        deadline = time.monotonic() + 5
+        while self.by_pid and time.monotonic() < deadline:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            sandbox = self.by_pid.pop(pid, None)
+            if sandbox is not None and sandbox.cgroup is not None:
+                sandbox.cgroup.remove()
+        if self.cgroups is not None:
+            self.cgroups.close()
+
+
+def _int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError("limits must be integers") from None
+    if number <= 0:
+        raise ValueError("limits must be positive")
+    return number
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="sandpool zygote (started by the local provider)")
+    parser.add_argument("--fd", type=int, required=True, help="inherited SOCK_SEQPACKET control socket")
+    parser.add_argument("--parent", type=int, required=True, help="pid that must be our parent")
+    args = parser.parse_args(argv)
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != args.parent:  # the parent died before PDEATHSIG was armed
+        sys.exit(1)
+    # `python -m` put the working directory first on sys.path: nothing is imported from there.
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
+    configure_logging("zygote")
+    sock = socket.socket(fileno=args.fd)
+    # The configuration arrives as the first message, not in argv: every sandbox's PID 1
+    # inherits this process's command line, and `ps` in a sandbox shows it.
+    first, fds = zygote_protocol.recv(sock)
+    for fd in fds:
+        os.close(fd)
+    if first is None or first.get("op") != "configure":
+        sys.exit(1)
+    zygote = Zygote(sock, ZygoteConfig.from_dict(first))
+    zygote.prepare()
+    zygote.serve()
+
+
+if __name__ == "__main__":
+    main()

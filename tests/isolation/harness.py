@@ -1,0 +1,129 @@
+"""A synchronous handle on real zygote-launched sandboxes, for the isolation tests.
+
+The zygote client is asyncio; the tests are easier to read as plain calls. A
+`Harness` runs one event loop in a thread of its own for the whole test session
+(that thread starts the zygote, so PDEATHSIG ties the zygote to it), and every
+call is submitted to that loop. Code runs in a sandbox through the agent's real
+HTTP API over its Unix socket, exactly as the scheduler reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from sandpool.providers.local.launcher import AgentSecret, SandboxLimits
+from sandpool.providers.local.procs import ProcessHandle
+from sandpool.providers.local.zygote import ZygoteLauncher
+
+T = TypeVar("T")
+MIB = 1024 * 1024
+
+
+@dataclass
+class Sandbox:
+    sandbox_id: str
+    directory: Path
+    socket_path: Path
+    workspace: Path
+    secret: str
+    handle: ProcessHandle
+    uid: int | None
+    client: httpx.Client
+
+    def _post(self, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        response = self.client.post("/sessions/s/exec", json=body, timeout=timeout,
+                                    headers={"Authorization": f"Bearer {self.secret}"})
+        assert response.status_code == 200, response.text
+        return response.json()["result_block"]["content"]
+
+    def python(self, code: str, *, timeout: float = 20.0) -> dict[str, Any]:
+        """Run Python in the sandbox's interpreter; returns stdout, stderr, return_code."""
+        return self._post({"tool": "code_execution", "input": {"code": code}, "timeout_seconds": timeout},
+                          timeout + 10)
+
+    def bash(self, command: str, *, timeout: float = 20.0) -> dict[str, Any]:
+        return self._post({"tool": "bash_code_execution", "input": {"command": command},
+                           "timeout_seconds": timeout}, timeout + 10)
+
+    def healthy(self) -> bool:
+        try:
+            return self.client.get("/healthz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+class Harness:
+    def __init__(self, base: Path, *, disabled: frozenset[str] = frozenset()) -> None:
+        self.base = base
+        self.sandboxes_dir = base / "sandboxes"
+        self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="zygote-harness", daemon=True)
+        self.thread.start()
+        self.launcher = ZygoteLauncher(base / "zygote", disabled=disabled)
+        self.report = self.run(self.launcher.start())
+        self.live: list[Sandbox] = []
+        self._next_uid = 1_500_000 + (os.getpid() % 1000) * 100
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self, *, memory_mb: int = 256, max_processes: int = 64, workspace_mb: int = 16,
+              uid: bool = True) -> Sandbox:
+        sandbox_id = "t" + secrets.token_hex(6)
+        directory = self.sandboxes_dir / sandbox_id
+        directory.mkdir(mode=0o711)
+        workspace = directory / "workspace"
+        workspace.mkdir(mode=0o700)
+        self._next_uid += 1
+        sandbox_uid = self._next_uid if uid else None
+        if sandbox_uid is not None:
+            os.chown(workspace, sandbox_uid, sandbox_uid)
+        secret = secrets.token_urlsafe(32)
+        secret_file = directory / "secret"
+        secret_file.write_text(secret)
+        os.chmod(secret_file, 0o600)
+        limits = SandboxLimits(uid=sandbox_uid, gid=sandbox_uid, memory_bytes=memory_mb * MIB,
+                               max_processes=max_processes, max_open_files=256,
+                               max_file_size_bytes=workspace_mb * 4 * MIB, workspace_bytes=workspace_mb * MIB)
+        socket_path = directory / "agent.sock"
+        handle = self.run(self.launcher.launch(sandbox_id, workspace, socket_path,
+                                               AgentSecret(secret, secret_file), limits))
+        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)), base_url="http://sandbox")
+        sandbox = Sandbox(sandbox_id, directory, socket_path, workspace, secret, handle, sandbox_uid, client)
+        self.live.append(sandbox)
+        deadline = time.monotonic() + 30
+        while not sandbox.healthy():
+            assert time.monotonic() < deadline, "sandbox agent never became healthy"
+            time.sleep(0.01)
+        return sandbox
+
+    def kill(self, sandbox: Sandbox) -> None:
+        sandbox.client.close()
+        self.run(self.launcher.kill(sandbox.handle))
+        if sandbox in self.live:
+            self.live.remove(sandbox)
+
+    def stats(self) -> dict[str, Any]:
+        return self.run(self.launcher.client.stats())
+
+    def close(self) -> None:
+        for sandbox in list(self.live):
+            try:
+                self.kill(sandbox)
+            except Exception:  # noqa: BLE001 - best effort; the zygote's close kills the rest
+                pass
+        self.run(self.launcher.aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
