@@ -133,8 +133,8 @@ imagePullSecrets:
 {{- end -}}
 
 {{/*
-A secret value kept across upgrades: the live Secret's value when the Secret
-exists (helm upgrade), else the given value, else a fresh random one.
+A secret value kept across upgrades: the given value, else the live Secret's
+value when the Secret exists (helm upgrade), else a fresh random one.
 (dict "ctx" $ "secret" NAME "key" KEY "given" VALUE "length" N) -> base64 text
 */}}
 {{- define "sandpool.keptSecret" -}}
@@ -144,8 +144,29 @@ exists (helm upgrade), else the given value, else a fresh random one.
 {{- else if and $live $live.data (hasKey $live.data .key) -}}
 {{- index $live.data .key -}}
 {{- else -}}
-{{- randAlphaNum (int .length) | b64enc -}}
+{{- include "sandpool.generated" (dict "ctx" .ctx "id" (printf "%s/%s" .secret .key) "length" .length) -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+A random value generated once per render. secrets.yaml is rendered again by
+the checksum annotations; without this memo each rendering would draw new
+values, and the install's checksums would not match the first upgrade's.
+(dict "ctx" $ "id" ID "length" N), or "length" 0 for an Ed25519 key -> base64 text
+*/}}
+{{- define "sandpool.generated" -}}
+{{- if not (hasKey .ctx.Values "sandpoolGeneratedMemo") -}}
+{{- $_ := set .ctx.Values "sandpoolGeneratedMemo" dict -}}
+{{- end -}}
+{{- $memo := .ctx.Values.sandpoolGeneratedMemo -}}
+{{- if not (hasKey $memo .id) -}}
+{{- if eq (int .length) 0 -}}
+{{- $_ := set $memo .id (genPrivateKey "ed25519" | b64enc) -}}
+{{- else -}}
+{{- $_ := set $memo .id (randAlphaNum (int .length) | b64enc) -}}
+{{- end -}}
+{{- end -}}
+{{- index $memo .id -}}
 {{- end -}}
 
 {{/* Whether the release holds a signing (private) key: given, or generated. */}}

@@ -1,0 +1,229 @@
+"""The security posture of every rendered scenario, asserted on the objects themselves.
+
+What DESIGN.md's security model asks of a cluster install: hardened pods,
+a Role (never a ClusterRole) limited to the provider's calls, NetworkPolicies
+that keep sandboxes away from everything but the scheduler, Redis reachable
+only from the control plane, and configuration changes that roll the pods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chart_support import SCENARIOS, Helm, containers, find, pod_spec
+
+DEFAULT_AND_SCENARIOS = [None, *SCENARIOS]
+SCHEDULER = {"app.kubernetes.io/name": "sandpool", "app.kubernetes.io/instance": "sp",
+             "app.kubernetes.io/component": "scheduler"}
+PROXY = {**SCHEDULER, "app.kubernetes.io/component": "proxy"}
+SANDBOXES = {"app.kubernetes.io/name": "sandpool", "app.kubernetes.io/component": "sandbox",
+             "sandpool.dev/installation": "sp"}
+
+
+def _render(helm: Helm, scenario: str | None) -> list[dict[str, Any]]:
+    return helm.render(*(() if scenario is None else (scenario,)))
+
+
+@pytest.mark.parametrize("scenario", DEFAULT_AND_SCENARIOS, ids=lambda s: s or "defaults")
+def test_every_pod_is_hardened(helm: Helm, scenario: str | None) -> None:
+    workloads = [o for o in _render(helm, scenario) if pod_spec(o) is not None]
+    assert {o["kind"] for o in workloads} >= {"Deployment"}
+    for obj in workloads:
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        spec = pod_spec(obj)
+        assert spec["securityContext"]["runAsNonRoot"] is True, where
+        assert spec["securityContext"]["runAsUser"] > 0, where
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert spec.get("hostNetwork") is not True and spec.get("hostPID") is not True, where
+        assert "hostPath" not in str(spec.get("volumes", [])), where
+        # Only the scheduler talks to the Kubernetes API (and only with the kubernetes provider).
+        is_scheduler = obj["metadata"]["name"].endswith("-scheduler")
+        assert spec["automountServiceAccountToken"] is is_scheduler, where
+        for c in containers(obj):
+            cwhere = f"{where} container {c['name']}"
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, cwhere
+            assert sc["readOnlyRootFilesystem"] is True, cwhere
+            assert sc["privileged"] is False, cwhere
+            assert sc["runAsNonRoot"] is True, cwhere
+            assert sc["capabilities"] == {"drop": ["ALL"]}, cwhere
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, cwhere
+            for kind in ("requests", "limits"):
+                assert set(c["resources"][kind]) >= {"cpu", "memory"}, f"{cwhere} {kind}"
+            for env in c.get("env", []):
+                assert "value" not in env or "redis://" not in env["value"], f"{cwhere}: a Redis URL in plain env"
+
+
+@pytest.mark.parametrize("scenario", DEFAULT_AND_SCENARIOS, ids=lambda s: s or "defaults")
+def test_long_running_containers_have_probes(helm: Helm, scenario: str | None) -> None:
+    for obj in _render(helm, scenario):
+        if obj["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        for c in pod_spec(obj)["containers"]:
+            where = f"{obj['kind']}/{obj['metadata']['name']}"
+            assert c.get("livenessProbe") and c.get("readinessProbe"), where
+            if c["name"] in ("proxy", "scheduler"):
+                assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", where
+                assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", where
+
+
+@pytest.mark.parametrize("scenario", DEFAULT_AND_SCENARIOS, ids=lambda s: s or "defaults")
+def test_rbac_is_a_namespaced_role_limited_to_the_provider(helm: Helm, scenario: str | None) -> None:
+    objs = _render(helm, scenario)
+    assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    role = find(objs, "Role", "-scheduler")
+    sandbox_ns = "sandpool-sandboxes" if scenario in ("gvisor-pools-values.yaml",
+                                                       "egress-allowlist-values.yaml") else "sandpool"
+    assert role["metadata"]["namespace"] == sandbox_ns
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules == {
+        (("",), ("pods",)): {"create", "get", "list", "watch", "delete", "deletecollection"},
+        (("",), ("secrets",)): {"create", "get", "delete"},
+    }
+    binding = find(objs, "RoleBinding", "-scheduler")
+    assert binding["metadata"]["namespace"] == sandbox_ns
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sp-sandpool-scheduler",
+                                    "namespace": "sandpool"}]
+    scheduler = find(objs, "Deployment", "-scheduler")
+    assert pod_spec(scheduler)["serviceAccountName"] == "sp-sandpool-scheduler"
+
+
+def test_local_provider_gets_no_role_and_no_token(helm: Helm) -> None:
+    objs = helm.render(sets=("scheduler.provider=local",))
+    assert not [o for o in objs if o["kind"] in ("Role", "RoleBinding", "ClusterRole")]
+    assert pod_spec(find(objs, "Deployment", "-scheduler"))["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("scenario", DEFAULT_AND_SCENARIOS, ids=lambda s: s or "defaults")
+def test_sandboxes_take_ingress_only_from_the_scheduler_and_have_no_egress(helm: Helm, scenario: str | None) -> None:
+    objs = _render(helm, scenario)
+    policy = find(objs, "NetworkPolicy", "-sandboxes")
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": SANDBOXES}
+    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+    assert spec["egress"] == []
+    [rule] = spec["ingress"]
+    assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "sandpool"}},
+                             "podSelector": {"matchLabels": SCHEDULER}}]
+    scheduler_args = pod_spec(find(objs, "Deployment", "-scheduler"))["containers"][0]["args"]
+    assert "--kube-agent-port=8080" in scheduler_args
+    assert f"--kube-namespace={policy['metadata']['namespace']}" in scheduler_args
+
+
+def test_egress_allow_list_opens_only_egress_pools(helm: Helm) -> None:
+    objs = helm.render("egress-allowlist-values.yaml")
+    policy = find(objs, "NetworkPolicy", "-sandboxes-egress")
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {**SANDBOXES, "sandpool.dev/egress": "true"}}
+    assert spec["policyTypes"] == ["Egress"] and "ingress" not in spec
+    dns, mirror, single = spec["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert mirror == {"to": [{"ipBlock": {"cidr": "10.20.0.0/16", "except": ["169.254.169.254/32"]}}],
+                      "ports": [{"port": 443, "protocol": "TCP"}]}
+    assert single == {"to": [{"ipBlock": {"cidr": "192.0.2.10/32"}}]}
+    # Without an allow-list no egress policy exists at all.
+    assert not [o for o in helm.render() if o["metadata"]["name"].endswith("-sandboxes-egress")]
+
+
+@pytest.mark.parametrize("scenario", DEFAULT_AND_SCENARIOS, ids=lambda s: s or "defaults")
+def test_scheduler_only_from_proxy_and_redis_only_from_control_plane(helm: Helm, scenario: str | None) -> None:
+    objs = _render(helm, scenario)
+    scheduler = find(objs, "NetworkPolicy", "-scheduler")["spec"]
+    assert scheduler["podSelector"] == {"matchLabels": SCHEDULER}
+    assert scheduler["policyTypes"] == ["Ingress"]
+    first, *metrics = scheduler["ingress"]
+    assert first == {"from": [{"podSelector": {"matchLabels": PROXY}}], "ports": [{"port": 8081, "protocol": "TCP"}]}
+    if scenario == "servicemonitor-hpa-values.yaml":
+        assert metrics == [{"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}], "ports": [{"port": 8081, "protocol": "TCP"}]}]
+    else:
+        assert metrics == []
+    redis = [o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-redis")]
+    if scenario == "external-redis-values.yaml":
+        assert not redis and not [o for o in objs if o["kind"] == "StatefulSet"]
+        return
+    [rule] = redis[0]["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": PROXY}}, {"podSelector": {"matchLabels": SCHEDULER}}]
+    assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
+
+
+def test_proxy_restricted_to_the_ingress_controller_when_asked(helm: Helm) -> None:
+    open_policy = find(helm.render(), "NetworkPolicy", "-proxy")["spec"]
+    assert open_policy["ingress"] == [{"ports": [{"port": 8080, "protocol": "TCP"}]}]  # the public entry
+    closed = find(helm.render("ingress-tls-values.yaml"), "NetworkPolicy", "-proxy")["spec"]
+    [rule] = closed["ingress"]
+    assert rule["from"][0] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "ingress-nginx"}}}
+    assert rule["from"][-1]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "test"
+
+
+def test_every_pod_is_selected_by_a_network_policy(helm: Helm) -> None:
+    for scenario in DEFAULT_AND_SCENARIOS:
+        objs = _render(helm, scenario)
+        selectors = [o["spec"]["podSelector"]["matchLabels"] for o in objs if o["kind"] == "NetworkPolicy"
+                     and o["metadata"]["namespace"] == "sandpool"]
+        for obj in objs:
+            spec = pod_spec(obj)
+            if spec is None:
+                continue
+            labels = obj["metadata"]["labels"] if obj["kind"] == "Pod" else obj["spec"]["template"]["metadata"]["labels"]
+            assert any(sel.items() <= labels.items() for sel in selectors), \
+                f"{scenario}: {obj['kind']}/{obj['metadata']['name']} has no NetworkPolicy"
+
+
+def test_no_network_policies_when_disabled(helm: Helm) -> None:
+    objs = helm.render(sets=("networkPolicy.enabled=false",))
+    assert not [o for o in objs if o["kind"] == "NetworkPolicy"]
+
+
+def test_ingress_tls(helm: Helm) -> None:
+    ingress = find(helm.render("ingress-tls-values.yaml"), "Ingress", "-proxy")
+    assert ingress["spec"]["tls"] == [{"hosts": ["sandpool.example.com"], "secretName": "sandpool-tls"}]
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    [rule] = ingress["spec"]["rules"]
+    assert rule["http"]["paths"][0]["backend"]["service"] == {"name": "sp-sandpool-proxy", "port": {"name": "http"}}
+    assert not [o for o in helm.render() if o["kind"] == "Ingress"]
+
+
+def test_pod_disruption_budgets_and_hpa(helm: Helm) -> None:
+    objs = helm.render("servicemonitor-hpa-values.yaml")
+    for component, labels in (("proxy", PROXY), ("scheduler", SCHEDULER)):
+        pdb = find(objs, "PodDisruptionBudget", f"-{component}")
+        assert pdb["spec"]["selector"] == {"matchLabels": labels} and pdb["spec"]["maxUnavailable"] == 1
+    hpa = find(objs, "HorizontalPodAutoscaler", "-proxy")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "sp-sandpool-proxy"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 20)
+    # The HPA owns the replica count: the Deployment must not fight it on every upgrade.
+    assert "replicas" not in find(objs, "Deployment", "-proxy")["spec"]
+    assert find(helm.render(), "Deployment", "-proxy")["spec"]["replicas"] == 2
+    monitor = find(objs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+
+
+def _annotations(objs: list[dict[str, Any]], suffix: str) -> dict[str, str]:
+    kind = "StatefulSet" if suffix == "-redis" else "Deployment"
+    return find(objs, kind, suffix)["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_checksums_roll_exactly_the_pods_whose_configuration_changed(helm: Helm) -> None:
+    fixed = ("internalCredential.value=" + "c" * 40, "redis.bundled.password=" + "p" * 24)
+    base = helm.render(sets=fixed)
+    pools = helm.render(sets=(*fixed, "pools[0].name=default", "pools[0].warm=3", "pools[0].ceiling=16"))
+    cred = helm.render(sets=("internalCredential.value=" + "d" * 40, fixed[1]))
+    redis = helm.render(sets=(*fixed, "redis.bundled.appendfsync=always"))
+    # The generated signing key differs per render (no cluster to look it up): pin it out.
+    ann = {name: {s: {k: v for k, v in _annotations(objs, s).items()}
+                  for s in ("-proxy", "-scheduler", "-redis")}
+           for name, objs in (("base", base), ("pools", pools), ("cred", cred), ("redis", redis))}
+    assert ann["pools"]["-scheduler"]["checksum/pools"] != ann["base"]["-scheduler"]["checksum/pools"]
+    assert ann["cred"]["-scheduler"]["checksum/pools"] == ann["base"]["-scheduler"]["checksum/pools"]
+    assert ann["cred"]["-proxy"]["checksum/secrets"] != ann["base"]["-proxy"]["checksum/secrets"]
+    assert ann["redis"]["-redis"]["checksum/config"] != ann["base"]["-redis"]["checksum/config"]
+    assert ann["pools"]["-redis"]["checksum/config"] == ann["base"]["-redis"]["checksum/config"]
