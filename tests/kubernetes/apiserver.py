@@ -335,11 +335,16 @@ class StandInApiServer:
             self._write_tokens, self._write_stamp = burst, time.monotonic()
         self.call(apply)
 
-    def compact(self) -> None:
-        """Forget the event history: a watch resuming from any earlier version now gets 410."""
+    def compact(self, *, writes_elsewhere: int = 1000) -> None:
+        """Many writes elsewhere, then etcd compaction, then the watches drop (a long disconnection).
+
+        Every version a client holds is now older than the history: resuming gets 410 Expired.
+        """
         def apply() -> None:
+            self.rv += writes_elsewhere
             self.history.clear()
             self.oldest_rv = self.rv + 1
+            self._end_watches()
         self.call(apply)
 
     def end_watches(self) -> None:

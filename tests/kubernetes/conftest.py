@@ -31,6 +31,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "standin(**options): options of the stand-in API server of a test")
+
+
 @pytest.fixture
 def apiserver(request: pytest.FixtureRequest) -> Iterator[StandInApiServer]:
     marker = request.node.get_closest_marker("standin")

@@ -94,7 +94,7 @@ def test_minimal_pool_pod() -> None:
             "volumes": [
                 {"name": "workspace", "emptyDir": {"sizeLimit": "1Gi"}},
                 {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
-                {"name": "agent-secret", "secret": {"secretName": "sandpool-sb-0a1b", "defaultMode": 0o440,
+                {"name": "agent-secret", "secret": {"secretName": "sandpool-sb-0a1b-t1", "defaultMode": 0o440,
                                                     "optional": False}},
             ],
         },
@@ -154,7 +154,7 @@ pools:
             "volumes": [
                 {"name": "workspace", "emptyDir": {"sizeLimit": "5Gi"}},
                 {"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}},
-                {"name": "agent-secret", "secret": {"secretName": "prod-sb-ff", "defaultMode": 0o440,
+                {"name": "agent-secret", "secret": {"secretName": "prod-sb-ff-t2", "defaultMode": 0o440,
                                                     "optional": False}},
             ],
             "runtimeClassName": "kata",
@@ -188,7 +188,7 @@ def test_secret_is_owned_by_its_pod_and_never_in_the_pod() -> None:
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": "sandpool-sb-9", "namespace": "sandboxes", "labels": labels("default", "sb-9"),
+            "name": "sandpool-sb-9-t3", "namespace": "sandboxes", "labels": labels("default", "sb-9"),
             "annotations": {"sandpool.dev/create-attempt": "t3"},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "sandpool-sb-9", "uid": "uid-1"}],
         },
@@ -197,6 +197,7 @@ def test_secret_is_owned_by_its_pod_and_never_in_the_pod() -> None:
         "data": {"secret": base64.b64encode(secret_value.encode()).decode()},
     }
     assert roundtrip(secret, V1Secret) == secret
+    assert pod["spec"]["volumes"][2]["secret"]["secretName"] == secret["metadata"]["name"]
     assert secret_value not in repr(pod)
     assert base64.b64encode(secret_value.encode()).decode() not in repr(pod)
 

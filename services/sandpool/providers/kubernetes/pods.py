@@ -98,8 +98,19 @@ def pool_extras(pool: PoolSpec) -> PoolExtras:
 
 
 def object_name(installation: str, sandbox_id: str) -> str:
-    """Name of a sandbox's pod and of its Secret (two kinds may share a name)."""
+    """Name of a sandbox's pod."""
     return f"{installation}-{sandbox_id}"
+
+
+def secret_name(installation: str, sandbox_id: str, attempt: str) -> str:
+    """Name of the Secret of one pod: unique per create attempt.
+
+    A Secret left by an earlier pod of the same name (the garbage collector lags)
+    must never be the one a new pod mounts: the kubelet would mount the stale
+    secret at once, and the agent would start with a secret the scheduler does
+    not hold. A per-attempt name makes that collision impossible.
+    """
+    return f"{installation}-{sandbox_id}-{attempt}"
 
 
 def check_sandbox_id(sandbox_id: str) -> str:
@@ -157,7 +168,11 @@ def _resources(pool: PoolSpec, extras: PoolExtras) -> dict[str, dict[str, str]]:
 
 
 def build_pod(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, attempt: str) -> dict[str, Any]:
-    """The sandbox pod, exactly as POSTed. `attempt` tells a retried create its own pod from another's."""
+    """The sandbox pod, exactly as POSTed.
+
+    `attempt` (a random token per create) names the pod's Secret and marks the pod, so
+    a retried create tells its own pod from another's.
+    """
     check_sandbox_id(sandbox_id)
     extras = pool_extras(pool)
     name = object_name(opts.installation, sandbox_id)
@@ -211,7 +226,8 @@ def build_pod(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, attempt: str
         "volumes": [
             {"name": "workspace", "emptyDir": {"sizeLimit": extras.workspace_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": opts.tmp_size}},
-            {"name": "agent-secret", "secret": {"secretName": name, "defaultMode": 0o440, "optional": False}},
+            {"name": "agent-secret", "secret": {"secretName": secret_name(opts.installation, sandbox_id, attempt),
+                                                "defaultMode": 0o440, "optional": False}},
         ],
     }
     if pool.runtime_class:
@@ -241,16 +257,16 @@ def build_secret(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, secret: s
                  attempt: str) -> dict[str, Any]:
     """The agent's secret as a Secret owned by its pod, so the garbage collector removes it with the pod."""
     check_sandbox_id(sandbox_id)
-    name = object_name(opts.installation, sandbox_id)
+    owner = object_name(opts.installation, sandbox_id)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": name,
+            "name": secret_name(opts.installation, sandbox_id, attempt),
             "namespace": opts.namespace,
             "labels": sandbox_labels(opts, pool, sandbox_id, egress=pool_extras(pool).egress),
             "annotations": {ANNOTATION_ATTEMPT: attempt},
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": owner_uid}],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": owner_uid}],
         },
         "type": "Opaque",
         "immutable": True,

@@ -164,29 +164,18 @@ class KubernetesProvider:
             raise ProviderError(f"a pod named {name} already exists", transient=existing.terminating) from None
 
     async def _create_secret(self, pool: PoolSpec, sandbox_id: str, value: str, owner_uid: str, attempt: str) -> None:
-        """POST the Secret owned by the pod; replace a stale one a previous pod of that name left."""
+        """POST the Secret owned by the pod; a 409 can only be our own earlier (retried) POST."""
         body = build_secret(pool, sandbox_id, self.options, secret=value, owner_uid=owner_uid, attempt=attempt)
         name = body["metadata"]["name"]
         try:
             await self.api.create_secret(body)
             return
         except Conflict:
-            pass
-        try:
             existing = await self.api.get_secret(name)
-        except NotFound:
-            await self.api.create_secret(body)
-            return
         meta = existing.get("metadata") or {}
         owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
-        if (meta.get("annotations") or {}).get(ANNOTATION_ATTEMPT) == attempt and owner_uid in owners:
-            return  # our own earlier (retried) POST
-        # Left by an earlier pod of this name that the garbage collector has not caught up with.
-        try:
-            await self.api.delete_secret(name, uid=meta.get("uid"))
-        except NotFound:
-            pass
-        await self.api.create_secret(body)
+        if (meta.get("annotations") or {}).get(ANNOTATION_ATTEMPT) != attempt or owner_uid not in owners:
+            raise ProviderError(f"a Secret named {name} already exists and is not this pod's", transient=True)
 
     async def _wait_for_agent(self, address: str, name: str, uid: str, deadline: float) -> None:
         """Poll the agent's health check from here: Ready says the kubelet reaches it, not that we do."""
