@@ -47,6 +47,14 @@ class Stack:
         self.limits: dict[str, int] = {}
         """The limits the stack was started with (`max_sandboxes`, `max_body_bytes`), when `up` takes them."""
 
+    @classmethod
+    def external(cls, url: str, *, token: str | None, limits: dict[str, int]) -> Stack:
+        """A stack already running elsewhere: nothing to start or stop."""
+        stack = cls(0, Path("/nonexistent"), [])
+        stack.env = {"SANDPOOL_URL": url, **({"SANDPOOL_TOKEN": token} if token else {})}
+        stack.limits = limits
+        return stack
+
     @property
     def url(self) -> str:
         return self.env["SANDPOOL_URL"]

@@ -165,8 +165,8 @@ async def test_async_client_runs_sessions_concurrently(stack: Stack) -> None:
             async with client.session() as s:
                 await s.run_python(f"n = {n}")
                 await s.upload("n.txt", str(n).encode())
-                await s.run_bash("cat n.txt >> n.txt")
-                result = await s.run_python("print(n, open('n.txt').read())")
+                await s.run_bash("cat n.txt n.txt > m.txt")
+                result = await s.run_python("print(n, open('m.txt').read())")
                 return result.stdout
 
         assert await asyncio.gather(one(1), one(2)) == ["1 11\n", "2 22\n"]
