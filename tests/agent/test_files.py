@@ -117,6 +117,10 @@ def test_upload_over_cap_writes_nothing(tmp_path_factory: pytest.TempPathFactory
         assert over.status_code == 413
         assert over.json()["reason"] == "payload_too_large"
         assert os.listdir(small.workspace) == []
+        # Far over the cap: refused on the declared length, before the body is read.
+        huge = small.client.post(f"{S}/files", files={"file": ("f", b"x" * 300_000)}, data={"path": "huge.bin"})
+        assert huge.status_code == 413
+        assert os.listdir(small.workspace) == []
         ok = small.client.post(f"{S}/files", files={"file": ("f", b"x" * 1000)}, data={"path": "big.bin"})
         assert ok.status_code == 201
         # Reads over the read cap are refused.

@@ -106,6 +106,21 @@ def test_refuses_to_start_without_a_secret_or_workspace(tmp_path: Path) -> None:
     assert "--secret-file" in help_text and "--agent-secret " not in help_text
 
 
+def test_refuses_bad_limits_and_a_broken_interpreter(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")} | {"SANDPOOL_AGENT_SECRET": "x"}
+    (tmp_path / "ws").mkdir()
+    base = [sys.executable, "-m", "sandpool", "agent", "--uds", str(tmp_path / "s.sock"), "--workspace",
+            str(tmp_path / "ws")]
+    ceiling = subprocess.run([*base, "--exec-timeout-seconds", "500", "--max-exec-timeout-seconds", "300"], env=env,
+                             capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert ceiling.returncode == 2 and "max_exec_timeout_seconds" in ceiling.stderr
+    broken = subprocess.run([*base, "--python-executable", str(tmp_path / "no-python")], env=env,
+                            capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert broken.returncode != 0
+    assert "interpreter failed to start" in broken.stderr
+    assert not (tmp_path / "s.sock").exists()
+
+
 def test_sigterm_kills_every_child_and_exits_promptly(tmp_path: Path) -> None:
     a = start_agent(tmp_path)
     try:

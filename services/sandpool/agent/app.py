@@ -14,6 +14,7 @@ import os
 import secrets
 import stat
 import time
+from urllib.parse import quote
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,7 +27,7 @@ from starlette.datastructures import UploadFile
 
 from sandpool.agent import produced
 from sandpool.agent.auth import BearerSecretMiddleware
-from sandpool.agent.execution import ExecOutcome
+from sandpool.agent.execution import ChildStartFailed, ExecOutcome
 from sandpool.agent.limits import BodyLimitMiddleware
 from sandpool.agent.runtime import Runtime
 from sandpool.agent.settings import AgentSettings
@@ -39,7 +40,7 @@ from sandpool.contract.models import (
     parse_exec_request,
     result_type_for,
 )
-from sandpool.core.errors import Invalid, NotFound, UnknownToolKind, install_error_handlers
+from sandpool.core.errors import Invalid, NotFound, Unavailable, UnknownToolKind, install_error_handlers
 
 OUTCOME_HEADER = "X-Sandpool-Outcome"
 _LIST_LIMIT = 10_000
@@ -60,6 +61,7 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
         app.state.runtime = runtime
         try:
             await runtime.start()
+            await _self_call(app, secret)
             yield
         finally:
             await runtime.close()
@@ -102,13 +104,16 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
                 outcome = ExecOutcome(stdout=edit.stdout, stderr=edit.stderr, return_code=edit.return_code)
             else:
                 before = await _snapshot(runtime)
-                if isinstance(call, CodeExecutionRequest):
-                    outcome = await runtime.interpreter.run(call.input.code, timeout)
-                    restart_field = "interpreter_restarted"
-                else:
-                    assert isinstance(call, BashExecutionRequest)
-                    outcome = await _run_bash(runtime, call.input.command, timeout)
-                    restart_field = "shell_restarted"
+                try:
+                    if isinstance(call, CodeExecutionRequest):
+                        outcome = await runtime.interpreter.run(call.input.code, timeout)
+                        restart_field = "interpreter_restarted"
+                    else:
+                        assert isinstance(call, BashExecutionRequest)
+                        outcome = await _run_bash(runtime, call.input.command, timeout)
+                        restart_field = "shell_restarted"
+                except ChildStartFailed as exc:
+                    raise Unavailable(str(exc), retry_after=1) from None
                 if outcome.restarted or outcome.fresh:
                     extra[restart_field] = True
                 after = await _snapshot(runtime)
@@ -154,10 +159,10 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
             fd, st = await run_in_threadpool(runtime.workspace.open_file, path,
                                              max_bytes=runtime.settings.max_read_bytes)
         media_type = mimetypes.guess_type(path)[0] or "application/octet-stream"
-        filename = os.path.basename(path).replace('"', "")
+        filename = quote(os.path.basename(path), safe="")
         return StreamingResponse(_stream_fd(fd, st.st_size), media_type=media_type,
                                  headers={"Content-Length": str(st.st_size),
-                                          "Content-Disposition": f'attachment; filename="{filename}"'})
+                                          "Content-Disposition": f"attachment; filename*=UTF-8''{filename}"})
 
     @app.post("/sessions/{session_id}/files", status_code=201)
     async def put_file(session_id: str, request: Request) -> JSONResponse:
@@ -184,6 +189,29 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
     return app
 
 
+async def _self_call(app: FastAPI, secret: str) -> None:
+    """One exec through the whole ASGI stack before serving: a self-test, and the first real call is warm."""
+    body = json.dumps({"tool": "code_execution", "input": {"code": "print(end='')"}}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/sessions/warm-up/exec", "raw_path": b"/sessions/warm-up/exec", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0),
+             "headers": [(b"authorization", f"Bearer {secret}".encode()), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    status: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    await app(scope, receive, send)
+    if status != [200]:
+        raise RuntimeError(f"agent self-test failed with {status}")
+
+
 async def _run_bash(runtime: Runtime, command: str, timeout: float) -> ExecOutcome:
     if "\x00" in command:
         return ExecOutcome(stdout="", stderr="command contains a NUL byte, which bash cannot take\n", return_code=2)
@@ -193,7 +221,9 @@ async def _run_bash(runtime: Runtime, command: str, timeout: float) -> ExecOutco
 async def _snapshot(runtime: Runtime) -> produced.Snapshot:
     if runtime.settings.max_produced_files == 0:
         return {}
-    return await run_in_threadpool(produced.snapshot, runtime.workspace.root, runtime.settings.produced_scan_limit)
+    # Inline, not on a thread: bounded by produced_scan_limit, and for the usual small workspace the
+    # thread hop costs more than the walk. Calls are serialised anyway.
+    return produced.snapshot(runtime.workspace.root, runtime.settings.produced_scan_limit)
 
 
 def _chunks(fileobj: Any) -> Iterator[bytes]:

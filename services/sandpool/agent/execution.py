@@ -22,6 +22,10 @@ log = logging.getLogger("sandpool.agent.execution")
 TIMEOUT_RETURN_CODE = 124
 
 
+class ChildStartFailed(RuntimeError):
+    """The interpreter or shell could not be (re)started: the call cannot run at all."""
+
+
 @dataclass
 class ExecOutcome:
     stdout: str

@@ -73,6 +73,7 @@ def apply(policy: ChildPolicy) -> None:
 
 
 def preexec(policy: ChildPolicy) -> Callable[[], None]:
+    procs.libc()  # loaded here, in the parent, before any fork
     return lambda: apply(policy)
 
 

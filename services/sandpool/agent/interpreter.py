@@ -13,6 +13,7 @@ restart after a timeout costs nothing on the next call.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import json
 import logging
 import struct
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 
 from sandpool.agent import procs
-from sandpool.agent.execution import PersistentChild
+from sandpool.agent.execution import ChildStartFailed, PersistentChild
 from sandpool.agent.worker import Worker, WorkerDied
 
 log = logging.getLogger("sandpool.agent.interpreter")
@@ -60,14 +61,18 @@ class Interpreter(PersistentChild):
     async def new_worker(self) -> Worker:
         worker = Worker("interpreter", [self._python, "-I", "-u", RUNNER], cwd=self._workspace, env=self._env,
                         preexec=self._preexec, reaper=self._reaper, parse_event=parse_frame)
-        worker.spawn()
+        try:
+            worker.spawn()
+        except (OSError, subprocess.SubprocessError):
+            log.exception("cannot start the Python interpreter")
+            raise ChildStartFailed("the Python interpreter failed to start") from None
         try:
             event = json.loads(await worker.next_event(START_TIMEOUT_SECONDS))
             if event.get("event") != "ready":
-                raise RuntimeError("interpreter did not report ready")
-        except (asyncio.TimeoutError, WorkerDied, ValueError, RuntimeError):
+                raise ValueError("interpreter did not report ready")
+        except (asyncio.TimeoutError, WorkerDied, ValueError, OSError):
             await worker.close()
-            raise RuntimeError("the Python interpreter failed to start") from None
+            raise ChildStartFailed("the Python interpreter failed to start") from None
         return worker
 
     async def start(self) -> None:

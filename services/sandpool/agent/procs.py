@@ -21,9 +21,19 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 
 
+_libc: ctypes.CDLL | None = None
+
+
+def libc() -> ctypes.CDLL:
+    """The C library, loaded once in the agent: a child between fork and exec must not dlopen."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
 def prctl(option: int, arg: int) -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(option, arg, 0, 0, 0) == 0
+    return libc().prctl(option, arg, 0, 0, 0) == 0
 
 
 def become_subreaper() -> bool:

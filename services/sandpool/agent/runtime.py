@@ -8,16 +8,22 @@ waiters first-in first-out, and exec and file operations share the one lock.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
 
-from sandpool.agent import hardening, procs
+from starlette.concurrency import run_in_threadpool
+
+from sandpool.agent import hardening, procs, produced, seccomp
 from sandpool.agent.editor import Editor
 from sandpool.agent.interpreter import Interpreter
 from sandpool.agent.settings import AgentSettings
 from sandpool.agent.shell import Shell
 from sandpool.agent.workspace import Workspace
+from sandpool.contract.models import parse_exec_request
+
+log = logging.getLogger("sandpool.agent")
 
 
 class Runtime:
@@ -40,6 +46,10 @@ class Runtime:
         self._reap_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if seccomp.native_arch() is None:
+            log.warning("no seccomp filter on this architecture: sandboxed code keeps every system call")
+        if not self.policy.drops_privileges:
+            log.warning("sandboxed code runs as the agent's own uid (no --sandbox-uid, or not root)")
         hardening.prepare_workspace(str(self.workspace.root), self.policy)
         loop = asyncio.get_running_loop()
         try:
@@ -48,6 +58,15 @@ class Runtime:
             pass
         self._reap_task = asyncio.create_task(self._reap_forever())
         await asyncio.gather(self.interpreter.start(), self.shell.start())
+        await self._warm()
+
+    async def _warm(self) -> None:
+        """Pay every first-call cost now, so the first real call is as fast as the tenth."""
+        parse_exec_request({"tool": "code_execution", "input": {"code": "pass"}})
+        parse_exec_request({"tool": "text_editor_code_execution", "input": {"command": "view", "path": "."}})
+        await run_in_threadpool(produced.snapshot, self.workspace.root, 1)
+        await self.interpreter.run("print(end='')", 30.0)
+        await self.shell.run(":", 30.0)
 
     async def _reap_forever(self) -> None:
         while True:

@@ -15,9 +15,11 @@ survive an interrupted call; a `read` interrupted by a late SIGINT resumes.
 from __future__ import annotations
 
 import asyncio
+import logging
+import subprocess
 
 from sandpool.agent import procs
-from sandpool.agent.execution import PersistentChild
+from sandpool.agent.execution import ChildStartFailed, PersistentChild
 from sandpool.agent.worker import Worker, WorkerDied
 
 LOOP = r"""
@@ -34,6 +36,7 @@ done
 """
 
 START_TIMEOUT_SECONDS = 10.0
+log = logging.getLogger("sandpool.agent.shell")
 
 
 def parse_line(buf: bytearray) -> bytes | None:
@@ -63,13 +66,17 @@ class Shell(PersistentChild):
         worker = Worker("shell", [self._bash, "--noprofile", "--norc", "-c", LOOP, "sandpool-shell"],
                         cwd=self._workspace, env=self._env, preexec=self._preexec, reaper=self._reaper,
                         parse_event=parse_line)
-        worker.spawn()
+        try:
+            worker.spawn()
+        except (OSError, subprocess.SubprocessError):
+            log.exception("cannot start the shell")
+            raise ChildStartFailed("the shell failed to start") from None
         worker.send(b":\0")
         try:
             await worker.next_event(START_TIMEOUT_SECONDS)
         except (asyncio.TimeoutError, WorkerDied):
             await worker.close()
-            raise RuntimeError("the shell failed to start") from None
+            raise ChildStartFailed("the shell failed to start") from None
         return worker
 
     def encode_request(self, text: str) -> bytes:
