@@ -35,10 +35,11 @@ def up_help() -> str:
 
 
 class Stack:
-    def __init__(self, port: int, data_dir: Path, extra_args: list[str]) -> None:
+    def __init__(self, port: int, data_dir: Path, extra_args: list[str], *, auth: bool = False) -> None:
         self.port = port
         self.data_dir = data_dir
-        self.args = [sys.executable, "-m", "sandpool", "up", "--no-auth", "--port", str(port),
+        self.auth = auth
+        self.args = [sys.executable, "-m", "sandpool", "up", *([] if auth else ["--no-auth"]), "--port", str(port),
                      "--data-dir", str(data_dir), *extra_args]
         self.stderr_path = data_dir.parent / f"{data_dir.name}-stderr.log"
         self.proc: subprocess.Popen[str] | None = None
@@ -83,14 +84,16 @@ class Stack:
 
         threading.Thread(target=pump, daemon=True).start()
         deadline = time.monotonic() + STARTUP_SECONDS
-        while "SANDPOOL_URL" not in self.env:
+        wanted = ("SANDPOOL_URL", "SANDPOOL_TOKEN") if self.auth else ("SANDPOOL_URL",)
+        while not all(k in self.env for k in wanted):
             try:
                 line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 line = None
             if line is None:
                 self.stop()
-                why = "exited" if self.proc.poll() is not None else f"printed no SANDPOOL_URL in {STARTUP_SECONDS:g}s"
+                why = ("exited" if self.proc.poll() is not None
+                       else f"printed no {' and '.join(wanted)} in {STARTUP_SECONDS:g}s")
                 raise RuntimeError(f"sandpool up {why} (rc={self.proc.returncode}); stderr:\n{self.logs()}")
             self.stdout_lines.append(line)
             key, sep, value = line.strip().partition("=")
@@ -111,3 +114,23 @@ class Stack:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        # Sandboxes that left the group (a new session) but live under our data dir are ours too.
+        for pid in self.leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def leftovers(self) -> list[int]:
+        """Processes still running whose command line names this stack's data directory."""
+        marker = str(self.data_dir).encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found

@@ -66,3 +66,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s.start()
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def auth_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`sandpool up` with authentication on (the proxy in front), a pool of 1."""
+    try:
+        up_help()
+    except StackUnavailable as exc:
+        pytest.skip(str(exc))
+    s = Stack(free_port(), tmp_path_factory.mktemp("authstack") / "data", ["--pool-size", "1"], auth=True)
+    s.start()
+    yield s
+    s.stop()
