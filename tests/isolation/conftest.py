@@ -11,10 +11,9 @@ from .harness import Harness
 
 
 @pytest.fixture(scope="session")
-def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+def harness() -> Iterator[Harness]:
     if os.geteuid() != 0:
         pytest.skip("isolation tests need root (namespaces, cgroups)")
-    # A short base path: agent socket paths must fit in sun_path.
-    h = Harness(tmp_path_factory.mktemp("iso"))
+    h = Harness()
     yield h
     h.close()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine
@@ -22,7 +24,7 @@ from typing import Any, TypeVar
 import httpx
 
 from sandpool.providers.local.launcher import AgentSecret, SandboxLimits
-from sandpool.providers.local.procs import ProcessHandle
+from sandpool.providers.local.procs import ProcessHandle, is_alive
 from sandpool.providers.local.zygote import ZygoteLauncher
 
 T = TypeVar("T")
@@ -63,14 +65,18 @@ class Sandbox:
 
 
 class Harness:
-    def __init__(self, base: Path, *, disabled: frozenset[str] = frozenset()) -> None:
-        self.base = base
-        self.sandboxes_dir = base / "sandboxes"
+    def __init__(self, *, disabled: frozenset[str] = frozenset()) -> None:
+        # Under /tmp and traversable by every uid (not pytest's 0700 tmp dir): with the
+        # filesystem layer off, sandboxed code reaches its workspace by its host path.
+        # Short, too: agent socket paths must fit in sun_path.
+        self.base = Path(tempfile.mkdtemp(prefix="spiso", dir="/tmp"))
+        self.base.chmod(0o711)
+        self.sandboxes_dir = self.base / "sandboxes"
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="zygote-harness", daemon=True)
         self.thread.start()
-        self.launcher = ZygoteLauncher(base / "zygote", disabled=disabled)
+        self.launcher = ZygoteLauncher(self.base / "zygote", disabled=disabled)
         self.report = self.run(self.launcher.start())
         self.live: list[Sandbox] = []
         self._next_uid = 1_500_000 + (os.getpid() % 1000) * 100
@@ -104,7 +110,10 @@ class Harness:
         self.live.append(sandbox)
         deadline = time.monotonic() + 30
         while not sandbox.healthy():
-            assert time.monotonic() < deadline, "sandbox agent never became healthy"
+            if time.monotonic() > deadline or not is_alive(handle):
+                log = directory / "agent.log"
+                tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
+                raise AssertionError(f"sandbox agent never became healthy: {tail}")
             time.sleep(0.01)
         return sandbox
 
@@ -127,3 +136,4 @@ class Harness:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+        shutil.rmtree(self.base, ignore_errors=True)

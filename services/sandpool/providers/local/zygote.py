@@ -189,12 +189,13 @@ class ZygoteClient:
                 raise ZygoteError("the zygote is not running") from None
 
     async def launch(self, sandbox_id: str, *, socket_path: str, workspace: str | None, uid: int | None,
-                     secret: str, limits: dict[str, int | None], agent: dict[str, Any]) -> dict[str, Any]:
+                     secret: str, limits: dict[str, int | None], agent: dict[str, Any],
+                     log_path: str | None = None) -> dict[str, Any]:
         fd = zygote_protocol.secret_fd(secret)
         try:
             reply = await self.request({"op": "launch", "sandbox_id": sandbox_id, "socket_path": socket_path,
-                                        "workspace": workspace, "uid": uid, "limits": limits, "agent": agent},
-                                       (fd,))
+                                        "workspace": workspace, "uid": uid, "limits": limits, "agent": agent,
+                                        "log_path": log_path}, (fd,))
         finally:
             os.close(fd)
         if not reply.get("ok"):
@@ -300,7 +301,7 @@ class ZygoteLauncher:
             limits={"memory_bytes": limits.memory_bytes,
                     "pids_max": (limits.max_processes + AGENT_TASKS) if limits.max_processes else None,
                     "workspace_bytes": limits.workspace_bytes},
-            agent=agent)
+            agent=agent, log_path=str(socket_path.parent / "agent.log"))
         pid = int(reply["pid"])
         return ProcessHandle(pid=pid, pgid=pid, start_time=start_time(pid))
 

@@ -55,6 +55,7 @@ class ChildSpec:
     host_workspace: str | None
     host_socket: str
     agent: dict[str, Any]
+    log_path: str | None = None
 
 
 def _reset_signals() -> None:
@@ -64,10 +65,17 @@ def _reset_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
-def _stdin_devnull() -> None:
+def _redirect_stdio(log_path: str | None) -> None:
+    """stdin from /dev/null; stdout and stderr to the sandbox's own log (0600, host side),
+    opened before the root changes, so 64 agents do not write into the scheduler's stderr."""
     fd = os.open("/dev/null", os.O_RDONLY)
     os.dup2(fd, 0)
     os.close(fd)
+    if log_path:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
 
 
 def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> dict[str, Any]:
@@ -75,7 +83,7 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
     os.setsid()
     linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
     _reset_signals()
-    _stdin_devnull()
+    _redirect_stdio(spec.log_path)
     if cgroup is not None:
         cgroup.join()
     secret = zygote_protocol.read_secret_fd(secret_fd)

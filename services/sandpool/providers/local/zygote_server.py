@@ -174,8 +174,8 @@ class Zygote:
         op, rid = message.get("op"), message.get("id")
         try:
             if op == "launch":
-                self.launch(message, fds)
-                fds = []
+                owned, fds = fds, []  # launch() closes them, whatever happens
+                self.launch(message, owned)
             elif op == "kill":
                 self.kill(message, rid)
             elif op == "stats":
@@ -219,12 +219,13 @@ class Zygote:
                 raise ValueError("uid must be a positive integer")
             if "unprivileged_uid" not in self.layers:
                 uid = None
-            self._launch(rid, sandbox_id, uid, limits, agent, host_socket, message.get("workspace"), secret_fd)
+            self._launch(rid, sandbox_id, uid, limits, agent, host_socket, message.get("workspace"),
+                         message.get("log_path"), secret_fd)
         finally:
             os.close(secret_fd)
 
     def _launch(self, rid: Any, sandbox_id: str, uid: int | None, limits: dict[str, Any], agent: dict[str, Any],
-                host_socket: str, host_workspace: Any, secret_fd: int) -> None:
+                host_socket: str, host_workspace: Any, log_path: Any, secret_fd: int) -> None:
         if not isinstance(host_workspace, str) or not os.path.isabs(host_workspace):
             raise ValueError("workspace must be an absolute path")
         memory_bytes, pids_max = _int(limits.get("memory_bytes")), _int(limits.get("pids_max"))
@@ -245,7 +246,8 @@ class Zygote:
                 agent_dir=os.path.dirname(host_socket))
         spec = zygote_child.ChildSpec(
             sandbox_id=sandbox_id, layers=self.layers, uid=uid, plan=self.plan, fs=fs, new_root=self.new_root,
-            host_workspace=host_workspace, host_socket=host_socket, agent=agent)
+            host_workspace=host_workspace, host_socket=host_socket, agent=agent,
+            log_path=log_path if isinstance(log_path, str) and os.path.isabs(log_path) else None)
         status_r, status_w = os.pipe()
         try:
             pid = self._fork()

@@ -1,0 +1,196 @@
+"""Detection: each layer reported missing when it is (simulated by configuration, or by
+running detection without root), one line for what is active, a loud warning for
+what is not; and the zygote's channel refusing malformed requests without leaking."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from sandpool.providers.local.isolation import detect
+from sandpool.providers.local.zygote import ZygoteClient, ZygoteError
+
+from .harness import Harness
+
+pytestmark = pytest.mark.isolation
+
+DEGRADABLE = ("namespaces", "filesystem", "network", "cgroups", "unprivileged_uid", "seccomp")
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "sandpool.isolation" and r.levelno == logging.WARNING]
+
+
+def test_full_host_logs_one_line_and_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="sandpool.isolation")
+    h = Harness()
+    try:
+        infos = [r.getMessage() for r in caplog.records if r.name == "sandpool.isolation"
+                 and r.levelno == logging.INFO]
+        assert len(infos) == 1 and infos[0].startswith("isolation active: namespaces")
+        for name in detect.LAYERS:
+            assert name in infos[0]
+        assert _warnings(caplog) == []
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("missing", [("seccomp",), ("cgroups",), ("network",), ("unprivileged_uid",),
+                                     DEGRADABLE])
+def test_disabled_layers_are_reported_missing_and_really_off(
+        caplog: pytest.LogCaptureFixture, missing: tuple[str, ...]) -> None:
+    caplog.set_level(logging.INFO, logger="sandpool.isolation")
+    h = Harness(disabled=frozenset(missing))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    try:
+        assert sorted(h.report.missing) == sorted(missing)
+        assert all(h.report.to_dict()["missing"][m] == "disabled by configuration" for m in missing)
+        warnings = _warnings(caplog)
+        assert len(warnings) == 1 and warnings[0].startswith("ISOLATION MISSING")
+        for name in missing:
+            assert f"{name}: disabled by configuration" in warnings[0]
+        for name in set(detect.LAYERS) - set(missing):
+            assert name not in warnings[0].split(".")[0]
+        assert h.launcher.describe()["namespaces"] is ("namespaces" not in missing)
+
+        sandbox = h.start()
+        probe = sandbox.python(
+            "import os, json, socket\n"
+            "agent = dict(l.split(':\\t', 1) for l in open('/proc/1/status').read().splitlines() if ':\\t' in l)\n"
+            "res = {'uid': os.getuid(), 'agent_seccomp': agent.get('Seccomp', '').strip(),\n"
+            "       'agent_name': agent.get('Name', '').strip(), 'ifaces': len(open('/proc/net/dev').readlines()) - 2,\n"
+            "       'cgroup': open('/proc/self/cgroup').read()}\n"
+            "s = socket.socket(); s.settimeout(2)\n"
+            f"res['connect'] = s.connect_ex(('127.0.0.1', {port}))\n"
+            "print(json.dumps(res))")
+        res = json.loads(probe["stdout"])
+        groups = [Path(b) / sandbox.sandbox_id for b in h.launcher.client.cgroup_bases]
+        if "seccomp" in missing:
+            assert res["agent_seccomp"] in ("0", "")  # the agent process itself runs unfiltered
+        elif "namespaces" not in missing:
+            assert res["agent_seccomp"] == "2"
+        if "unprivileged_uid" in missing:
+            assert res["uid"] == 0
+        else:
+            assert res["uid"] == sandbox.uid
+        if "network" in missing:
+            assert res["connect"] == 0  # the host's loopback, where the scheduler and Redis listen
+        else:
+            assert res["ifaces"] == 1 and res["connect"] != 0
+        if "cgroups" in missing:
+            assert groups == [] and h.launcher.client.cgroup_bases == []
+        else:
+            assert groups and all(g.exists() for g in groups)
+        h.kill(sandbox)
+    finally:
+        listener.close()
+        h.close()
+
+
+def test_detection_without_root_names_what_is_missing() -> None:
+    """Run detection as an unprivileged uid (a forked child that dropped root for good)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            report, manager = detect.detect()
+            os.write(w, json.dumps({"report": report.to_dict(), "manager": manager is not None}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = json.loads(f.read())
+    os.waitpid(pid, 0)
+    missing = data["report"]["missing"]
+    assert {"namespaces", "filesystem", "network", "cgroups", "unprivileged_uid"} <= set(missing)
+    assert "seccomp" in data["report"]["active"]  # needs no privilege
+    assert "not root" in missing["unprivileged_uid"]
+    assert data["manager"] is False
+
+
+async def test_malformed_requests_are_refused_and_leave_nothing(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    client = ZygoteClient(tmp_path / "z")
+    await client.start()
+    try:
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
+        sock_dir = tmp_path / "sb"
+        sock_dir.mkdir()
+        good = {"socket_path": str(sock_dir / "agent.sock"), "workspace": str(workspace), "uid": 1_700_001,
+                "secret": "s" * 20, "limits": {"memory_bytes": 64 << 20, "pids_max": 64}, "agent": {}}
+        bad_cases = [
+            ("../escape", {}, "bad sandbox id"),
+            ("", {}, "bad sandbox id"),
+            ("ok1", {"limits": {"memory_bytes": "lots"}}, "limits must be integers"),
+            ("ok2", {"limits": {"pids_max": -1}}, "limits must be positive"),
+            ("ok3", {"uid": "root"}, "uid must be a positive integer"),
+            ("ok4", {"uid": 0}, "uid must be a positive integer"),
+            ("ok5", {"workspace": "relative/dir"}, "workspace must be an absolute path"),
+        ]
+        for sandbox_id, override, expected in bad_cases:
+            with pytest.raises(ZygoteError, match=expected):
+                await client.launch(sandbox_id, **{**good, **override})
+        # No secret descriptor at all.
+        reply = await client.request({"op": "launch", "sandbox_id": "ok6", **{k: v for k, v in good.items()
+                                                                            if k != "secret"}})
+        assert reply["ok"] is False and "descriptor" in reply["error"]
+        reply = await client.request({"op": "format-disk"})
+        assert reply["ok"] is False and "unknown op" in reply["error"]
+        # Nothing was left behind, and the zygote still works.
+        assert await client.list() == []
+        for base in client.cgroup_bases:
+            assert list(Path(base).iterdir()) == [] or all(not p.is_dir() for p in Path(base).iterdir())
+        await client.launch("ok7", **good)
+        with pytest.raises(ZygoteError, match="already in use"):
+            await client.launch("ok7", **good)
+        assert [s["sandbox_id"] for s in await client.list()] == ["ok7"]
+        assert await client.kill(sandbox_id="ok7") is True
+        assert await client.kill(sandbox_id="ok7") is False  # idempotent
+    finally:
+        await client.close()
+    for base in client.cgroup_bases:
+        assert not Path(base).exists()
+
+
+async def test_garbage_on_the_channel_stops_the_zygote_and_its_sandboxes(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    client = ZygoteClient(tmp_path / "z")
+    await client.start()
+    assert client.sock is not None and client.proc is not None
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (tmp_path / "sb").mkdir()
+    reply = await client.launch("victim", socket_path=str(tmp_path / "sb" / "agent.sock"),
+                                workspace=str(workspace), uid=1_700_002, secret="x" * 20,
+                                limits={"pids_max": 64}, agent={})
+    sandbox_pid = int(reply["pid"])
+    client.sock.send(b"\xff not json")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while client.proc.poll() is None and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    assert client.proc.poll() is not None
+    assert not os.path.exists(f"/proc/{sandbox_pid}/status") or "zombie" in open(f"/proc/{sandbox_pid}/status").read()
+    with pytest.raises(ZygoteError):
+        await client.list()
+    await client.close()
+    for base in client.cgroup_bases:
+        assert not Path(base).exists()
