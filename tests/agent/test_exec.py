@@ -137,3 +137,32 @@ def test_bash_timeout_of_a_builtin_loop_restarts_the_shell(agent: Agent) -> None
 def test_timeout_is_clamped_to_the_ceiling(agent: Agent) -> None:
     assert agent.py("pass", timeout=10_000)["timeout_seconds"] == 300
     assert agent.py("pass")["timeout_seconds"] == 60
+
+
+def test_forged_completions_cannot_desynchronise_the_shell(agent: Agent) -> None:
+    # The program writes a completion-shaped line on the shell's own status channel, then keeps running.
+    forged = agent.sh("printf '1 0\\n' >&$__sandpool_out; printf '999999 0\\n' >&$__sandpool_out; echo real")
+    assert content(forged)["stdout"] in ("real\n", "")
+    for word in ("one", "two", "three"):
+        result = content(agent.sh(f"echo {word}"))
+        assert result["stdout"] == f"{word}\n" and result["return_code"] == 0
+
+
+def test_a_fork_inside_a_cell_does_not_answer_for_the_interpreter(agent: Agent) -> None:
+    agent.py("state = 'kept'")
+    result = content(agent.py("import os\npid = os.fork()\nif pid == 0:\n    print('child')\nelse:\n"
+                              "    os.waitpid(pid, 0)\n    print('parent')"))
+    assert result["stdout"] == "child\nparent\n"
+    for _ in range(3):
+        assert content(agent.py("print(state)"))["stdout"] == "kept\n"
+
+
+def test_a_stopped_interpreter_does_not_hang_the_agent(agent: Agent) -> None:
+    pid = int(content(agent.py("import os\nprint(os.getpid())"))["stdout"])
+    agent.sh(f"kill -STOP {pid}")
+    big = "x = 1\n" + "#" * (2 << 20)  # larger than a pipe buffer: the request itself cannot be written
+    result = agent.py(big, timeout=1)
+    assert content(result)["return_code"] == 124
+    assert result["interpreter_restarted"] is True
+    assert agent.client.get("/healthz").status_code == 200
+    assert content(agent.py("print('fresh')"))["stdout"] == "fresh\n"

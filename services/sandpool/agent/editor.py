@@ -62,10 +62,6 @@ class Editor:
         except UnicodeDecodeError:
             raise EditFailed(f"{shown(path)!r} is not a UTF-8 text file") from None
 
-    def _exists(self, path: str) -> bool:
-        real = self.workspace.resolve(path)
-        return os.path.lexists(real)
-
     def _write(self, path: str, text: str, previous: str | None) -> None:
         data = text.encode("utf-8")
         self.workspace.write(path, [data], max_bytes=self.max_bytes)

@@ -63,10 +63,11 @@ class PersistentChild:
     async def new_worker(self) -> Worker:
         raise NotImplementedError
 
-    def encode_request(self, text: str) -> bytes:
+    def encode_request(self, text: str, seq: int) -> bytes:
         raise NotImplementedError
 
-    def decode_completion(self, event: bytes) -> int:
+    def decode_completion(self, event: bytes) -> tuple[int, int]:
+        """(sequence number, return code) of a completion event."""
         raise NotImplementedError
 
     async def replacement(self) -> Worker:
@@ -105,12 +106,13 @@ class PersistentChild:
         timed_out = lost = False
         note = ""
         return_code = 0
-        worker.send(self.encode_request(text))
+        worker.seq += 1
+        seq = worker.seq
         try:
-            return_code = self._completion(worker, await worker.next_event(timeout))
+            return_code = await asyncio.wait_for(self._send_and_wait(worker, text, seq), timeout)
         except asyncio.TimeoutError:
             timed_out = True
-            return_code, lost = await self._stop_overdue(worker)
+            return_code, lost = await self._stop_overdue(worker, seq)
             note = (f"[sandpool: timeout: execution exceeded the {timeout:g}s limit and was "
                     f"{'killed; ' + self.kind + ' state was lost' if lost else 'interrupted'}]\n")
         except WorkerDied:
@@ -140,16 +142,31 @@ class PersistentChild:
                            timed_out=timed_out, output_truncated=out.stdout.truncated or out.stderr.truncated,
                            restarted=lost, fresh=fresh)
 
-    def _completion(self, worker: Worker, event: bytes) -> int:
-        """The completion's return code; a garbled one (the program wrote to the channel) kills the child."""
-        try:
-            return self.decode_completion(event)
-        except (ValueError, TypeError, KeyError):
-            log.warning("garbled completion from the %s", self.kind)
-            worker.kill()
-            raise WorkerDied(None) from None
+    async def _send_and_wait(self, worker: Worker, text: str, seq: int) -> int:
+        await worker.send(self.encode_request(text, seq))
+        return await self._completion(worker, seq)
 
-    async def _stop_overdue(self, worker: Worker) -> tuple[int, bool]:
+    async def _completion(self, worker: Worker, seq: int) -> int:
+        """The return code of request `seq`.
+
+        Completions of earlier requests (late, or forged by the program on its
+        own channel) are skipped, so the channel cannot stay out of step; a
+        garbled one, or one from the future, kills the child.
+        """
+        while True:
+            event = await worker.next_event(None)
+            try:
+                got, return_code = self.decode_completion(event)
+            except (ValueError, TypeError, KeyError):
+                got, return_code = -1, 0
+            if got == seq:
+                return return_code
+            if not 0 < got < seq:
+                log.warning("garbled completion from the %s", self.kind)
+                worker.kill()
+                raise WorkerDied(None)
+
+    async def _stop_overdue(self, worker: Worker, seq: int) -> tuple[int, bool]:
         """Interrupt, then kill. Returns (the child's own code, whether its state was lost)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.grace_seconds
@@ -159,8 +176,7 @@ class PersistentChild:
             if remaining <= 0:
                 break
             try:
-                event = await worker.next_event(min(0.2, remaining))
-                return self._completion(worker, event), False
+                return await asyncio.wait_for(self._completion(worker, seq), min(0.2, remaining)), False
             except asyncio.TimeoutError:
                 continue
             except WorkerDied:

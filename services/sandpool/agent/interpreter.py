@@ -112,12 +112,12 @@ class Interpreter(PersistentChild):
                 return
             await worker.close()
 
-    def encode_request(self, text: str) -> bytes:
-        body = json.dumps({"code": text}).encode()
+    def encode_request(self, text: str, seq: int) -> bytes:
+        body = json.dumps({"id": seq, "code": text}).encode()
         return _HEADER.pack(len(body)) + body
 
-    def decode_completion(self, event: bytes) -> int:
+    def decode_completion(self, event: bytes) -> tuple[int, int]:
         message = json.loads(event)
         if message.get("event") != "done":
             raise ValueError("unexpected interpreter event")
-        return int(message.get("return_code", 1))
+        return int(message["id"]), int(message["return_code"])

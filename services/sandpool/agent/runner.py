@@ -167,7 +167,7 @@ def main(argv: list[str]) -> int:
             return 0
         code, interrupted = run(request.get("code", ""), namespace)
         _flush_all()
-        _send(out_fd, {"event": "done", "return_code": code, "interrupted": interrupted})
+        _send(out_fd, {"event": "done", "id": request.get("id"), "return_code": code, "interrupted": interrupted})
 
 
 if __name__ == "__main__":

@@ -24,14 +24,15 @@ from sandpool.agent.worker import Worker, WorkerDied
 
 LOOP = r"""
 trap ':' INT
-__sandpool_in=$1; __sandpool_out=$2; shift 2
+__sandpool_in=$1; __sandpool_out=$2; __sandpool_seq=0; shift 2
 while :; do
   IFS= read -r -d '' __sandpool_cmd <&"$__sandpool_in"
   __sandpool_rc=$?
   if [ "$__sandpool_rc" -gt 128 ]; then continue; fi
   if [ "$__sandpool_rc" -ne 0 ]; then break; fi
+  __sandpool_seq=$((__sandpool_seq + 1))
   eval "$__sandpool_cmd" </dev/null
-  printf '%d\n' "$?" >&"$__sandpool_out"
+  printf '%d %d\n' "$__sandpool_seq" "$?" >&"$__sandpool_out"
 done
 """
 
@@ -71,16 +72,18 @@ class Shell(PersistentChild):
         except (OSError, subprocess.SubprocessError):
             log.exception("cannot start the shell")
             raise ChildStartFailed("the shell failed to start") from None
-        worker.send(b":\0")
         try:
-            await worker.next_event(START_TIMEOUT_SECONDS)
+            worker.seq = 1
+            await worker.send(self.encode_request(":", 1))
+            await asyncio.wait_for(self._completion(worker, 1), START_TIMEOUT_SECONDS)
         except (asyncio.TimeoutError, WorkerDied):
             await worker.close()
             raise ChildStartFailed("the shell failed to start") from None
         return worker
 
-    def encode_request(self, text: str) -> bytes:
+    def encode_request(self, text: str, seq: int) -> bytes:
         return text.encode("utf-8", errors="surrogateescape") + b"\0"
 
-    def decode_completion(self, event: bytes) -> int:
-        return int(event.decode("ascii").strip())
+    def decode_completion(self, event: bytes) -> tuple[int, int]:
+        seq, code = event.decode("ascii").split()
+        return int(seq), int(code)

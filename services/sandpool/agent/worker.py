@@ -66,6 +66,8 @@ class Worker:
         self._pending: list[bytes] = []
         self._waiter: asyncio.Future[bytes] | None = None
         self.current: CallOutput | None = None
+        self.seq = 0
+        """Requests sent so far; completions carry the number of the request they finish."""
         self.dead = False
         self.return_code: int | None = None
 
@@ -112,23 +114,27 @@ class Worker:
         self._pending.clear()
         self._events.clear()
 
-    def send(self, data: bytes) -> None:
-        """Write a request; the pipe holds it whole unless it is huge, so finish it on a thread then."""
-        fd = self._fds["req"]
+    async def send(self, data: bytes) -> None:
+        """Write a request without ever blocking the event loop (a stopped child may not be reading)."""
+        loop = asyncio.get_running_loop()
         view = memoryview(data)
         while view:
-            try:
-                written = os.write(fd, view)
-            except BlockingIOError:
-                os.set_blocking(fd, True)
-                try:
-                    os.write(fd, view)  # a blocking write of the rest (the child is reading)
-                finally:
-                    os.set_blocking(fd, False)
+            fd = self._fds.get("req")
+            if fd is None:
                 return
-            except (BrokenPipeError, OSError):
+            try:
+                view = view[os.write(fd, view):]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
                 return  # the child died; the event channel reports it
-            view = view[written:]
+            writable = loop.create_future()
+            loop.add_writer(fd, lambda: writable.done() or writable.set_result(None))
+            try:
+                await writable
+            finally:
+                loop.remove_writer(fd)
 
     # --- readers --------------------------------------------------------------------------
 
