@@ -107,9 +107,11 @@ def echo_app(seen: list[Seen]) -> Starlette:
             return StreamingResponse(chunks(), media_type="application/octet-stream",
                                      headers={"x-sandpool-outcome": "ok", "connection": "close"}
                                      if request.query_params.get("hop") else None)
+        headers = {"x-request-id": "upstream-must-not-leak"}
+        if request.query_params.get("cookie"):
+            headers["set-cookie"] = "sid=tenant-secret; Path=/"
         return JSONResponse({"method": request.method, "path": request.url.path, "body_len": len(body),
-                             "body_sha256": hashlib.sha256(body).hexdigest()},
-                            headers={"x-request-id": "upstream-must-not-leak"})
+                             "body_sha256": hashlib.sha256(body).hexdigest()}, headers=headers)
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Callable
 
+import httpx
 import redis
 
 from sandpool.contract import tenancy
@@ -159,3 +160,13 @@ def test_request_id_generated_when_absent_or_unsafe(proxy: Proxy, keys: Keys, ec
         assert len(rid) == 32 and seen.header("x-request-id") == [rid]
 
 
+
+
+def test_a_cookie_one_tenant_receives_never_rides_on_another_tenants_call(proxy: Proxy, keys: Keys,
+                                                                         echo: Echo) -> None:
+    with proxy.client(keys.token("acme")) as first:
+        answer = first.post("/sessions/s1/exec?cookie=1", json={})
+    assert answer.headers["set-cookie"].startswith("sid=")  # relayed to its own client
+    with httpx.Client(base_url=proxy.url, headers={"Authorization": f"Bearer {keys.token('globex')}"}) as second:
+        second.post("/sessions/s2/exec", json={})
+    assert echo.seen[-1].header("cookie") == []

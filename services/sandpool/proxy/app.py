@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 from fastapi import FastAPI, Request, Response
@@ -22,11 +23,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandpool import __version__
 from sandpool.contract import tenancy
-from sandpool.core.errors import Forbidden, Invalid, install_error_handlers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sandpool.core.errors import Forbidden, Invalid, SandpoolError, error_response, install_error_handlers
 from sandpool.proxy.admin import router as admin_router
 from sandpool.proxy.auth import TokenVerifier
 from sandpool.proxy.edge import OPERATION_KEY, REQUEST_ID_KEY, EdgeMiddleware
-from sandpool.proxy.forward import BodyTooLarge, Forwarder, make_client
+from sandpool.proxy.forward import BodyTooLarge, Forwarder, make_transport
 from sandpool.proxy.gate import Gate
 from sandpool.proxy.keyring import KeyRing
 from sandpool.proxy.metrics import ProxyMetrics
@@ -79,6 +82,51 @@ async def read_small_body(request: Request, cap: int) -> bytes:
     return b"".join(chunks)
 
 
+_SESSION_PATH = re.compile(r"^/sessions/[^/]+(/exec|/files/list|/files)?$")
+_OPERATIONS = {("POST", "/exec"): "execute", ("GET", "/files/list"): "list_files", ("GET", "/files"): "get_file",
+               ("POST", "/files"): "put_file", ("DELETE", ""): "destroy_session"}
+
+
+def operation_of(method: str, path: str) -> str | None:
+    """Which of the six contract operations a request is, or None."""
+    if path == "/sessions":
+        return "create_session" if method == "POST" else None
+    match = _SESSION_PATH.match(path)
+    if match is None:
+        return None
+    return _OPERATIONS.get((method, match.group(1) or ""))
+
+
+ContractHandler = Callable[[Request, str], Awaitable[Response]]
+
+
+class ContractFastPath:
+    """Serves the six contract operations straight from ASGI, ahead of FastAPI's router.
+
+    The forward is the proxy's hot path and its budget is under a millisecond;
+    routing it through FastAPI's dependency machinery costs a good part of that
+    for nothing (the handler takes the raw request). The same handler is also
+    registered as FastAPI routes, which document it in the OpenAPI and serve
+    anything this matcher lets through.
+    """
+
+    def __init__(self, app: ASGIApp, handler: ContractHandler) -> None:
+        self.app = app
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        operation = operation_of(scope["method"], scope["path"]) if scope["type"] == "http" else None
+        if operation is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            response = await self.handler(request, operation)
+        except SandpoolError as exc:
+            response = error_response(exc)
+        await response(scope, receive, send)
+
+
 def create_app(settings: ProxySettings) -> FastAPI:
     settings.check_startable()
     internal_authorization = f"Bearer {settings.resolved_internal_token()}"
@@ -92,9 +140,9 @@ def create_app(settings: ProxySettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = ProxyStore(settings.redis_url, settings.redis_prefix, timeout=settings.redis_timeout_seconds)
-        client = make_client(settings.scheduler_url, connect_timeout=settings.forward_connect_timeout_seconds,
-                             timeout=settings.forward_timeout_seconds,
-                             max_connections=settings.forward_max_connections)
+        transport, base_url = make_transport(settings.scheduler_url, max_connections=settings.forward_max_connections)
+        # Readiness probes share the forwarding pool; closing this client closes the transport.
+        health_client = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=READY_TIMEOUT)
         jwks_client = httpx.AsyncClient(timeout=10.0) if keyring.is_url else None
         refresher: asyncio.Task[None] | None = None
         try:
@@ -106,15 +154,17 @@ def create_app(settings: ProxySettings) -> FastAPI:
                     keyring.refresh_forever(jwks_client, settings.auth_jwks_refresh_seconds))
             app.state.gate = Gate(verifier=verifier, keyring=keyring, store=store, codec=codec, metrics=metrics,
                                   jwks_client=jwks_client)
-            app.state.forwarder = Forwarder(client, max_body_bytes=settings.max_body_bytes)
-            app.state.scheduler = client
+            app.state.forwarder = Forwarder(transport, base_url, max_body_bytes=settings.max_body_bytes,
+                                            connect_timeout=settings.forward_connect_timeout_seconds,
+                                            timeout=settings.forward_timeout_seconds)
+            app.state.scheduler = health_client
             yield
         finally:
             if refresher is not None:
                 refresher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await refresher
-            await client.aclose()
+            await health_client.aclose()
             if jwks_client is not None:
                 await jwks_client.aclose()
             await store.close()
@@ -123,7 +173,6 @@ def create_app(settings: ProxySettings) -> FastAPI:
                   description="Authenticated, multi-tenant edge of sandpool: the code-execution contract v1 "
                               "plus the admin API (usage, policy, sessions, revocation).")
     install_error_handlers(app)
-    app.add_middleware(EdgeMiddleware, metrics=metrics)
     app.include_router(admin_router)
 
     async def contract(request: Request, operation: str) -> Response:
@@ -140,6 +189,8 @@ def create_app(settings: ProxySettings) -> FastAPI:
         forwarder: Forwarder = request.app.state.forwarder
         return await forwarder.forward(request, injected, request.scope[REQUEST_ID_KEY], body=body)
 
+    app.add_middleware(ContractFastPath, handler=contract)
+    app.add_middleware(EdgeMiddleware, metrics=metrics)  # outermost: request ids and metrics for everything
     contract_tags = ["contract v1"]
 
     @app.post("/sessions", tags=contract_tags, status_code=201, summary="CreateSession")

