@@ -8,6 +8,7 @@ objects are checked against the Kubernetes 1.31 OpenAPI schemas shipped by
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,25 @@ def test_notes_with_own_keys_and_ingress(helm: Helm, tmp_path: Path) -> None:
     assert "YOUR-PRIVATE-KEY.pem" in notes
     assert "https://sp.example.org" in notes
     assert "helm test is off" in notes
+
+
+def test_docs_describe_every_value() -> None:
+    """docs/helm.md's values reference has a row for every leaf of the schema."""
+    doc = (CHART.parents[1] / "docs" / "helm.md").read_text()
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    documented = set(re.findall(r"^\| `([A-Za-z0-9_.\[\]]+)` \|", doc, flags=re.MULTILINE))
+
+    def leaves(node: dict[str, Any], path: str) -> list[str]:
+        props = node.get("properties")
+        if node.get("type") == "object" and props and node.get("additionalProperties") is False:
+            return [leaf for key, child in props.items() for leaf in leaves(child, f"{path}.{key}" if path else key)]
+        items = node.get("items")
+        if node.get("type") == "array" and isinstance(items, dict) and items.get("properties") and path == "pools":
+            return [path, *leaves(items, f"{path}[]")]
+        return [path]
+
+    missing = [leaf for leaf in leaves(schema, "") if leaf != "global" and leaf not in documented]
+    assert not missing, f"docs/helm.md does not describe: {missing}"
+    for heading in ("## Install on kind", "## Install on a managed cluster", "## Values reference",
+                    "## Key rotation", "## Upgrades", "## Backup of Redis"):
+        assert heading in doc

@@ -72,6 +72,10 @@ def test_explicit_values_win_over_the_live_secret(helm: Helm, fake_api: FakeApiS
     before = find(installed, "Deployment", "-proxy")["spec"]["template"]["metadata"]["annotations"]
     after = find(upgraded, "Deployment", "-proxy")["spec"]["template"]["metadata"]["annotations"]
     assert before["checksum/secrets"] != after["checksum/secrets"]
+    redis_before = find(installed, "StatefulSet", "-redis")["spec"]["template"]["metadata"]["annotations"]
+    redis_after = find(upgraded, "StatefulSet", "-redis")["spec"]["template"]["metadata"]["annotations"]
+    assert redis_before["checksum/auth"] != redis_after["checksum/auth"], "Redis must restart with its new password"
+    assert redis_before["checksum/config"] == redis_after["checksum/config"]
     env = {**os.environ, "KUBECONFIG": str(fake_api.kubeconfig(tmp_path)), "HELM_CACHE_HOME": str(tmp_path / "cache"),
            "HELM_CONFIG_HOME": str(tmp_path / "config")}
     rotated = parse(helm.template_text(str(key_file), extra=("--dry-run=server",), env=env))
