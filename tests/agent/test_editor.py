@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import Agent, content
@@ -76,3 +78,39 @@ def test_missing_command_fields_are_422(agent: Agent, command: str, fields: dict
     assert resp.status_code == 422
     assert resp.json()["reason"] == "invalid_request"
     assert not (agent.workspace / "ed/x.txt").exists()
+
+
+def test_unencodable_text_and_paths_fail_cleanly(agent: Agent) -> None:
+    """Lone surrogates (legal as JSON escapes) are a 422 or a failed result, never a 500 or a write."""
+
+    def raw(tool: str, **fields: str) -> tuple[int, dict[str, object] | None]:
+        body = json.dumps({"tool": tool, "input": fields})  # httpx's own encoder would refuse them
+        resp = agent.client.post("/sessions/s/exec", content=body, headers={"content-type": "application/json"})
+        assert resp.status_code in (200, 422), resp.text
+        return resp.status_code, content(resp.json()) if resp.status_code == 200 else None
+
+    for tool, fields in (
+        ("text_editor_code_execution", {"command": "create", "path": "ed/sur.txt", "file_text": "a\ud800b"}),
+        ("text_editor_code_execution", {"command": "view", "path": "ed/\ud800.txt"}),
+        ("bash_code_execution", {"command": "echo '\ud800' > ed/sur.txt"}),
+        ("code_execution", {"code": "s = '\ud800'\nprint(len(s))"}),
+    ):
+        status, result = raw(tool, **fields)
+        if status == 200 and tool == "text_editor_code_execution":
+            assert result is not None and result["return_code"] == 1
+    assert content(agent.sh("echo fine"))["stdout"] == "fine\n"
+
+
+def test_view_output_is_capped(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from conftest import start_agent
+
+    small = start_agent(tmp_path_factory.mktemp("edcap"), "--max-output-bytes", "2048")
+    try:
+        small.edit("create", "long.txt", file_text="line\n" * 5000)
+        resp = small.exec("text_editor_code_execution", command="view", path="long.txt")
+        assert resp.headers["X-Sandpool-Outcome"] == "limit"
+        out = content(resp.json())["stdout"]
+        assert out.startswith("     1\tline\n") and "more bytes discarded" in out
+        assert len(out) < 2048 + 200
+    finally:
+        small.stop()

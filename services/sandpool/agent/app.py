@@ -27,6 +27,7 @@ from starlette.datastructures import UploadFile
 
 from sandpool.agent import produced
 from sandpool.agent.auth import BearerSecretMiddleware
+from sandpool.agent.capture import StreamCapture
 from sandpool.agent.execution import ChildStartFailed, ExecOutcome
 from sandpool.agent.limits import BodyLimitMiddleware
 from sandpool.agent.runtime import Runtime
@@ -101,7 +102,10 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
             files: list[dict[str, str]] = []
             if isinstance(call, TextEditorRequest):
                 edit = await run_in_threadpool(runtime.editor.run, call.input)
-                outcome = ExecOutcome(stdout=edit.stdout, stderr=edit.stderr, return_code=edit.return_code)
+                shown_out = StreamCapture(runtime.settings.max_output_bytes)
+                shown_out.feed(edit.stdout.encode())
+                outcome = ExecOutcome(stdout=shown_out.text(), stderr=edit.stderr, return_code=edit.return_code,
+                                      output_truncated=shown_out.truncated)
             else:
                 before = await _snapshot(runtime)
                 try:

@@ -63,7 +63,10 @@ class Editor:
             raise EditFailed(f"{shown(path)!r} is not a UTF-8 text file") from None
 
     def _write(self, path: str, text: str, previous: str | None) -> None:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise EditFailed("the text is not valid Unicode (a lone surrogate?)") from None
         self.workspace.write(path, [data], max_bytes=self.max_bytes)
         if self._history_len:
             key = self.workspace.resolve(path)

@@ -82,7 +82,7 @@ class Shell(PersistentChild):
         return worker
 
     def encode_request(self, text: str, seq: int) -> bytes:
-        return text.encode("utf-8", errors="surrogateescape") + b"\0"
+        return text.encode("utf-8", errors="surrogatepass") + b"\0"
 
     def decode_completion(self, event: bytes) -> tuple[int, int]:
         seq, code = event.decode("ascii").split()

@@ -49,6 +49,10 @@ class Workspace:
             raise Invalid("path must not be empty")
         if "\x00" in path:
             raise PathOutsideWorkspace("path contains a NUL byte")
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Invalid("path is not valid Unicode") from None
         if path.startswith(("/", "\\")) or _DRIVE.match(path):
             raise PathOutsideWorkspace(f"path {shown(path)!r} is absolute; paths are relative to the workspace")
         if ".." in _SEP.split(path):
