@@ -105,6 +105,7 @@ class Zygote:
         self.host_pidns: int | None = None
         self.wake_r, self.wake_w = os.pipe()
         self.running = True
+        self.cpu_killed = 0.0  # CPU of every process of a sandbox, summed just before it was killed
 
     # -- start ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -122,10 +123,17 @@ class Zygote:
                 importlib.import_module(name)
             except ImportError:
                 pass
+        try:
+            _warm_agent()
+        except Exception as exc:  # noqa: BLE001 - a cold start is slower, not wrong
+            log.warning("could not pre-warm the agent in the zygote: %s", exc)
         # Objects that exist now are never collected: the GC will not touch (and so
         # copy) their pages in every sandbox.
         gc.collect()
         gc.freeze()
+        threads = len(os.listdir("/proc/self/task"))
+        if threads != 1:
+            log.warning("the zygote has %d threads after warm-up; forking it is unsafe", threads)
 
     # -- loop ----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -182,7 +190,8 @@ class Zygote:
                 own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
                 self.send({"id": rid, "ok": True, "sandboxes": len(self.sandboxes),
                            "cpu_self_seconds": own.ru_utime + own.ru_stime,
-                           "cpu_children_seconds": children.ru_utime + children.ru_stime})
+                           "cpu_children_seconds": children.ru_utime + children.ru_stime,
+                           "cpu_killed_sandboxes_seconds": self.cpu_killed})
             elif op == "list":
                 self.send({"id": rid, "ok": True, "sandboxes": [
                     {"sandbox_id": s.sandbox_id, "pid": s.pid, "status": s.status}
@@ -328,6 +337,8 @@ class Zygote:
             self.send({"id": rid, "ok": True, "gone": True})
             return
         sandbox.kill_requests.append(rid)
+        if sandbox.cgroup is not None and sandbox.status == "running":
+            self.cpu_killed += _cpu_of(sandbox.cgroup.pids())
         self._signal(sandbox)
 
     def reap(self) -> None:
@@ -372,6 +383,57 @@ class Zygote:
                 sandbox.cgroup.remove()
         if self.cgroups is not None:
             self.cgroups.close()
+
+
+def _warm_agent() -> None:
+    """Build (and call once) a throwaway agent app, so that every lazy import and cache the
+    first app and the first request would fill (FastAPI imports pydantic.v1 on the first
+    route, ~20 ms) is filled here, once, instead of in every sandbox. The dummy secret
+    guards nothing: this app never listens."""
+    import asyncio
+
+    import uvicorn
+
+    from sandpool.agent.app import create_app
+    from sandpool.agent.settings import AgentSettings
+
+    dummy = "warm-up-only-" + "0" * 32
+    app = create_app(AgentSettings(agent_secret=dummy, workspace="/"), dummy, workspace="/")
+    uvicorn.Config(app, uds="/nonexistent/warm.sock", log_config=None, access_log=False, lifespan="on").load()
+
+    async def call() -> None:
+        sent: list[dict[str, Any]] = []
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+                 "scheme": "http", "path": "/healthz", "raw_path": b"/healthz", "query_string": b"",
+                 "root_path": "", "headers": [(b"host", b"sandbox")], "client": None, "server": None}
+        done = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal done
+            if done:
+                await asyncio.sleep(3600)
+            done = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+
+    asyncio.run(call())
+
+
+def _cpu_of(pids: set[int]) -> float:
+    """user+system CPU of these processes and of the children they reaped (clock ticks)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            ticks += sum(int(x) for x in fields[11:15])
+        except (OSError, ValueError, IndexError):
+            pass
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _int(value: Any) -> int | None:
