@@ -137,6 +137,17 @@ def test_upload_over_cap_writes_nothing(tmp_path_factory: pytest.TempPathFactory
             yield b'"}}'
 
         assert small.client.post(f"{S}/exec", content=chunks()).status_code == 413
+
+        def multipart_chunks():  # noqa: ANN202 - an upload without Content-Length, far over the cap
+            yield b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n"
+            for _ in range(100):
+                yield b"y" * 1000
+            yield b"\r\n--B--\r\n"
+
+        streamed = small.client.post(f"{S}/files", content=multipart_chunks(),
+                                     headers={"content-type": "multipart/form-data; boundary=B"})
+        assert streamed.status_code == 413
+        assert sorted(os.listdir(small.workspace)) == ["big.bin", "large.bin"]
         assert content(small.py("print('fine')"))["stdout"] == "fine\n"
     finally:
         small.stop()

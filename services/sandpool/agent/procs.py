@@ -45,9 +45,24 @@ def make_undumpable() -> bool:
     return prctl(PR_SET_DUMPABLE, 0)
 
 
+def proc_matches_this_namespace() -> bool:
+    """Whether /proc numbers processes as this process sees them.
+
+    In a PID namespace without its own /proc mount the numbers would be the
+    host's, and a tree walk would name the wrong processes; then only process
+    groups are signalled.
+    """
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
 def _parents() -> dict[int, int]:
-    """pid -> ppid for every visible process."""
+    """pid -> ppid for every visible process (nothing when /proc is another namespace's)."""
     out: dict[int, int] = {}
+    if not proc_matches_this_namespace():
+        return out
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue

@@ -48,6 +48,8 @@ class Runtime:
     async def start(self) -> None:
         if seccomp.native_arch() is None:
             log.warning("no seccomp filter on this architecture: sandboxed code keeps every system call")
+        if not procs.proc_matches_this_namespace():
+            log.warning("/proc belongs to another PID namespace: timeouts kill process groups only")
         if not self.policy.drops_privileges:
             log.warning("sandboxed code runs as the agent's own uid (no --sandbox-uid, or not root)")
         hardening.prepare_workspace(str(self.workspace.root), self.policy)
