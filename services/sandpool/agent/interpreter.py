@@ -75,12 +75,10 @@ class Interpreter(PersistentChild):
             raise ChildStartFailed("the Python interpreter failed to start") from None
         return worker
 
-    async def start(self) -> None:
-        first = asyncio.create_task(self.new_worker())
-        self._refill_spare()
-        self.worker = await first
-        if self._spare is not None:
-            await asyncio.wait([self._spare])
+    def start_spare(self) -> None:
+        """Start the spare in the background: only a restart needs it, so start-up does not wait for it."""
+        if self._spare is None:
+            self._refill_spare()
 
     def _refill_spare(self) -> None:
         if self._want_spare and not self._closed:

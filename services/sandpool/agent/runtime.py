@@ -61,6 +61,7 @@ class Runtime:
         self._reap_task = asyncio.create_task(self._reap_forever())
         await asyncio.gather(self.interpreter.start(), self.shell.start())
         await self._warm()
+        self.interpreter.start_spare()
 
     async def _warm(self) -> None:
         """Pay every first-call cost now, so the first real call is as fast as the tenth."""
