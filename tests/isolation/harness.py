@@ -65,7 +65,7 @@ class Sandbox:
 
 
 class Harness:
-    def __init__(self, *, disabled: frozenset[str] = frozenset()) -> None:
+    def __init__(self, *, disabled: frozenset[str] = frozenset(), restart_interval: float = 5.0) -> None:
         # Under /tmp and traversable by every uid (not pytest's 0700 tmp dir): with the
         # filesystem layer off, sandboxed code reaches its workspace by its host path.
         # Short, too: agent socket paths must fit in sun_path.
@@ -76,7 +76,7 @@ class Harness:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="zygote-harness", daemon=True)
         self.thread.start()
-        self.launcher = ZygoteLauncher(self.base / "zygote", disabled=disabled)
+        self.launcher = ZygoteLauncher(self.base / "zygote", disabled=disabled, restart_interval=restart_interval)
         self.report = self.run(self.launcher.start())
         self.live: list[Sandbox] = []
         self._next_uid = 1_500_000 + (os.getpid() % 1000) * 100

@@ -8,8 +8,9 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import socket
-import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,32 @@ async def test_garbage_on_the_channel_stops_the_zygote_and_its_sandboxes(tmp_pat
     await client.close()
     for base in client.cgroup_bases:
         assert not Path(base).exists()
+
+
+def test_a_dead_zygote_takes_its_sandboxes_and_is_replaced() -> None:
+    h = Harness(restart_interval=0)
+    try:
+        sandbox = h.start()
+        old = h.launcher.client
+        old_groups = [Path(b) for b in old.cgroup_bases]
+        assert old.proc is not None
+        os.kill(old.proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(sandbox.handle.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(sandbox.handle.pid)  # PDEATHSIG: nothing outlives the zygote
+        h.live.remove(sandbox)
+        again = h.start()  # a new zygote is started on demand
+        assert h.launcher.client is not old and h.launcher.client.alive
+        assert again.python("print(2 + 2)")["stdout"].strip() == "4"
+        assert not any(g.exists() for g in old_groups)  # the old zygote's groups were cleaned
+    finally:
+        h.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

@@ -15,6 +15,7 @@ stderr so nothing a sandbox prints reaches the scheduler's stdout.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -63,7 +64,8 @@ class ZygoteClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._hello: asyncio.Future[dict[str, Any]] | None = None
-        self.exits: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=10_000)
+        # Sandboxes that died on their own (most recent last), for logs and debugging.
+        self.exits: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)
         self._closed = False
 
     @property
@@ -127,8 +129,9 @@ class ZygoteClient:
                 self._hello.set_result(message)
             return
         if event == "exit":
-            with contextlib.suppress(asyncio.QueueFull):
-                self.exits.put_nowait(message)
+            self.exits.append(message)
+            log.info("sandbox exited on its own", extra={"sandbox_id": message.get("sandbox_id"),
+                                                         "status": message.get("status")})
             return
         rid = message.get("id")
         future = self._pending.pop(rid, None) if isinstance(rid, int) else None
@@ -255,24 +258,48 @@ class ZygoteLauncher:
 
     def __init__(self, run_dir: Path, *, disabled: frozenset[str] = frozenset(), cgroup_version: str = "auto",
                  stop_grace_seconds: float = 2.0, python: str | None = None,
-                 agent_options: dict[str, Any] | None = None) -> None:
-        self.client = ZygoteClient(run_dir, disabled=disabled, cgroup_version=cgroup_version, python=python)
+                 agent_options: dict[str, Any] | None = None, restart_interval: float = 5.0) -> None:
+        self._client_args = {"run_dir": run_dir, "disabled": disabled, "cgroup_version": cgroup_version,
+                             "python": python}
+        self.client = ZygoteClient(**self._client_args)
         self.stop_grace_seconds = stop_grace_seconds
         self.agent_options = dict(agent_options or {})
         self.report: IsolationReport | None = None
+        self.restart_interval = restart_interval
+        self._last_start = 0.0
+        self._starting: asyncio.Lock | None = None
 
     async def start(self) -> IsolationReport:
+        self._last_start = asyncio.get_running_loop().time()
         self.report = await self.client.start()
         self.report.log()
         return self.report
+
+    async def _ensure_running(self) -> None:
+        """Start the zygote, or replace one that died (its sandboxes died with it), at most
+        once per `restart_interval` so a zygote that cannot start is not retried in a loop."""
+        if self.client.alive and self.report is not None:
+            return
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self.client.alive and self.report is not None:
+                return
+            loop = asyncio.get_running_loop()
+            if self.report is not None and loop.time() - self._last_start < self.restart_interval:
+                raise ZygoteError("the zygote died and was restarted moments ago")
+            if self.report is not None:
+                log.error("the zygote died; starting a new one")
+                await self.client.close()
+                self.client = ZygoteClient(**self._client_args)
+            await self.start()
 
     async def aclose(self) -> None:
         await self.client.close()
 
     async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
                      limits: SandboxLimits) -> ProcessHandle:
-        if self.report is None:
-            await self.start()
+        await self._ensure_running()
         assert self.report is not None
         filesystem = self.report.is_active("filesystem")
         if filesystem:

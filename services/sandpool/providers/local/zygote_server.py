@@ -43,7 +43,7 @@ from sandpool.core.logs import configure_logging
 from . import zygote_child, zygote_protocol
 from .isolation import detect as detection
 from .isolation import linux, mounts
-from .isolation.cgroups import CgroupError, CgroupManager, SandboxCgroup
+from .isolation.cgroups import CgroupManager, SandboxCgroup
 
 log = logging.getLogger("sandpool.zygote")
 
