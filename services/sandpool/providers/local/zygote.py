@@ -30,7 +30,9 @@ from typing import Any
 import sandpool
 from sandpool.providers.local import zygote_protocol
 from sandpool.providers.local.isolation.detect import IsolationReport
-from sandpool.providers.local.launcher import AgentSecret, SandboxLimits
+from sandpool.core.settings import ConfigurationError
+from sandpool.providers.local.isolation.detect import TOGGLEABLE
+from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits, SubprocessLauncher
 from sandpool.providers.local.procs import ProcessHandle, kill_tree, start_time
 
 log = logging.getLogger("sandpool.providers.local.zygote")
@@ -254,11 +256,16 @@ def _subdirs(path: Path) -> list[Path]:
 
 
 class ZygoteLauncher:
-    """`Launcher` for the local provider: agents forked from a warm zygote into their own namespaces."""
+    """`Launcher` for the local provider: agents forked from a warm zygote into their own namespaces.
+
+    With a `fallback` (the `auto` choice), a zygote that cannot start at all hands every
+    call to the fallback launcher, after a loud warning; without one, start fails.
+    """
 
     def __init__(self, run_dir: Path, *, disabled: frozenset[str] = frozenset(), cgroup_version: str = "auto",
                  stop_grace_seconds: float = 2.0, python: str | None = None,
-                 agent_options: dict[str, Any] | None = None, restart_interval: float = 5.0) -> None:
+                 agent_options: dict[str, Any] | None = None, restart_interval: float = 5.0,
+                 fallback: Launcher | None = None) -> None:
         self._client_args = {"run_dir": run_dir, "disabled": disabled, "cgroup_version": cgroup_version,
                              "python": python}
         self.client = ZygoteClient(**self._client_args)
@@ -266,12 +273,22 @@ class ZygoteLauncher:
         self.agent_options = dict(agent_options or {})
         self.report: IsolationReport | None = None
         self.restart_interval = restart_interval
+        self.fallback = fallback
+        self.using_fallback = False
         self._last_start = 0.0
         self._starting: asyncio.Lock | None = None
 
-    async def start(self) -> IsolationReport:
+    async def start(self) -> IsolationReport | None:
         self._last_start = asyncio.get_running_loop().time()
-        self.report = await self.client.start()
+        try:
+            self.report = await self.client.start()
+        except ZygoteError as exc:
+            if self.fallback is None:
+                raise
+            self.using_fallback = True
+            log.warning("ISOLATION MISSING: the zygote could not start (%s); sandboxes are plain "
+                        "subprocesses without namespaces, cgroups or a private root", exc)
+            return None
         self.report.log()
         return self.report
 
@@ -299,7 +316,11 @@ class ZygoteLauncher:
 
     async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
                      limits: SandboxLimits) -> ProcessHandle:
+        if self.using_fallback and self.fallback is not None:
+            return await self.fallback.launch(sandbox_id, workspace, socket_path, secret, limits)
         await self._ensure_running()
+        if self.using_fallback and self.fallback is not None:
+            return await self.fallback.launch(sandbox_id, workspace, socket_path, secret, limits)
         assert self.report is not None
         filesystem = self.report.is_active("filesystem")
         if filesystem:
@@ -333,6 +354,9 @@ class ZygoteLauncher:
         return ProcessHandle(pid=pid, pgid=pid, start_time=start_time(pid))
 
     async def kill(self, handle: ProcessHandle) -> None:
+        if self.using_fallback and self.fallback is not None:
+            await self.fallback.kill(handle)
+            return
         if self.client.alive:
             try:
                 if await self.client.kill(pid=handle.pid):
@@ -343,6 +367,8 @@ class ZygoteLauncher:
         await kill_tree(handle, grace=0)
 
     def describe(self) -> dict[str, object]:
+        if self.using_fallback and self.fallback is not None:
+            return {**self.fallback.describe(), "zygote": "could not start"}
         report = self.report
         return {
             "launcher": "zygote",
@@ -350,3 +376,29 @@ class ZygoteLauncher:
             "isolation": report.to_dict() if report else None,
             "zygote_pid": self.client.pid,
         }
+
+
+LAUNCHERS = ("auto", "zygote", "subprocess")
+
+
+def make_launcher(settings: Any) -> Launcher:
+    """The launcher the local provider's settings ask for.
+
+    Reads `launcher` (`auto` | `zygote` | `subprocess`, default `auto`) and
+    `isolation_disable` (layers to turn off) when the settings have them. `auto` is
+    the zygote on Linux, falling back to plain subprocesses if it cannot start.
+    """
+    choice = getattr(settings, "launcher", "auto") or "auto"
+    disabled = frozenset(getattr(settings, "isolation_disable", None) or ())
+    if choice not in LAUNCHERS:
+        raise ConfigurationError(f"--launcher / SANDPOOL_LAUNCHER: {choice!r} is not one of {', '.join(LAUNCHERS)}")
+    unknown = sorted(disabled - set(TOGGLEABLE))
+    if unknown:
+        raise ConfigurationError(f"--isolation-disable / SANDPOOL_ISOLATION_DISABLE: unknown layer(s) "
+                                 f"{', '.join(unknown)}; choose from {', '.join(TOGGLEABLE)}")
+    plain = SubprocessLauncher(settings.agent_python, stop_grace_seconds=settings.stop_grace_seconds)
+    if choice == "subprocess" or (choice == "auto" and not sys.platform.startswith("linux")):
+        return plain
+    return ZygoteLauncher(Path(settings.sandboxes_dir()).parent / "zygote", disabled=disabled,
+                          stop_grace_seconds=settings.stop_grace_seconds, python=settings.agent_python,
+                          fallback=plain if choice == "auto" else None)
