@@ -187,7 +187,10 @@ def test_ingress_tls(helm: Helm) -> None:
     assert ingress["spec"]["tls"] == [{"hosts": ["sandpool.example.com"], "secretName": "sandpool-tls"}]
     assert ingress["spec"]["ingressClassName"] == "nginx"
     [rule] = ingress["spec"]["rules"]
-    assert rule["http"]["paths"][0]["backend"]["service"] == {"name": "sp-sandpool-proxy", "port": {"name": "http"}}
+    # Only the API is public: /metrics, /healthz and /readyz stay inside the cluster.
+    assert [p["path"] for p in rule["http"]["paths"]] == ["/sessions", "/v1"]
+    for path in rule["http"]["paths"]:
+        assert path["backend"]["service"] == {"name": "sp-sandpool-proxy", "port": {"name": "http"}}
     assert not [o for o in helm.render() if o["kind"] == "Ingress"]
 
 

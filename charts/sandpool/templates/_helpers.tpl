@@ -333,6 +333,9 @@ pools:
 - --kube-priority-class={{ . }}
 {{- end }}
 {{- end }}
+{{- if eq .Values.scheduler.provider "local" }}
+- --data-dir=/var/lib/sandpool
+{{- end }}
 {{- range .Values.scheduler.extraArgs }}
 - {{ . | quote }}
 {{- end }}
