@@ -1,0 +1,289 @@
+"""The scheduler's ASGI app: `create_app(settings)` plus a lifespan owning every client and task.
+
+The lifespan owns the Redis client, the agent clients, the reaper and (when
+enabled) the pool controller; nothing is built at import time, and tests build
+apps with their own settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sandpool.core.errors import Unavailable, error_response, install_error_handlers
+from sandpool.core.logs import request_id_var
+from sandpool.pool.provider import PoolSpec, Provider
+from sandpool.scheduler.caller import CallerResolver
+from sandpool.scheduler.forward import AgentClients
+from sandpool.scheduler.metrics import SERVICE, SchedulerMetrics
+from sandpool.scheduler.pools import PoolDirectory, pools_from_settings
+from sandpool.scheduler.reaper import Reaper
+from sandpool.scheduler.service import Scheduler, read_capped
+from sandpool.scheduler.settings import SchedulerSettings
+from sandpool.scheduler.store import REDIS_ERRORS, SessionStore, connect
+from sandpool.state.keys import Keys
+
+log = logging.getLogger(__name__)
+
+ControllerFactory = Callable[..., Any]
+"""Builds the pool controller. Called with keyword arguments `settings`, `redis`, `keys`,
+`provider`, `pools`, `metrics` (SchedulerMetrics) and `replica_id`; returns an object with
+`async run()` (runs until cancelled) and a `running` property (for /readyz)."""
+
+CREATE_BODY_CAP = 64 * 1024
+"""A CreateSession body carries two hints; anything near this size is not one."""
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_SESSIONS = re.compile(r"^/sessions/[^/]+(/exec|/files|/files/list)?$")
+_OPERATIONS = {
+    ("POST", "/exec"): "Execute", ("GET", "/files/list"): "ListFiles", ("GET", "/files"): "GetFile",
+    ("POST", "/files"): "PutFile", ("DELETE", ""): "DestroySession",
+}
+
+
+class RedisUnavailable(Unavailable):
+    reason = "redis_unavailable"
+
+
+def operation_of(method: str, path: str) -> str | None:
+    """The contract operation a request is (a closed label set), or None for anything else."""
+    if path == "/sessions":
+        return "CreateSession" if method == "POST" else None
+    match = _SESSIONS.match(path)
+    if match is None:
+        return None
+    return _OPERATIONS.get((method, match.group(1) or ""))
+
+
+class RequestContext:
+    """Request id in and out (and on every log line), plus the request metrics; pure ASGI."""
+
+    def __init__(self, app: Any, metrics: SchedulerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                candidate = value.decode("latin-1")
+                request_id = candidate if _REQUEST_ID.fullmatch(candidate) else None
+                break
+        request_id = request_id or uuid.uuid4().hex
+        token = request_id_var.set(request_id)
+        operation = operation_of(scope["method"], scope["path"])
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            request_id_var.reset(token)
+            if operation is not None:
+                self.metrics.requests.labels(service=SERVICE, operation=operation, status=str(status)).inc()
+                self.metrics.request_duration.labels(service=SERVICE, operation=operation).observe(
+                    time.perf_counter() - started)
+
+
+def _default_controller_factory(*, redis: Any, keys: Keys, provider: Provider, pools: list[PoolSpec],
+                                metrics: SchedulerMetrics, replica_id: str, **_: Any) -> Any:
+    from sandpool.pool.controller import PoolController
+    from sandpool.pool.metrics import ControllerMetrics
+
+    return PoolController(redis, keys, provider, pools, replica_id=replica_id,
+                          metrics=ControllerMetrics.from_scheduler(metrics))
+
+
+def _build_provider(settings: SchedulerSettings) -> Provider:
+    from sandpool.providers import build_provider
+
+    return build_provider(settings.provider)
+
+
+async def _finish(task: asyncio.Task[Any], grace: float = 5.0) -> None:
+    """Cancel a background task and wait a bounded time for it (never hang a shutdown)."""
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=grace)
+    if not done:
+        log.warning("background task did not stop in time", extra={"task": task.get_name()})
+    elif not task.cancelled() and task.exception() is not None:
+        log.error("background task failed", exc_info=task.exception())
+
+
+def replica_id() -> str:
+    """Names this replica in the controller's leader lease and sandbox records."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
+               controller_factory: ControllerFactory | None = None) -> FastAPI:
+    """The scheduler app. Refuses (ConfigurationError) a configuration without a clear mode.
+
+    `provider` and `controller_factory` replace the ones built from the settings;
+    both are used only when the controller is enabled (`settings.controller`).
+    """
+    internal_token = settings.resolve_internal_token()
+    pool_specs: list[PoolSpec] = pools_from_settings(settings)
+    pools = PoolDirectory(pool_specs)
+    resolve_caller = CallerResolver(internal_token)
+    metrics = SchedulerMetrics()
+    keys = Keys(settings.redis_prefix)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = connect(settings.redis_url, timeout=settings.redis_timeout_seconds,
+                        max_connections=settings.redis_max_connections)
+        store = SessionStore(redis, keys)
+        clients = AgentClients(max_clients=settings.agent_clients_max,
+                               connect_timeout=settings.forward_connect_timeout_seconds)
+        scheduler = Scheduler(settings, store, clients, metrics, pools)
+        app.state.scheduler = scheduler
+        app.state.store = store
+        app.state.controller = None
+        try:
+            await store.load_scripts()
+        except REDIS_ERRORS as exc:
+            # Not fatal: /readyz says not ready until Redis answers; scripts load on first use.
+            log.warning("redis unreachable at start", extra={"error": type(exc).__name__})
+        reaper = Reaper(store, clients, metrics, interval=settings.reap_interval_seconds, batch=settings.reap_batch)
+        app.state.reaper = reaper
+        stopping = asyncio.Event()
+        reaper_task = asyncio.create_task(reaper.run(stopping), name="sandpool-reaper")
+        controller = None
+        controller_task: asyncio.Task[None] | None = None
+        the_provider: Provider | None = None
+        try:
+            if settings.controller:
+                the_provider = provider if provider is not None else _build_provider(settings)
+                await the_provider.start()
+                factory = controller_factory or _default_controller_factory
+                controller = factory(settings=settings, redis=redis, keys=keys, provider=the_provider,
+                                     pools=pool_specs, metrics=metrics, replica_id=replica_id())
+                controller_task = asyncio.create_task(controller.run(), name="sandpool-pool-controller")
+                app.state.controller = controller
+            log.info("scheduler started", extra={"mode": "standalone" if internal_token is None else "multi-tenant",
+                                                 "pools": [p.name for p in pool_specs],
+                                                 "controller": settings.controller})
+            yield
+        finally:
+            stopping.set()
+            await _finish(reaper_task)
+            if controller_task is not None:
+                await _finish(controller_task)
+            if the_provider is not None:
+                await the_provider.close()
+            await scheduler.drain()
+            await clients.aclose()
+            await redis.aclose()
+
+    app = FastAPI(title="sandpool scheduler", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+
+    async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
+        metrics.redis_errors.labels(service=SERVICE).inc()
+        log.warning("redis call failed", extra={"error": type(exc).__name__})
+        return error_response(RedisUnavailable("state store unavailable; retry later", retry_after=1))
+
+    for error in REDIS_ERRORS:
+        app.add_exception_handler(error, _redis_down)
+
+    def scheduler_of(request: Request) -> Scheduler:
+        return request.app.state.scheduler
+
+    # --- the contract ------------------------------------------------------------------------
+
+    @app.post("/sessions", status_code=201)
+    async def create_session(request: Request) -> JSONResponse:
+        caller = resolve_caller(request.headers)
+        body = await read_capped(request, CREATE_BODY_CAP)
+        return JSONResponse(await scheduler_of(request).create_session(caller, body), status_code=201)
+
+    @app.delete("/sessions/{session_id}", status_code=204)
+    async def destroy_session(session_id: str, request: Request) -> Response:
+        caller = resolve_caller(request.headers)
+        await scheduler_of(request).destroy_session(caller, session_id)
+        return Response(status_code=204)
+
+    @app.post("/sessions/{session_id}/exec")
+    async def execute(session_id: str, request: Request) -> Response:
+        caller = resolve_caller(request.headers)
+        return await scheduler_of(request).execute(caller, session_id, request)
+
+    @app.get("/sessions/{session_id}/files/list")
+    async def list_files(session_id: str, request: Request) -> Response:
+        caller = resolve_caller(request.headers)
+        return await scheduler_of(request).list_files(caller, session_id, request)
+
+    @app.get("/sessions/{session_id}/files")
+    async def get_file(session_id: str, request: Request) -> Response:
+        caller = resolve_caller(request.headers)
+        return await scheduler_of(request).get_file(caller, session_id, request)
+
+    @app.post("/sessions/{session_id}/files")
+    async def put_file(session_id: str, request: Request) -> Response:
+        caller = resolve_caller(request.headers)
+        return await scheduler_of(request).put_file(caller, session_id, request)
+
+    # --- operations ----------------------------------------------------------------------------
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        checks: dict[str, str] = {}
+        try:
+            await request.app.state.store.ping()
+            checks["redis"] = "ok"
+        except REDIS_ERRORS:
+            checks["redis"] = "unreachable"
+        if settings.controller:
+            controller = request.app.state.controller
+            checks["controller"] = "ok" if controller is not None and controller.running else "not running"
+        ready = all(v == "ok" for v in checks.values())
+        return JSONResponse({"status": "ready" if ready else "not ready", "checks": checks},
+                            status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics_endpoint(request: Request) -> Response:
+        store: SessionStore = request.app.state.store
+        for spec in pool_specs:
+            metrics.pool_ceiling.labels(pool=spec.name).set(spec.ceiling)
+            try:
+                counts = await store.pool_counts(spec.name)
+            except REDIS_ERRORS:
+                metrics.redis_errors.labels(service=SERVICE).inc()
+                continue
+            for state in ("ready", "leased", "starting"):
+                metrics.pool_sandboxes.labels(pool=spec.name, state=state).set(getattr(counts, state))
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(RequestContext, metrics=metrics)
+    app.state.metrics = metrics
+    app.state.settings = settings
+    return app
+
+
+__all__ = ["create_app"]

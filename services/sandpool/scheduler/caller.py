@@ -1,0 +1,80 @@
+"""Who is calling: the workspace and its policy, from the proxy's injected headers.
+
+Multi-tenant mode fails closed: without the internal credential, or without a
+valid workspace, the request is refused; it is never given a placeholder
+tenant. Standalone mode has exactly one workspace and no policy headers (any
+`X-Sandpool-*` a standalone client sends is ignored).
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from starlette.datastructures import Headers
+
+from sandpool.contract import tenancy
+from sandpool.core.errors import Forbidden, Unauthorized
+from sandpool.scheduler.limits import NO_POLICY, WorkspacePolicy
+
+
+class TenancyMissing(Forbidden):
+    reason = "tenancy_missing"
+
+
+class TenancyInvalid(Forbidden):
+    reason = "tenancy_invalid"
+
+
+@dataclass(frozen=True)
+class Caller:
+    workspace: str
+    policy: WorkspacePolicy
+
+
+STANDALONE = Caller(workspace=tenancy.STANDALONE_WORKSPACE, policy=NO_POLICY)
+
+_POLICY_HEADERS = (
+    ("max_concurrent_sessions", tenancy.MAX_CONCURRENT_SESSIONS),
+    ("max_idle_timeout_seconds", tenancy.MAX_IDLE_TIMEOUT),
+    ("max_lifetime_seconds", tenancy.MAX_LIFETIME),
+    ("max_exec_timeout_seconds", tenancy.MAX_EXEC_TIMEOUT),
+    ("daily_session_seconds_budget", tenancy.DAILY_SESSION_SECONDS_BUDGET),
+)
+
+
+def _policy_value(headers: Headers, name: str) -> int:
+    raw = headers.get(name)
+    if raw is None or raw.strip() == "":
+        return 0
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
+        raise TenancyInvalid(f"{name} must be a non-negative integer")
+    return int(raw)
+
+
+class CallerResolver:
+    """Turns a request's headers into a `Caller`, or refuses it."""
+
+    def __init__(self, internal_token: str | None) -> None:
+        self._expected = None if internal_token is None else f"Bearer {internal_token}".encode()
+
+    @property
+    def standalone(self) -> bool:
+        return self._expected is None
+
+    def __call__(self, headers: Headers) -> Caller:
+        if self._expected is None:
+            return STANDALONE
+        given = headers.get("authorization")
+        if given is None:
+            raise Unauthorized("the internal credential is required")
+        if not hmac.compare_digest(given.encode("latin-1", "replace"), self._expected):
+            raise Unauthorized("the internal credential was rejected")
+        workspace = headers.get(tenancy.WORKSPACE)
+        if workspace is None:
+            raise TenancyMissing(f"{tenancy.WORKSPACE} is required")
+        if not tenancy.is_valid_workspace(workspace):
+            raise TenancyInvalid(f"{tenancy.WORKSPACE} is not a valid workspace name")
+        values = {field: _policy_value(headers, header) for field, header in _POLICY_HEADERS}
+        return Caller(workspace=workspace, policy=WorkspacePolicy(**values))

@@ -1,0 +1,75 @@
+"""`sandpool scheduler [--standalone] ...`: the scheduler (and its pool controller) under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+from typing import Any
+
+from sandpool.core.settings import ServiceSettings, add_settings_arguments, dump_settings, settings_from_args
+from sandpool.scheduler.settings import SchedulerSettings
+
+# provider name -> (module, class) of its own settings, added to the flags when importable.
+PROVIDER_SETTINGS = {
+    "local": ("sandpool.providers.local.settings", "LocalProviderSettings"),
+    "kubernetes": ("sandpool.providers.kubernetes.settings", "KubernetesProviderSettings"),
+}
+
+log = logging.getLogger(__name__)
+
+
+def provider_settings_classes() -> dict[str, type[ServiceSettings]]:
+    found: dict[str, type[ServiceSettings]] = {}
+    for name, (module, cls) in PROVIDER_SETTINGS.items():
+        try:
+            found[name] = getattr(importlib.import_module(module), cls)
+        except (ImportError, AttributeError):
+            continue
+    return found
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "scheduler", help="serve contract v1 from a Redis-backed sandbox pool",
+        description="The scheduler: leases pre-warmed sandboxes, forwards calls to their agents, reaps "
+                    "expired sessions, and runs the pool controller. Secrets come from the environment.",
+    )
+    seen = set(SchedulerSettings.model_fields)
+    add_settings_arguments(parser, SchedulerSettings)
+    for cls in provider_settings_classes().values():
+        # A field two classes share (e.g. data_dir) is one flag feeding both.
+        add_settings_arguments(parser, cls, exclude=seen & set(cls.model_fields))
+        seen |= set(cls.model_fields)
+    parser.set_defaults(func=run)
+
+
+def build_settings(args: argparse.Namespace) -> SchedulerSettings:
+    return settings_from_args(SchedulerSettings, args)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from sandpool.core.logs import configure_logging
+    from sandpool.scheduler.app import create_app
+
+    settings = build_settings(args)
+    configure_logging("scheduler", settings.log_level)
+    provider = None
+    if settings.controller:
+        provider = build_provider(settings, args)
+    app = create_app(settings, provider=provider)
+    log.info("starting scheduler", extra={"settings": dump_settings(settings)})
+    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+                log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=10)
+    return 0
+
+
+def build_provider(settings: SchedulerSettings, args: argparse.Namespace) -> Any:
+    """The configured provider, with its own settings read from the same flags and environment."""
+    from sandpool.providers import build_provider as factory
+
+    cls = provider_settings_classes().get(settings.provider)
+    provider_settings = settings_from_args(cls, args) if cls is not None else None
+    return factory(settings.provider, provider_settings, data_dir=settings.data_dir)

@@ -1,0 +1,69 @@
+"""The reaper: releases sessions whose deadline passed (idle or max lifetime).
+
+Every replica runs one; it costs one index range read per pass when nothing is
+due. The release script re-checks each deadline atomically, so replicas racing
+over the same session are harmless (one of them releases it, the others see
+nothing to do), and a session touched after the range read is left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from sandpool.scheduler.forward import AgentClients
+from sandpool.scheduler.metrics import SERVICE, SchedulerMetrics
+from sandpool.scheduler.store import REDIS_UNAVAILABLE, SessionStore
+
+log = logging.getLogger(__name__)
+
+
+class Reaper:
+    def __init__(self, store: SessionStore, clients: AgentClients, metrics: SchedulerMetrics, *,
+                 interval: float, batch: int) -> None:
+        self.store = store
+        self.clients = clients
+        self.metrics = metrics
+        self.interval = interval
+        self.batch = batch
+
+    async def reap_once(self, now: float | None = None) -> int:
+        """One pass; returns how many sessions it released."""
+        now = time.time() if now is None else now
+        released = 0
+        for session_id in await self.store.due(now, self.batch):
+            result = await self.store.release(session_id=session_id, workspace=None, now=now, mode="reap")
+            if result is None:
+                continue
+            released += 1
+            self.metrics.reaped.labels(reason=result.reason).inc()
+            self.clients.forget(result.address)
+            log.info("session reaped", extra={"session": session_id, "why": result.reason,
+                                              "session_seconds": result.session_seconds})
+        return released
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reap until `stop` is set. (Stopping by event, not only by cancellation: a cancel
+        that lands inside a Redis call can be absorbed by the client library.)"""
+        down = False
+        while not stop.is_set():
+            try:
+                # A full batch means more are due: go again at once rather than after a pause.
+                if await self.reap_once() >= self.batch:
+                    continue
+                if down:
+                    log.info("reaper reaches redis again")
+                    down = False
+            except asyncio.CancelledError:
+                raise
+            except REDIS_UNAVAILABLE as exc:
+                self.metrics.redis_errors.labels(service=SERVICE).inc()
+                if not down:  # once per outage, not once per pass
+                    log.warning("reaper cannot reach redis", extra={"error": type(exc).__name__})
+                    down = True
+            except Exception:  # noqa: BLE001 - the loop must survive any one bad pass
+                log.exception("reaper pass failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval)

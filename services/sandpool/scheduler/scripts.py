@@ -1,0 +1,231 @@
+"""The scheduler's Lua scripts: every state change is one atomic script, one round trip.
+
+Each script documents its KEYS and ARGV at its top. Keys that depend on data
+read inside the script (the workspace of a session being reaped, a sandbox's
+hash) are built in Lua from prefixes or templates computed by `state.keys`, so
+the key schema stays in one module; every key carries the same hash tag, so a
+script still touches a single cluster slot.
+
+Times are the scheduler's clock (POSIX seconds, passed in ARGV), never a figure
+from inside a sandbox. Usage counters and the usage event are written in the
+same script as the state change they meter, so a crash can neither lose nor
+double-count them.
+"""
+
+from __future__ import annotations
+
+# Shared Lua helpers: counters into the workspace's total and UTC-day hashes, and the
+# usage event. Fields ending in "seconds" are floats; the others are integer counts.
+_METER = r"""
+local function meter(total_key, day_key, workspaces_key, workspace, retention, field, amount)
+  if string.find(field, 'seconds', 1, true) then
+    redis.call('HINCRBYFLOAT', total_key, field, amount)
+    redis.call('HINCRBYFLOAT', day_key, field, amount)
+  else
+    redis.call('HINCRBY', total_key, field, amount)
+    redis.call('HINCRBY', day_key, field, amount)
+  end
+  redis.call('EXPIRE', day_key, retention)
+  redis.call('SADD', workspaces_key, workspace)
+end
+
+local function event(stream_key, maxlen, fields)
+  redis.call('XADD', stream_key, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+end
+"""
+
+LEASE = _METER + r"""
+-- Lease a ready sandbox for a new session, enforcing the workspace's quota and budget.
+-- KEYS[1] pool ready list        KEYS[2] the new session's hash   KEYS[3] deadlines zset
+-- KEYS[4] workspace sessions set KEYS[5] usage total hash          KEYS[6] usage day hash
+-- KEYS[7] usage workspaces set   KEYS[8] usage event stream
+-- ARGV[1] sandbox key prefix     ARGV[2] session key prefix        ARGV[3] session id
+-- ARGV[4] workspace              ARGV[5] pool                      ARGV[6] image in force
+-- ARGV[7] now                    ARGV[8] idle timeout              ARGV[9] max lifetime
+-- ARGV[10] exec timeout          ARGV[11] max exec timeout         ARGV[12] max concurrent (0: none)
+-- ARGV[13] daily session-seconds budget (0: none)                 ARGV[14] meter a capacity refusal (1|0; 0 while still waiting)
+-- ARGV[15] usage-day retention (s) ARGV[16] stream maxlen          ARGV[17] key expiry margin (s)
+-- Returns {'ok', sandbox, address, secret} | {'quota', limit} | {'capacity'}.
+local ws_key, sid, ws, now = KEYS[4], ARGV[3], ARGV[4], tonumber(ARGV[7])
+local retention, maxlen = ARGV[15], ARGV[16]
+
+local function refuse(field, kind, extra, always)
+  if always or ARGV[14] == '1' then
+    meter(KEYS[5], KEYS[6], KEYS[7], ws, retention, field, 1)
+    event(KEYS[8], maxlen, {'type', kind, 'workspace', ws, 'ts', ARGV[7], 'pool', ARGV[5], 'limit', extra})
+  end
+end
+
+local max_concurrent = tonumber(ARGV[12])
+if max_concurrent > 0 and redis.call('SCARD', ws_key) >= max_concurrent then
+  -- Drop ids whose session hash expired without a release (the keys' safety net), then recount.
+  for _, member in ipairs(redis.call('SMEMBERS', ws_key)) do
+    if redis.call('EXISTS', ARGV[2] .. member) == 0 then redis.call('SREM', ws_key, member) end
+  end
+  if redis.call('SCARD', ws_key) >= max_concurrent then
+    refuse('quota_refusals', 'quota_refusal', 'concurrent_sessions', true)
+    return {'quota', 'concurrent_sessions'}
+  end
+end
+
+local budget = tonumber(ARGV[13])
+if budget > 0 then
+  -- Released sessions were metered into today's hash; live ones count what they used so far.
+  local used = tonumber(redis.call('HGET', KEYS[6], 'session_seconds') or '0')
+  for _, member in ipairs(redis.call('SMEMBERS', ws_key)) do
+    local created = redis.call('HGET', ARGV[2] .. member, 'created_at')
+    if created then used = used + math.max(0, now - tonumber(created)) end
+  end
+  if used >= budget then
+    refuse('quota_refusals', 'quota_refusal', 'daily_session_seconds', true)
+    return {'quota', 'daily_session_seconds'}
+  end
+end
+
+-- Pop until a sandbox that is really ready (a reconciler may have doomed one still listed).
+local sandbox, sandbox_key
+for _ = 1, 64 do
+  local id = redis.call('LPOP', KEYS[1])
+  if not id then break end
+  local key = ARGV[1] .. id
+  if redis.call('HGET', key, 'state') == 'ready' then
+    sandbox, sandbox_key = id, key
+    break
+  end
+end
+if not sandbox then
+  refuse('capacity_refusals', 'capacity_refusal', 'capacity', false)
+  return {'capacity'}
+end
+
+local found = redis.call('HMGET', sandbox_key, 'address', 'secret')
+redis.call('HSET', sandbox_key, 'state', 'leased', 'session', sid, 'leased_at', ARGV[7])
+local idle, lifetime = tonumber(ARGV[8]), tonumber(ARGV[9])
+redis.call('HSET', KEYS[2], 'sandbox', sandbox, 'pool', ARGV[5], 'image', ARGV[6], 'workspace', ws,
+  'address', found[1], 'secret', found[2], 'created_at', ARGV[7], 'last_activity_at', ARGV[7],
+  'idle_timeout_seconds', ARGV[8], 'max_lifetime_seconds', ARGV[9], 'exec_timeout_seconds', ARGV[10],
+  'max_exec_timeout_seconds', ARGV[11], 'inflight', 0)
+local expiry = lifetime + tonumber(ARGV[17])
+redis.call('EXPIRE', KEYS[2], expiry)
+redis.call('ZADD', KEYS[3], math.min(now + lifetime, now + idle), sid)
+redis.call('SADD', ws_key, sid)
+if redis.call('TTL', ws_key) < expiry then redis.call('EXPIRE', ws_key, expiry) end
+meter(KEYS[5], KEYS[6], KEYS[7], ws, retention, 'sessions_created', 1)
+event(KEYS[8], maxlen, {'type', 'session_created', 'workspace', ws, 'ts', ARGV[7], 'session', sid,
+  'pool', ARGV[5], 'image', ARGV[6], 'sandbox', sandbox})
+return {'ok', sandbox, found[1], found[2]}
+"""
+
+TOUCH = r"""
+-- Resolve a session for a call: it must exist, belong to the caller and not be past its
+-- deadline. Marks a call in flight and extends the deadline over it.
+-- KEYS[1] session hash   KEYS[2] deadlines zset
+-- ARGV[1] session id     ARGV[2] caller's workspace   ARGV[3] now   ARGV[4] busy-for seconds
+-- Returns {address, secret, exec_timeout, max_exec_timeout} or nil (unknown, or not the caller's).
+local f = redis.call('HMGET', KEYS[1], 'workspace', 'address', 'secret', 'created_at',
+  'idle_timeout_seconds', 'max_lifetime_seconds', 'exec_timeout_seconds', 'max_exec_timeout_seconds')
+if not f[1] or f[1] ~= ARGV[2] then return nil end
+local now = tonumber(ARGV[3])
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not score or tonumber(score) <= now then return nil end
+local cap = tonumber(f[4]) + tonumber(f[6])
+local deadline = math.min(cap, now + tonumber(ARGV[4]) + tonumber(f[5]))
+if deadline > tonumber(score) then redis.call('ZADD', KEYS[2], 'XX', deadline, ARGV[1]) end
+redis.call('HINCRBY', KEYS[1], 'inflight', 1)
+return {f[2], f[3], f[7], f[8]}
+"""
+
+DONE = _METER + r"""
+-- After a forwarded call: meter it and mark the session active.
+-- KEYS[1] session hash       KEYS[2] deadlines zset    KEYS[3] usage total hash
+-- KEYS[4] usage day hash     KEYS[5] usage workspaces  KEYS[6] usage event stream
+-- ARGV[1] session id  ARGV[2] workspace  ARGV[3] now  ARGV[4] usage-day retention (s)
+-- ARGV[5] stream maxlen  ARGV[6] event type ('' = nothing to meter)
+-- ARGV[7..] field, amount pairs (also written on the event)
+-- The work ran, so it is metered even when the session was released meanwhile.
+local sid, ws, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if redis.call('HGET', KEYS[1], 'workspace') == ws then
+  local inflight = redis.call('HINCRBY', KEYS[1], 'inflight', -1)
+  if inflight < 0 then
+    redis.call('HSET', KEYS[1], 'inflight', 0)
+    inflight = 0
+  end
+  local f = redis.call('HMGET', KEYS[1], 'created_at', 'idle_timeout_seconds', 'max_lifetime_seconds')
+  local deadline = math.min(tonumber(f[1]) + tonumber(f[3]), now + tonumber(f[2]))
+  local score = redis.call('ZSCORE', KEYS[2], sid)
+  if score then
+    -- Another call still in flight keeps the extension it was given.
+    if inflight > 0 then deadline = math.max(deadline, tonumber(score)) end
+    redis.call('ZADD', KEYS[2], 'XX', deadline, sid)
+  end
+  redis.call('HSET', KEYS[1], 'last_activity_at', ARGV[3])
+end
+if ARGV[6] ~= '' then
+  local fields = {'type', ARGV[6], 'workspace', ws, 'ts', ARGV[3], 'session', sid}
+  for i = 7, #ARGV, 2 do
+    meter(KEYS[3], KEYS[4], KEYS[5], ws, ARGV[4], ARGV[i], ARGV[i + 1])
+    table.insert(fields, ARGV[i])
+    table.insert(fields, ARGV[i + 1])
+  end
+  event(KEYS[6], ARGV[5], fields)
+end
+return 1
+"""
+
+RELEASE = _METER + r"""
+-- Release a session (destroy, reap, dead agent): meter its session-seconds, doom its sandbox.
+-- KEYS[1] session hash   KEYS[2] deadlines zset   KEYS[3] doomed set
+-- KEYS[4] usage workspaces set                    KEYS[5] usage event stream
+-- ARGV[1] session id     ARGV[2] required workspace ('' = any: the reaper)
+-- ARGV[3] now            ARGV[4] mode: destroy | reap | dead
+-- ARGV[5] sandbox key prefix
+-- ARGV[6], ARGV[7]  workspace-sessions key = ARGV[6] .. workspace .. ARGV[7]
+-- ARGV[8], ARGV[9]  usage total key        = ARGV[8] .. workspace .. ARGV[9]
+-- ARGV[10], ARGV[11] usage day key         = ARGV[10] .. workspace .. ARGV[11]
+-- ARGV[12] usage-day retention (s)  ARGV[13] stream maxlen  ARGV[14] pool events channel
+-- Returns {reason, session_seconds, address, sandbox} or nil (nothing released).
+-- `reap` re-checks the deadline here, so replicas racing over one session are harmless.
+local sid, now, mode = ARGV[1], tonumber(ARGV[3]), ARGV[4]
+local f = redis.call('HMGET', KEYS[1], 'workspace', 'sandbox', 'created_at', 'max_lifetime_seconds',
+  'address', 'pool')
+if not f[1] then
+  if mode == 'reap' then redis.call('ZREM', KEYS[2], sid) end
+  return nil
+end
+local ws = f[1]
+if ARGV[2] ~= '' and ws ~= ARGV[2] then return nil end
+local reason = mode
+if mode == 'reap' then
+  local score = redis.call('ZSCORE', KEYS[2], sid)
+  if score and tonumber(score) > now then return nil end
+  if now >= tonumber(f[3]) + tonumber(f[4]) then reason = 'lifetime' else reason = 'idle' end
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], sid)
+redis.call('SREM', ARGV[6] .. ws .. ARGV[7], sid)
+local sandbox = f[2]
+local sandbox_key = ARGV[5] .. sandbox
+if redis.call('HGET', sandbox_key, 'session') == sid then
+  redis.call('HSET', sandbox_key, 'state', 'doomed')
+end
+redis.call('SADD', KEYS[3], sandbox)
+local seconds = math.max(0, now - tonumber(f[3]))
+local used = string.format('%.3f', seconds)
+meter(ARGV[8] .. ws .. ARGV[9], ARGV[10] .. ws .. ARGV[11], KEYS[4], ws, ARGV[12], 'session_seconds', used)
+event(KEYS[5], ARGV[13], {'type', 'session_released', 'workspace', ws, 'ts', ARGV[3], 'session', sid,
+  'pool', f[6], 'sandbox', sandbox, 'reason', reason, 'session_seconds', used})
+redis.call('PUBLISH', ARGV[14], sandbox)
+return {reason, used, f[5], sandbox}
+"""
+
+POOL_STATS = r"""
+-- Count a pool's sandboxes by state (read only; bounded by the pool's ceiling).
+-- KEYS[1] pool members set   ARGV[1] sandbox key prefix
+-- Returns {starting, ready, leased, doomed}.
+local counts = {starting = 0, ready = 0, leased = 0, doomed = 0}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local state = redis.call('HGET', ARGV[1] .. id, 'state')
+  if state and counts[state] then counts[state] = counts[state] + 1 end
+end
+return {counts.starting, counts.ready, counts.leased, counts.doomed}
+"""

@@ -1,0 +1,381 @@
+"""The six contract operations: leases from Redis, calls forwarded to the session's agent.
+
+Per call the scheduler does one script round trip before forwarding (resolve
+and touch the session) and one after (meter it and mark it active); a lease is
+a single round trip. Bodies pass through byte for byte: only an exec's
+`timeout_seconds` is rewritten, and only when it must be clamped or filled in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from sandpool.contract.models import CreateSessionRequest, UnknownTool, parse_exec_request
+from sandpool.core.errors import (
+    AtCapacity,
+    BadGateway,
+    Invalid,
+    NotFound,
+    PayloadTooLarge,
+    QuotaExceeded,
+    Unavailable,
+    UnknownToolKind,
+)
+from sandpool.core.logs import request_id_var
+from sandpool.scheduler import limits
+from sandpool.scheduler.caller import Caller
+from sandpool.scheduler.forward import OUTCOME_HEADER, AgentClients, BadAddress, request_headers, response_headers
+from sandpool.scheduler.metrics import EXEC_OUTCOMES, SchedulerMetrics
+from sandpool.scheduler.pools import PoolDirectory
+from sandpool.scheduler.settings import SchedulerSettings
+from sandpool.scheduler.store import Leased, SessionStore, Target
+from sandpool.state import usage
+
+log = logging.getLogger(__name__)
+
+SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+UNKNOWN_SESSION = "session not found"
+
+
+class SandboxUnavailable(Unavailable):
+    """The session's agent could not be reached: the call did not run, the session is gone."""
+
+    reason = "sandbox_unavailable"
+
+
+def new_session_id() -> str:
+    # 128 random bits: a session id is a capability within its workspace.
+    return secrets.token_urlsafe(16)
+
+
+def unknown_session() -> NotFound:
+    """The one answer for an unknown id and for another workspace's session alike."""
+    return NotFound(UNKNOWN_SESSION)
+
+
+def _validation_error(exc: ValidationError) -> RequestValidationError:
+    return RequestValidationError(exc.errors(include_input=False, include_url=False))
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def read_capped(request: Request, cap: int) -> bytes:
+    """The whole request body, refusing (413) past `cap` without buffering more than that."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise PayloadTooLarge(f"request body over the {cap}-byte cap")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise PayloadTooLarge(f"request body over the {cap}-byte cap")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@dataclass
+class _Counter:
+    n: int = 0
+
+
+class Scheduler:
+    def __init__(self, settings: SchedulerSettings, store: SessionStore, clients: AgentClients,
+                 metrics: SchedulerMetrics, pools: PoolDirectory) -> None:
+        self.settings = settings
+        self.store = store
+        self.clients = clients
+        self.metrics = metrics
+        self.pools = pools
+        self.ceilings = limits.Ceilings(
+            default_idle=settings.default_idle_timeout_seconds, max_idle=settings.max_idle_timeout_seconds,
+            default_lifetime=settings.default_lifetime_seconds, max_lifetime=settings.max_lifetime_seconds,
+            default_exec=settings.default_exec_timeout_seconds, max_exec=settings.max_exec_timeout_seconds,
+        )
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # --- CreateSession ------------------------------------------------------------------------
+
+    async def create_session(self, caller: Caller, body: bytes) -> dict[str, Any]:
+        hints = self._parse_create(body)
+        pool = self.pools.for_image(hints.image)
+        in_force = limits.session_limits(self.ceilings, caller.policy, idle_hint=hints.idle_timeout_seconds,
+                                         lifetime_hint=hints.max_lifetime_seconds)
+        session_id = new_session_id()
+        give_up_at = time.monotonic() + self.settings.capacity_wait_seconds
+        while True:
+            now = time.time()
+            last_try = time.monotonic() >= give_up_at
+            result = await self.store.lease(
+                session_id=session_id, workspace=caller.workspace, pool=pool.name, image=pool.image, now=now,
+                limits=in_force, max_concurrent=caller.policy.max_concurrent_sessions,
+                daily_budget=caller.policy.daily_session_seconds_budget, meter_capacity_refusal=last_try,
+            )
+            if isinstance(result, Leased):
+                break
+            if result.kind == "quota":
+                self.metrics.leases.labels(outcome="quota").inc()
+                retry = (limits.seconds_until_utc_midnight(now) if result.limit == "daily_session_seconds"
+                         else self.settings.retry_after_seconds)
+                raise QuotaExceeded(f"the workspace's {result.limit.replace('_', ' ')} limit is reached",
+                                    retry_after=retry, limit=result.limit)
+            if last_try:
+                self.metrics.leases.labels(outcome="capacity").inc()
+                raise AtCapacity("no sandbox is available; retry later",
+                                 retry_after=self.settings.retry_after_seconds, pool=pool.name)
+            # A sandbox may be starting: poll the lease (one round trip each) until the wait ends.
+            await asyncio.sleep(min(0.02, max(0.0, give_up_at - time.monotonic())))
+        self.metrics.leases.labels(outcome="granted").inc()
+        log.info("session created", extra={"session": session_id, "workspace": caller.workspace,
+                                           "pool": pool.name, "sandbox": result.sandbox})
+        return {
+            "session_id": session_id,
+            "idle_timeout_seconds": in_force.idle_timeout_seconds,
+            "max_lifetime_seconds": in_force.max_lifetime_seconds,
+            "created_at": now,
+            "last_activity_at": now,
+            "image": pool.image,
+            "pool": pool.name,
+            "exec_timeout_seconds": in_force.exec_timeout_seconds,
+            "max_exec_timeout_seconds": in_force.max_exec_timeout_seconds,
+        }
+
+    @staticmethod
+    def _parse_create(body: bytes) -> CreateSessionRequest:
+        if not body.strip():
+            return CreateSessionRequest()
+        try:
+            return CreateSessionRequest.model_validate_json(body)
+        except ValidationError as exc:
+            raise _validation_error(exc) from None
+
+    # --- DestroySession ---------------------------------------------------------------------
+
+    async def destroy_session(self, caller: Caller, session_id: str) -> None:
+        if not SESSION_ID_PATTERN.fullmatch(session_id):
+            return
+        released = await self.store.release(session_id=session_id, workspace=caller.workspace,
+                                            now=time.time(), mode="destroy")
+        if released is not None:
+            self.clients.forget(released.address)
+            log.info("session destroyed", extra={"session": session_id, "session_seconds": released.session_seconds})
+
+    # --- Execute ------------------------------------------------------------------------------
+
+    async def execute(self, caller: Caller, session_id: str, request: Request) -> Response:
+        if not SESSION_ID_PATTERN.fullmatch(session_id):
+            raise unknown_session()
+        body = await read_capped(request, self.settings.max_body_bytes)
+        doc, parsed = self._parse_exec(body)
+        tool = parsed.tool
+        # An upper bound of the timeout that will run, known before the session is read.
+        bound = limits.exec_timeout(parsed.timeout_seconds, default=self.ceilings.default_exec,
+                                    ceiling=self.ceilings.max_exec,
+                                    workspace_max=caller.policy.max_exec_timeout_seconds) or self.ceilings.max_exec
+        target = await self._touch(caller, session_id, busy_for=bound + self.settings.exec_grace_seconds)
+        timeout = limits.exec_timeout(parsed.timeout_seconds, default=target.exec_timeout_seconds,
+                                      ceiling=target.max_exec_timeout_seconds,
+                                      workspace_max=caller.policy.max_exec_timeout_seconds)
+        assert timeout is not None  # the model already refused a non-integer
+        if doc.get("timeout_seconds") != timeout or isinstance(doc.get("timeout_seconds"), bool):
+            doc["timeout_seconds"] = timeout
+            body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+        async def metered(status: int, outcome: str, elapsed: float, _: int) -> tuple[str, dict[str, Any]]:
+            if status != 200:
+                return "", {}
+            self.metrics.executions.labels(tool=tool, outcome=outcome).inc()
+            self.metrics.execution_duration.labels(tool=tool).observe(elapsed)
+            return "execution", {usage.executions(tool): 1, usage.execution_seconds(tool): elapsed}
+
+        return await self._forward(
+            caller, session_id, target, request, "POST", f"/sessions/{session_id}/exec",
+            content=body, read_timeout=timeout + self.settings.exec_grace_seconds, meter=metered,
+        )
+
+    @staticmethod
+    def _parse_exec(body: bytes) -> tuple[dict[str, Any], Any]:
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise Invalid("the body is not valid JSON") from None
+        if not isinstance(doc, dict):
+            raise Invalid("the body must be a JSON object")
+        try:
+            parsed = parse_exec_request(doc)
+        except UnknownTool as exc:
+            raise UnknownToolKind(str(exc)) from None
+        except ValidationError as exc:
+            raise _validation_error(exc) from None
+        return doc, parsed
+
+    # --- files --------------------------------------------------------------------------------
+
+    async def list_files(self, caller: Caller, session_id: str, request: Request) -> Response:
+        target = await self._file_target(caller, session_id)
+        return await self._forward(caller, session_id, target, request, "GET", f"/sessions/{session_id}/files/list",
+                                   read_timeout=self.settings.forward_timeout_seconds)
+
+    async def get_file(self, caller: Caller, session_id: str, request: Request) -> Response:
+        target = await self._file_target(caller, session_id)
+
+        async def metered(status: int, _o: str, _e: float, moved: int) -> tuple[str, dict[str, Any]]:
+            return ("download", {usage.BYTES_DOWNLOADED: moved}) if status == 200 else ("", {})
+
+        return await self._forward(caller, session_id, target, request, "GET", f"/sessions/{session_id}/files",
+                                   read_timeout=self.settings.forward_timeout_seconds, meter=metered)
+
+    async def put_file(self, caller: Caller, session_id: str, request: Request) -> Response:
+        cap = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cap:
+            raise PayloadTooLarge(f"upload over the {cap}-byte cap")
+        target = await self._file_target(caller, session_id)
+        sent = _Counter()
+
+        async def stream() -> AsyncIterator[bytes]:
+            async for chunk in request.stream():
+                sent.n += len(chunk)
+                if sent.n > cap:
+                    raise _TooLarge()
+                yield chunk
+
+        async def metered(status: int, _o: str, _e: float, _m: int) -> tuple[str, dict[str, Any]]:
+            return ("upload", {usage.BYTES_UPLOADED: sent.n}) if status == 201 else ("", {})
+
+        return await self._forward(caller, session_id, target, request, "POST", f"/sessions/{session_id}/files",
+                                   content=stream(), read_timeout=self.settings.forward_timeout_seconds,
+                                   meter=metered)
+
+    async def _file_target(self, caller: Caller, session_id: str) -> Target:
+        if not SESSION_ID_PATTERN.fullmatch(session_id):
+            raise unknown_session()
+        return await self._touch(caller, session_id, busy_for=self.settings.forward_timeout_seconds)
+
+    # --- the forwarding core --------------------------------------------------------------------
+
+    async def _touch(self, caller: Caller, session_id: str, *, busy_for: float) -> Target:
+        target = await self.store.touch(session_id=session_id, workspace=caller.workspace, now=time.time(),
+                                        busy_for=busy_for)
+        if target is None:
+            raise unknown_session()
+        return target
+
+    async def _forward(
+        self, caller: Caller, session_id: str, target: Target, request: Request, method: str, path: str, *,
+        read_timeout: float, content: bytes | AsyncIterator[bytes] | None = None,
+        meter: Callable[[int, str, float, int], Awaitable[tuple[str, dict[str, Any]]]] | None = None,
+    ) -> Response:
+        """Send one call to the agent and stream its answer back; meter it once it has been relayed.
+
+        From a successful touch on, every path ends in exactly one `done` (meter and
+        mark active) or one release of the session as dead.
+        """
+        query = request.scope.get("query_string", b"")
+        url = path + ("?" + query.decode("latin-1") if query else "")
+        headers = request_headers(request.headers.raw, secret=target.secret,
+                                  request_id=request_id_var.get() or "")
+        if isinstance(content, bytes):
+            headers.pop("content-length", None)  # httpx sets the length of the bytes actually sent
+        try:
+            entry = self.clients.take(target.address)
+        except BadAddress:
+            await self._release_dead(caller, session_id, target.address)
+            raise BadGateway("the session's sandbox has no usable address; the session is gone") from None
+        timeout = httpx.Timeout(read_timeout, connect=self.settings.forward_connect_timeout_seconds)
+        started = time.monotonic()
+        try:
+            upstream = await entry.client.send(
+                entry.client.build_request(method, url, content=content, headers=headers, timeout=timeout),
+                stream=True)
+        except _TooLarge:
+            self.clients.give_back(entry)
+            await self._done(caller, session_id)
+            raise PayloadTooLarge(f"upload over the {self.settings.max_body_bytes}-byte cap") from None
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            self.clients.give_back(entry)
+            await self._release_dead(caller, session_id, target.address)
+            raise SandboxUnavailable("the session's sandbox cannot be reached; the session is gone",
+                                     retry_after=self.settings.retry_after_seconds) from None
+        except httpx.PoolTimeout:
+            self.clients.give_back(entry)
+            await self._done(caller, session_id)
+            raise Unavailable("too many calls in flight to this session",
+                              retry_after=self.settings.retry_after_seconds) from None
+        except httpx.HTTPError as exc:
+            self.clients.give_back(entry)
+            await self._release_dead(caller, session_id, target.address)
+            log.warning("sandbox failed mid-call", extra={"session": session_id, "error": type(exc).__name__})
+            raise BadGateway("the session's sandbox failed during the call; the session is gone") from None
+        except BaseException:
+            self.clients.give_back(entry)
+            self._spawn(self._done(caller, session_id))
+            raise
+
+        raw_outcome = upstream.headers.get(OUTCOME_HEADER, "ok")
+        outcome = raw_outcome if raw_outcome in EXEC_OUTCOMES else "failed"
+        status = upstream.status_code
+
+        async def relay() -> AsyncIterator[bytes]:
+            moved = 0
+            finished = False
+            try:
+                async for chunk in upstream.aiter_raw():
+                    moved += len(chunk)
+                    yield chunk
+                finished = True
+            except httpx.HTTPError as exc:
+                log.warning("sandbox failed mid-answer", extra={"session": session_id, "error": type(exc).__name__})
+                self._spawn(self._release_dead(caller, session_id, target.address))
+                raise
+            finally:
+                await upstream.aclose()
+                self.clients.give_back(entry)
+                if not finished:
+                    self._spawn(self._done(caller, session_id))
+            # Metered before the last byte is acknowledged, so a client that has its answer
+            # also sees the usage it caused.
+            event, amounts = await meter(status, outcome, time.monotonic() - started, moved) if meter else ("", {})
+            await self._done(caller, session_id, event=event, amounts=amounts)
+
+        return StreamingResponse(relay(), status_code=status, headers=response_headers(upstream.headers))
+
+    async def _done(self, caller: Caller, session_id: str, *, event: str = "",
+                    amounts: dict[str, Any] | None = None) -> None:
+        await self.store.done(session_id=session_id, workspace=caller.workspace, now=time.time(), event=event,
+                              amounts=amounts)
+
+    async def _release_dead(self, caller: Caller, session_id: str, address: str) -> None:
+        self.clients.forget(address)
+        released = await self.store.release(session_id=session_id, workspace=caller.workspace, now=time.time(),
+                                            mode="dead")
+        if released is not None:
+            self.metrics.reaped.labels(reason="dead").inc()
+            log.warning("session released: its sandbox died", extra={"session": session_id,
+                                                                     "sandbox": released.sandbox})
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        """Finish bookkeeping off the request's task (it may be cancelled by a client that left)."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)

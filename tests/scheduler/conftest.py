@@ -1,0 +1,73 @@
+"""Fixtures of the scheduler tests: the real Redis of tests/conftest.py, real agents, the app on loopback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from sched_harness import INTERNAL_TOKEN, Agents, ServedApp  # noqa: E402
+
+from sandpool.scheduler.app import create_app  # noqa: E402
+from sandpool.scheduler.settings import SchedulerSettings  # noqa: E402
+from sandpool.state.keys import Keys  # noqa: E402
+
+
+
+@pytest.fixture
+def keys(redis_prefix: str) -> Keys:
+    return Keys(redis_prefix)
+
+
+@pytest.fixture
+def r(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    # Leave nothing behind: this test's keys only (its own prefix), never a flush.
+    for key in client.scan_iter(match="{" + redis_prefix + "}:*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+@pytest.fixture
+def agents() -> Iterator[Agents]:
+    started = Agents()
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def scheduler(redis_url: str, redis_prefix: str) -> Iterator[Callable[..., ServedApp]]:
+    """Serve a scheduler app with the given settings overrides (standalone, no controller by default)."""
+    served: list[ServedApp] = []
+
+    def make(**overrides: Any) -> ServedApp:
+        values: dict[str, Any] = {"standalone": True, "controller": False, "redis_url": redis_url,
+                                  "redis_prefix": redis_prefix, "reap_interval_seconds": 0.1}
+        values.update(overrides)
+        app = create_app(SchedulerSettings(**values))
+        server = ServedApp(app).start()
+        served.append(server)
+        return server
+
+    yield make
+    for server in served:
+        server.stop()
+
+
+@pytest.fixture
+def tenant_scheduler(scheduler: Callable[..., ServedApp], monkeypatch: pytest.MonkeyPatch) -> Callable[..., ServedApp]:
+    """A multi-tenant scheduler (internal credential from the environment, as in production)."""
+    monkeypatch.setenv("SANDPOOL_INTERNAL_TOKEN", INTERNAL_TOKEN)
+
+    def make(**overrides: Any) -> ServedApp:
+        return scheduler(standalone=False, **overrides)
+
+    return make
+

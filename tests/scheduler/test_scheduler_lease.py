@@ -1,0 +1,275 @@
+"""CreateSession and DestroySession against a real Redis: capacity, clamping, images, quota,
+budget, tenancy refusals, reaping. No call here reaches an agent, so the sandboxes are
+published records (the lease never contacts them)."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from sched_harness import INTERNAL_TOKEN, publish, tenant_headers, wait_for
+
+from sandpool.contract import tenancy
+from sandpool.scheduler.limits import utc_day
+from sandpool.state.keys import Keys
+
+
+def usage_total(r: redis.Redis, keys: Keys, workspace: str = tenancy.STANDALONE_WORKSPACE) -> dict[str, str]:
+    return r.hgetall(keys.usage_total(workspace))
+
+
+def create(url: str, body: object = None, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(url + "/sessions", json=body, headers=headers, timeout=10)
+
+
+def test_handle_reports_what_is_in_force(scheduler, r, keys) -> None:
+    app = scheduler(max_idle_timeout_seconds=100, max_lifetime_seconds=200)
+    sandbox = publish(r, keys)
+    started = time.time()
+    resp = create(app.url, {"idle_timeout_seconds": 10**6, "max_lifetime_seconds": 150})
+    assert resp.status_code == 201, resp.text
+    handle = resp.json()
+    assert handle["idle_timeout_seconds"] == 100  # clamped, not refused
+    assert handle["max_lifetime_seconds"] == 150  # below the ceiling: kept
+    assert handle["image"] == "python" and handle["exec_timeout_seconds"] == 60
+    assert started - 1 <= handle["created_at"] == handle["last_activity_at"] <= time.time() + 1
+    assert resp.headers["x-request-id"]
+    sid = handle["session_id"]
+    session = r.hgetall(keys.session(sid))
+    assert session["sandbox"] == sandbox and session["workspace"] == tenancy.STANDALONE_WORKSPACE
+    assert r.hget(keys.sandbox(sandbox), "state") == "leased"
+    assert r.hget(keys.sandbox(sandbox), "session") == sid
+    assert float(r.zscore(keys.deadlines, sid)) == pytest.approx(handle["created_at"] + 100, abs=0.01)
+    assert 150 < r.ttl(keys.session(sid)) <= 150 + 3600
+    assert usage_total(r, keys)["sessions_created"] == "1"
+    events = r.xrange(keys.usage_events)
+    assert [e[1]["type"] for e in events] == ["session_created"]
+
+
+@pytest.mark.parametrize("body", [b"{", b"[]", b'{"idle_timeout_seconds": 0}', b'{"max_lifetime_seconds": "x"}',
+                                  b'{"image": 5}', b"null"])
+def test_malformed_create_is_422_and_leases_nothing(scheduler, r, keys, body: bytes) -> None:
+    app = scheduler()
+    sandbox = publish(r, keys)
+    resp = httpx.post(app.url + "/sessions", content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["reason"] == "invalid_request"
+    assert r.lrange(keys.pool_ready("default"), 0, -1) == [sandbox]
+    assert r.zcard(keys.deadlines) == 0 and not usage_total(r, keys)
+
+
+def test_create_without_a_body_uses_the_defaults(scheduler, r, keys) -> None:
+    app = scheduler()
+    publish(r, keys)
+    resp = httpx.post(app.url + "/sessions")
+    assert resp.status_code == 201
+    assert resp.json()["idle_timeout_seconds"] == 300
+
+
+def test_pool_of_n_under_concurrent_creates_gives_exactly_n(scheduler, r, keys) -> None:
+    app = scheduler(retry_after_seconds=3)
+    published = {publish(r, keys) for _ in range(5)}
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: create(app.url), range(30)))
+    granted = [a for a in answers if a.status_code == 201]
+    refused = [a for a in answers if a.status_code != 201]
+    assert len(granted) == 5
+    assert all(a.status_code == 503 and a.headers["retry-after"] == "3" and a.json()["reason"] == "at_capacity"
+               for a in refused)
+    leased = {r.hget(keys.session(a.json()["session_id"]), "sandbox") for a in granted}
+    assert leased == published  # each sandbox exactly once
+    assert usage_total(r, keys)["capacity_refusals"] == "25"
+    assert usage_total(r, keys)["sessions_created"] == "5"
+
+
+def test_image_hint_picks_the_pool_and_unknown_images_fall_back(scheduler, r, keys, tmp_path: Path) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  - {name: py, image: python, warm: 1, ceiling: 2}\n"
+                     "  - {name: node, image: 'node:20', warm: 1, ceiling: 2}\n")
+    app = scheduler(pools_file=pools)
+    node = publish(r, keys, pool="node", image="node:20")
+    py = publish(r, keys, pool="py", image="python")
+    first = create(app.url, {"image": "node:20"})
+    assert first.status_code == 201 and first.json()["image"] == "node:20" and first.json()["pool"] == "node"
+    assert r.hget(keys.session(first.json()["session_id"]), "sandbox") == node
+    second = create(app.url, {"image": "cobol:1"})
+    assert second.status_code == 201 and second.json()["image"] == "python"
+    assert r.hget(keys.session(second.json()["session_id"]), "sandbox") == py
+    third = create(app.url, {"image": "node:20"})
+    assert third.status_code == 503  # its pool is empty; no borrowing from another pool
+
+
+def test_a_listed_sandbox_that_is_no_longer_ready_is_skipped(scheduler, r, keys) -> None:
+    app = scheduler()
+    stale = publish(r, keys)
+    r.hset(keys.sandbox(stale), "state", "doomed")  # e.g. doomed by reconciliation while listed
+    good = publish(r, keys)
+    resp = create(app.url)
+    assert resp.status_code == 201
+    assert r.hget(keys.session(resp.json()["session_id"]), "sandbox") == good
+    assert r.hget(keys.sandbox(stale), "state") == "doomed"
+
+
+def test_destroy_releases_meters_and_dooms(scheduler, r, keys) -> None:
+    app = scheduler()
+    sandbox = publish(r, keys)
+    pubsub = r.pubsub()
+    pubsub.subscribe(keys.pool_events)
+    wait_for(lambda: pubsub.get_message(timeout=0.1), what="subscribed")
+    sid = create(app.url).json()["session_id"]
+    resp = httpx.delete(f"{app.url}/sessions/{sid}")
+    assert resp.status_code == 204 and resp.content == b""
+    assert not r.exists(keys.session(sid)) and r.zscore(keys.deadlines, sid) is None
+    assert r.hget(keys.sandbox(sandbox), "state") == "doomed" and r.sismember(keys.doomed, sandbox)
+    assert not r.sismember(keys.workspace_sessions(tenancy.STANDALONE_WORKSPACE), sid)
+    msg = wait_for(lambda: pubsub.get_message(timeout=0.1), what="nudge")
+    assert msg["data"] == sandbox
+    seconds = float(usage_total(r, keys)["session_seconds"])
+    assert 0 <= seconds < 5
+    day = r.hgetall(keys.usage_day(tenancy.STANDALONE_WORKSPACE, utc_day(time.time())))
+    assert float(day["session_seconds"]) == seconds and day["sessions_created"] == "1"
+    assert 0 < r.ttl(keys.usage_day(tenancy.STANDALONE_WORKSPACE, utc_day(time.time())))
+    released = [e[1] for e in r.xrange(keys.usage_events) if e[1]["type"] == "session_released"]
+    assert released[0]["reason"] == "destroy" and float(released[0]["session_seconds"]) == seconds
+    # Again, and an id that never existed: 204, nothing metered twice.
+    assert httpx.delete(f"{app.url}/sessions/{sid}").status_code == 204
+    assert httpx.delete(f"{app.url}/sessions/nope").status_code == 204
+    assert httpx.delete(f"{app.url}/sessions/{'x' * 300}").status_code == 204
+    assert float(usage_total(r, keys)["session_seconds"]) == seconds
+    pubsub.close()
+
+
+def test_idle_sessions_are_reaped(scheduler, r, keys) -> None:
+    app = scheduler()
+    sandbox = publish(r, keys)
+    sid = create(app.url, {"idle_timeout_seconds": 1}).json()["session_id"]
+    wait_for(lambda: not r.exists(keys.session(sid)), timeout=5, what="idle reap")
+    assert r.hget(keys.sandbox(sandbox), "state") == "doomed"
+    events = [e[1] for e in r.xrange(keys.usage_events) if e[1]["type"] == "session_released"]
+    assert events[0]["reason"] == "idle" and float(events[0]["session_seconds"]) >= 1
+    metrics = httpx.get(app.url + "/metrics").text
+    assert 'sandpool_sessions_reaped_total{reason="idle"} 1.0' in metrics
+
+
+def test_max_lifetime_reaps_even_an_active_session(scheduler, r, keys) -> None:
+    app = scheduler()
+    publish(r, keys)
+    sid = create(app.url, {"idle_timeout_seconds": 100, "max_lifetime_seconds": 1}).json()["session_id"]
+    # Calls keep it active but cannot extend it past its lifetime (the list call itself may
+    # fail to reach the fake sandbox: either way it must not outlive its lifetime).
+    wait_for(lambda: not r.exists(keys.session(sid)), timeout=5, what="lifetime reap")
+    events = [e[1] for e in r.xrange(keys.usage_events) if e[1]["type"] == "session_released"]
+    assert events[0]["reason"] == "lifetime"
+    assert httpx.get(f"{app.url}/sessions/{sid}/files/list").status_code == 404
+
+
+def test_concurrent_session_quota_is_exact_under_20_concurrent_creates(tenant_scheduler, r, keys) -> None:
+    app = tenant_scheduler()
+    for _ in range(25):
+        publish(r, keys)
+    headers = tenant_headers("acme", max_concurrent=5)
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda _: create(app.url, headers=headers), range(20)))
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [201] * 5 + [429] * 15
+    for a in answers:
+        if a.status_code == 429:
+            assert a.json()["limit"] == "concurrent_sessions" and int(a.headers["retry-after"]) >= 1
+    assert r.scard(keys.workspace_sessions("acme")) == 5
+    assert r.hget(keys.usage_total("acme"), "quota_refusals") == "15"
+    assert r.llen(keys.pool_ready("default")) == 20
+    # Another workspace is not affected, and a release frees a slot.
+    assert create(app.url, headers=tenant_headers("other", max_concurrent=5)).status_code == 201
+    first = next(a.json()["session_id"] for a in answers if a.status_code == 201)
+    assert httpx.delete(f"{app.url}/sessions/{first}", headers=headers).status_code == 204
+    assert create(app.url, headers=headers).status_code == 201
+    assert create(app.url, headers=headers).status_code == 429
+
+
+def test_daily_budget_refuses_once_spent(tenant_scheduler, r, keys) -> None:
+    app = tenant_scheduler()
+    for _ in range(3):
+        publish(r, keys)
+    headers = tenant_headers("acme", budget=1)
+    sid = create(app.url, headers=headers).json()["session_id"]
+    created = float(r.hget(keys.session(sid), "created_at"))
+    wait_for(lambda: time.time() > created + 1.05, what="a second of session time")
+    # The live session has used the budget already.
+    refused = create(app.url, headers=headers)
+    assert refused.status_code == 429 and refused.json()["limit"] == "daily_session_seconds"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert httpx.delete(f"{app.url}/sessions/{sid}", headers=headers).status_code == 204
+    assert create(app.url, headers=headers).status_code == 429  # released: metered into today
+    assert create(app.url, headers=tenant_headers("acme")).status_code == 201  # no budget given: none applies
+    assert r.hget(keys.usage_total("acme"), "quota_refusals") == "2"
+
+
+@pytest.mark.parametrize(("auth", "workspace", "status"), [
+    (None, "acme", 401), ("Bearer wrong-credential-000000000000", "acme", 401), (f"Basic {INTERNAL_TOKEN}", "acme", 401),
+    (f"Bearer {INTERNAL_TOKEN}", None, 403), (f"Bearer {INTERNAL_TOKEN}", "../etc", 403),
+    (f"Bearer {INTERNAL_TOKEN}", "", 403),
+])
+def test_multi_tenant_refuses_direct_access(tenant_scheduler, r, keys, auth, workspace, status) -> None:
+    app = tenant_scheduler()
+    publish(r, keys)
+    headers = {}
+    if auth is not None:
+        headers["Authorization"] = auth
+    if workspace is not None:
+        headers[tenancy.WORKSPACE] = workspace
+    calls = [("POST", "/sessions"), ("DELETE", "/sessions/abc"), ("POST", "/sessions/abc/exec"),
+             ("GET", "/sessions/abc/files/list"), ("GET", "/sessions/abc/files?path=a"),
+             ("POST", "/sessions/abc/files")]
+    for method, path in calls:
+        resp = httpx.request(method, app.url + path, headers=headers)
+        assert resp.status_code == status, (method, path, resp.text)
+        assert INTERNAL_TOKEN not in resp.text
+    assert r.llen(keys.pool_ready("default")) == 1 and r.zcard(keys.deadlines) == 0
+
+
+def test_multi_tenant_scheduler_without_credential_refuses_to_start(redis_url, redis_prefix, monkeypatch) -> None:
+    from sandpool.core.settings import ConfigurationError
+    from sandpool.scheduler.app import create_app
+    from sandpool.scheduler.settings import SchedulerSettings
+
+    monkeypatch.delenv("SANDPOOL_INTERNAL_TOKEN", raising=False)
+    with pytest.raises(ConfigurationError):
+        create_app(SchedulerSettings(redis_url=redis_url, redis_prefix=redis_prefix, controller=False))
+
+
+def test_health_readiness_and_metrics(scheduler, r, keys) -> None:
+    app = scheduler()
+    publish(r, keys)
+    publish(r, keys)
+    assert httpx.get(app.url + "/healthz").json() == {"status": "ok"}
+    ready = httpx.get(app.url + "/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"redis": "ok"}
+    assert create(app.url).status_code == 201
+    text = httpx.get(app.url + "/metrics").text
+    assert 'sandpool_pool_sandboxes{pool="default",state="ready"} 1.0' in text
+    assert 'sandpool_pool_sandboxes{pool="default",state="leased"} 1.0' in text
+    assert 'sandpool_pool_ceiling{pool="default"} 16.0' in text
+    assert 'sandpool_leases_total{outcome="granted"} 1.0' in text
+    assert 'sandpool_requests_total{operation="CreateSession",service="scheduler",status="201"} 1.0' in text
+
+
+def test_request_id_is_accepted_or_generated(scheduler) -> None:
+    app = scheduler()
+    assert httpx.get(app.url + "/healthz", headers={"X-Request-Id": "abc-123"}).headers["x-request-id"] == "abc-123"
+    generated = httpx.get(app.url + "/healthz", headers={"X-Request-Id": "bad id!"}).headers["x-request-id"]
+    assert generated != "bad id!" and len(generated) == 32
+
+
+def test_redis_down_is_503_not_500(scheduler, redis_prefix) -> None:
+    from sched_harness import free_port
+
+    app = scheduler(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_seconds=0.5)
+    resp = create(app.url)
+    assert resp.status_code == 503 and resp.json()["reason"] == "redis_unavailable"
+    assert httpx.get(app.url + "/readyz").status_code == 503
+    assert json.loads(httpx.get(app.url + "/readyz").text)["checks"]["redis"] == "unreachable"
