@@ -172,7 +172,8 @@ def build_root(plan: RootPlan, fs: SandboxFs, new_root: str) -> None:
         linux.mount(None, r + WORKSPACE, None, linux.MS_BIND | linux.MS_REMOUNT | linux.MS_NOSUID | linux.MS_NODEV)
     else:
         linux.mount("sandpool-workspace", r + WORKSPACE, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
-                    f"size={fs.workspace_bytes},mode=0700,uid={fs.uid},gid={fs.gid}")
+                    f"size={fs.workspace_bytes},nr_inodes={max(1024, fs.workspace_bytes // 4096)},"
+                    f"mode=0700,uid={fs.uid},gid={fs.gid}")
     if fs.agent_dir:
         _mkdirs(r + AGENT_DIR)
         linux.mount(fs.agent_dir, r + AGENT_DIR, None, linux.MS_BIND)
