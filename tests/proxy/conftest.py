@@ -44,7 +44,9 @@ class ThreadServer:
     def __init__(self, app: Any) -> None:
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None,
-                                                    lifespan="on", access_log=False))
+                                                    lifespan="on", access_log=False,
+                                                    # bounds a stop when a peer's request task lingers
+                                                    timeout_graceful_shutdown=2))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
@@ -62,7 +64,7 @@ class ThreadServer:
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self.thread.join(10)
+        self.thread.join(15)
 
 
 @dataclass

@@ -1,0 +1,239 @@
+"""End to end through the real proxy, the real multi-tenant scheduler and real agents.
+
+Tenancy holds on every session operation, quotas and budgets are exact under
+concurrency, the scheduler refuses anyone but the proxy, and usage read through
+the admin API matches a scripted workload, also after both services restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from sandpool.proxy.app import create_app as create_proxy
+from sandpool.proxy.settings import ProxySettings
+from sandpool.state.keys import Keys as RedisKeys
+
+from .conftest import INTERNAL_TOKEN, Keys, ThreadServer
+from .stack import Sandboxes, wait_for
+
+scheduler_app = pytest.importorskip("sandpool.scheduler.app")
+scheduler_settings = pytest.importorskip("sandpool.scheduler.settings")
+
+PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
+
+
+@dataclass
+class Stack:
+    proxy: ThreadServer
+    scheduler: ThreadServer
+    keys: Keys
+    sandboxes: Sandboxes
+    rdb: redis.Redis
+    rkeys: RedisKeys
+
+    def client(self, workspace: str, *, admin: bool = False) -> httpx.Client:
+        token = self.keys.token(workspace, admin=admin)
+        return httpx.Client(base_url=self.proxy.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+    def ready(self, pool: str = "default") -> int:
+        return int(self.rdb.llen(self.rkeys.pool_ready(pool)))
+
+
+@pytest.fixture
+def stack_factory(redis_url: str, redis_prefix: str, keys: Keys, rdb: redis.Redis) -> Iterator[Callable[[], Stack]]:
+    rkeys = RedisKeys(redis_prefix)
+    sandboxes = Sandboxes(rdb, rkeys)
+    servers: list[ThreadServer] = []
+
+    def start() -> Stack:
+        """A fresh proxy and scheduler on the same Redis (call again to 'restart' both)."""
+        for server in reversed(servers):  # the proxy first: it holds connections to the scheduler
+            server.stop()
+        servers.clear()
+        sched = scheduler_app.create_app(scheduler_settings.SchedulerSettings(
+            standalone=False, internal_token=INTERNAL_TOKEN, controller=False, redis_url=redis_url,
+            redis_prefix=redis_prefix, reap_interval_seconds=0.2))
+        scheduler = ThreadServer(sched).start()
+        servers.append(scheduler)
+        proxy = ThreadServer(create_proxy(ProxySettings(
+            redis_url=redis_url, redis_prefix=redis_prefix, scheduler_url=scheduler.url,
+            auth_public_keys=[str(keys.public)], internal_token=INTERNAL_TOKEN))).start()
+        servers.append(proxy)
+        return Stack(proxy, scheduler, keys, sandboxes, rdb, rkeys)
+
+    yield start
+    for server in reversed(servers):
+        server.stop()
+    sandboxes.stop()
+
+
+@pytest.fixture
+def stack(stack_factory: Callable[[], Stack]) -> Stack:
+    return stack_factory()
+
+
+def upload(client: httpx.Client, session_id: str, path: str, data: bytes) -> tuple[httpx.Response, int]:
+    request = client.build_request("POST", f"/sessions/{session_id}/files",
+                                   files={"file": (path, data, "application/octet-stream")}, data={"path": path})
+    body = request.read()
+    return client.send(request), len(body)
+
+
+def test_another_workspace_cannot_touch_a_session_by_any_operation(stack: Stack) -> None:
+    stack.sandboxes.publish_agents(1)
+    with stack.client("acme") as acme, stack.client("globex") as globex:
+        created = acme.post("/sessions", json={})
+        assert created.status_code == 201, created.text
+        sid = created.json()["session_id"]
+        assert acme.post(f"/sessions/{sid}/exec", json=PRINT_1).json()["result_block"]["content"]["stdout"] == "1\n"
+        assert upload(acme, sid, "note.txt", b"mine")[0].status_code == 201
+
+        forged = {"X-Sandpool-Workspace": "acme"}  # stripped: the token decides
+        probes = [
+            globex.post(f"/sessions/{sid}/exec", json={"tool": "bash_code_execution",
+                                                       "input": {"command": "echo pwned > note.txt"}}, headers=forged),
+            globex.get(f"/sessions/{sid}/files/list", headers=forged),
+            globex.get(f"/sessions/{sid}/files", params={"path": "note.txt"}, headers=forged),
+            upload(globex, sid, "note.txt", b"theirs")[0],
+        ]
+        unknown = globex.get("/sessions/no-such-session/files/list")
+        for probe in probes:
+            assert probe.status_code == 404, probe.text
+            assert probe.json() == unknown.json()  # exactly what an unknown id gets
+        assert globex.delete(f"/sessions/{sid}", headers=forged).status_code == 204
+
+        # The session is intact and still acme's.
+        assert acme.get(f"/sessions/{sid}/files", params={"path": "note.txt"}).content == b"mine"
+        listed = acme.get(f"/sessions/{sid}/files/list").json()["files"]
+        assert [f["path"] for f in listed] == ["note.txt"]
+        assert acme.get("/v1/sessions").json()["sessions"][0]["session_id"] == sid
+        assert globex.get("/v1/sessions").json()["sessions"] == []
+        assert acme.delete(f"/sessions/{sid}").status_code == 204
+        assert acme.post(f"/sessions/{sid}/exec", json=PRINT_1).status_code == 404
+
+
+async def _creates(url: str, token: str, count: int) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+        return await asyncio.gather(*(client.post("/sessions", json={}) for _ in range(count)))
+
+
+def test_concurrent_session_quota_is_exact_under_20_concurrent_creates(stack: Stack) -> None:
+    for _ in range(12):
+        stack.sandboxes.publish()
+    with stack.client("ops", admin=True) as admin:
+        assert admin.put("/v1/workspaces/acme/policy", json={"max_concurrent_sessions": 5}).status_code == 200
+    responses = asyncio.run(_creates(stack.proxy.url, stack.keys.token("acme"), 20))
+    created = [r for r in responses if r.status_code == 201]
+    refused = [r for r in responses if r.status_code == 429]
+    assert len(created) == 5 and len(refused) == 15, [r.status_code for r in responses]
+    for response in refused:
+        assert response.json()["limit"] == "concurrent_sessions" and "retry-after" in response.headers
+    assert stack.ready() == 7  # nothing leased beyond the quota
+    with stack.client("acme") as acme:
+        assert len(acme.get("/v1/sessions").json()["sessions"]) == 5
+        usage = acme.get("/v1/usage").json()["total"]
+        assert usage["sessions_created"] == 5 and usage["quota_refusals"] == 15
+        # Releasing one frees exactly one slot.
+        assert acme.delete(f"/sessions/{created[0].json()['session_id']}").status_code == 204
+        assert acme.post("/sessions", json={}).status_code == 201
+        assert acme.post("/sessions", json={}).status_code == 429
+
+
+def test_daily_budget_exhaustion_is_a_429_until_midnight(stack: Stack) -> None:
+    for _ in range(3):
+        stack.sandboxes.publish()
+    with stack.client("ops", admin=True) as admin:
+        assert admin.put("/v1/workspaces/acme/policy",
+                         json={"daily_session_seconds_budget": 1}).status_code == 200
+    with stack.client("acme") as acme:
+        first = acme.post("/sessions", json={})
+        assert first.status_code == 201
+        started = time.time()
+        wait_for(lambda: time.time() - started > 1.1, timeout=5, what="one session-second")
+        assert acme.delete(f"/sessions/{first.json()['session_id']}").status_code == 204
+        refused = acme.post("/sessions", json={})
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["limit"] == "daily_session_seconds"
+        assert 1 <= int(refused.headers["retry-after"]) <= 86400
+        total = acme.get("/v1/usage").json()["total"]
+        assert total["session_seconds"] >= 1 and total["quota_refusals"] == 1
+    with stack.client("globex") as globex:  # another workspace is not charged
+        assert globex.post("/sessions", json={}).status_code == 201
+    assert stack.ready() == 1
+
+
+def test_the_scheduler_refuses_anyone_but_the_proxy(stack: Stack) -> None:
+    stack.sandboxes.publish()
+    client_token = stack.keys.token("acme", admin=True)
+    attempts = [
+        {},
+        {"Authorization": f"Bearer {client_token}", "X-Sandpool-Workspace": "acme"},
+        {"Authorization": "Bearer not-the-internal-credential", "X-Sandpool-Workspace": "acme"},
+        {"Authorization": f"Bearer {INTERNAL_TOKEN}"},
+        {"Authorization": f"Bearer {INTERNAL_TOKEN}", "X-Sandpool-Workspace": "../acme"},
+    ]
+    with httpx.Client(base_url=stack.scheduler.url, timeout=30) as direct:
+        statuses = [direct.post("/sessions", json={}, headers=headers).status_code for headers in attempts]
+    assert statuses[:3] == [401, 401, 401]
+    assert statuses[3] == 403 and statuses[4] == 403
+    assert stack.ready() == 1
+    assert stack.rdb.exists(stack.rkeys.usage_total("acme")) == 0
+
+
+def _workload(stack: Stack) -> dict[str, Any]:
+    """Two sessions: four executions, one upload, one download; both destroyed. Returns the bytes moved."""
+    moved = {"up": 0, "down": 0}
+    with stack.client("acme") as acme:
+        first = acme.post("/sessions", json={}).json()["session_id"]
+        second = acme.post("/sessions", json={}).json()["session_id"]
+        for _ in range(2):
+            assert acme.post(f"/sessions/{first}/exec", json=PRINT_1).status_code == 200
+        assert acme.post(f"/sessions/{first}/exec", json={"tool": "bash_code_execution",
+                                                         "input": {"command": "echo hi"}}).status_code == 200
+        assert acme.post(f"/sessions/{second}/exec", json=PRINT_1).status_code == 200
+        response, sent = upload(acme, first, "data.bin", b"x" * 1000)
+        assert response.status_code == 201
+        moved["up"] += sent
+        download = acme.get(f"/sessions/{first}/files", params={"path": "data.bin"})
+        assert download.content == b"x" * 1000
+        moved["down"] += len(download.content)
+        for sid in (first, second):
+            assert acme.delete(f"/sessions/{sid}").status_code == 204
+    return moved
+
+
+def test_usage_is_exact_after_a_workload_and_across_a_restart(stack_factory: Callable[[], Stack]) -> None:
+    stack = stack_factory()
+    stack.sandboxes.publish_agents(4)
+    moved = _workload(stack)
+    with stack.client("acme") as acme:
+        before = acme.get("/v1/usage", params={"from": time.strftime("%Y-%m-%d", time.gmtime())}).json()
+    total = before["total"]
+    assert total["sessions_created"] == 2
+    assert total["executions:code_execution"] == 3 and total["executions:bash_code_execution"] == 1
+    assert total["bytes_uploaded"] == moved["up"] and total["bytes_downloaded"] == moved["down"]
+    assert total["session_seconds"] > 0 and total["execution_seconds:code_execution"] > 0
+    assert before["days"][0]["counters"] == total  # everything happened today (UTC)
+    events = stack.rdb.xrange(stack.rkeys.usage_events)
+    assert sum(1 for _, e in events if e.get("type") == "session_created" and e.get("workspace") == "acme") == 2
+
+    restarted = stack_factory()  # a new proxy and a new scheduler on the same Redis
+    with restarted.client("acme") as acme:
+        assert acme.get("/v1/usage", params={"from": before["days"][0]["day"]}).json() == before
+    moved_again = _workload(restarted)
+    with restarted.client("acme") as acme:
+        after = acme.get("/v1/usage").json()["total"]
+    assert after["sessions_created"] == 4
+    assert after["executions:code_execution"] == 6 and after["executions:bash_code_execution"] == 2
+    assert after["bytes_uploaded"] == moved["up"] + moved_again["up"]
+    assert after["bytes_downloaded"] == moved["down"] + moved_again["down"]
+    with restarted.client("globex") as globex:
+        assert globex.get("/v1/usage").json()["total"] == {}
