@@ -333,12 +333,17 @@ class Scheduler:
         status = upstream.status_code
 
         async def relay() -> AsyncIterator[bytes]:
+            # One chunk is held back so the call is metered before the client can have its
+            # whole answer: a client that has the answer also sees the usage it caused.
             moved = 0
+            held: bytes | None = None
             finished = False
             try:
                 async for chunk in upstream.aiter_raw():
+                    if held is not None:
+                        yield held
+                    held = chunk
                     moved += len(chunk)
-                    yield chunk
                 finished = True
             except httpx.HTTPError as exc:
                 log.warning("sandbox failed mid-answer", extra={"session": session_id, "error": type(exc).__name__})
@@ -349,10 +354,10 @@ class Scheduler:
                 self.clients.give_back(entry)
                 if not finished:
                     self._spawn(self._done(caller, session_id))
-            # Metered before the last byte is acknowledged, so a client that has its answer
-            # also sees the usage it caused.
             event, amounts = await meter(status, outcome, time.monotonic() - started, moved) if meter else ("", {})
             await self._done(caller, session_id, event=event, amounts=amounts)
+            if held is not None:
+                yield held
 
         return StreamingResponse(relay(), status_code=status, headers=response_headers(upstream.headers))
 
