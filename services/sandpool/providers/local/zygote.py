@@ -94,7 +94,11 @@ class ZygoteClient:
         finally:
             child.close()
         self.sock = parent
-        zygote_protocol.send(parent, {"op": "configure", **config})
+        try:
+            zygote_protocol.send(parent, {"op": "configure", **config})
+        except OSError as exc:  # it died before reading its configuration
+            await self.close()
+            raise ZygoteError(f"the zygote did not start: {exc.strerror or exc}") from None
         parent.setblocking(False)
         self._hello = loop.create_future()
         loop.add_reader(parent.fileno(), self._on_readable)
