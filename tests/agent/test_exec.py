@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from conftest import Agent, content, wait_dead
 
 
@@ -117,12 +119,13 @@ def test_python_timeout_kills_sigint_ignoring_code_and_escaped_children(agent: A
 
 def test_bash_timeout_keeps_shell_state_and_kills_background_children(agent: Agent) -> None:
     agent.sh("export STAY=here")
-    result = agent.sh("(setsid sleep 303 &); sleep 304 & echo $!; sleep 60", timeout=1)
+    tag = f"{random.randrange(10**6):06d}"  # unique, so parallel runs of this suite never see each other's
+    result = agent.sh(f"(setsid sleep 303.{tag} &); sleep 304.{tag} & echo $!; sleep 60", timeout=1)
     c = content(result)
     assert c["return_code"] == 124
     assert result["limit_exceeded"] == "timeout"
     assert wait_dead([int(c["stdout"].split()[0])]) == []
-    lingering = content(agent.sh("pgrep -f 'sleep 30[34]' || echo none"))["stdout"]
+    lingering = content(agent.sh(f"pgrep -f 'sleep 30[34].{tag}' || echo none"))["stdout"]
     assert lingering == "none\n"
     assert content(agent.sh("echo $STAY"))["stdout"] == "here\n"
 

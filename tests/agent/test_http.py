@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import os
 import subprocess
 import sys
@@ -124,12 +125,13 @@ def test_refuses_bad_limits_and_a_broken_interpreter(tmp_path: Path) -> None:
 def test_sigterm_kills_every_child_and_exits_promptly(tmp_path: Path) -> None:
     a = start_agent(tmp_path)
     try:
-        result = a.sh("(setsid sleep 311 &); sleep 312 & echo $!")
+        tag = f"{random.randrange(10**6):06d}"
+        result = a.sh(f"(setsid sleep 311.{tag} &); sleep 312 & echo $!")
         bg = int(content(result)["stdout"])
         pids = json.loads(content(a.py("import os, subprocess\n"
                                        "p = subprocess.Popen(['sleep', '313'])\n"
                                        "print([os.getpid(), p.pid])"))["stdout"])
-        escaped = content(a.sh("pgrep -f 'sleep 311'"))["stdout"].split()
+        escaped = content(a.sh(f"pgrep -f 'sleep 311.{tag}'"))["stdout"].split()
         assert escaped
         holder: dict[str, object] = {}
 
