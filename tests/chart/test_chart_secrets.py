@@ -91,6 +91,9 @@ def test_existing_secrets_are_referenced_not_created(helm: Helm) -> None:
     proxy = find(objs, "Deployment", "-proxy")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in proxy["volumes"]}
     assert volumes["keys"]["secret"]["secretName"] == "my-keys"
+    # Only the named public keys are mounted, whatever else the operator's Secret holds.
+    assert volumes["keys"]["secret"]["items"] == [{"key": "ops-a.pub", "path": "ops-a.pub"},
+                                                  {"key": "ops-b.pub", "path": "ops-b.pub"}]
     assert volumes["internal"]["secret"]["secretName"] == "my-internal"
     args = proxy["containers"][0]["args"]
     assert "--auth-public-key=/etc/sandpool/keys/ops-a.pub" in args and "--auth-public-key=/etc/sandpool/keys/ops-b.pub" in args

@@ -78,6 +78,7 @@ def test_signing_key_stays_out_of_the_serving_container(helm: Helm) -> None:
     assert {m["name"] for m in init["volumeMounts"]} == {"signing", "derived"}
     assert "signing" not in {m["name"] for m in proxy["volumeMounts"]}
     assert "--auth-public-key=/etc/sandpool/derived/signing.pub" in proxy["args"]
+    assert "keys" not in {v["name"] for v in spec["volumes"]}, "no public keys given: nothing to mount"
     # With public keys of its own and no signing key, there is nothing to derive.
     spec = pod_spec(find(helm.render("gvisor-pools-values.yaml"), "Deployment", "-proxy"))
     assert "initContainers" not in spec
