@@ -138,8 +138,10 @@ def test_bash_timeout_of_a_builtin_loop_restarts_the_shell(agent: Agent) -> None
 
 
 def test_timeout_is_clamped_to_the_ceiling(agent: Agent) -> None:
-    assert agent.py("pass", timeout=10_000)["timeout_seconds"] == 300
+    clamped = agent.py("pass", timeout=10_000)["timeout_seconds"]
+    assert clamped == 300 and isinstance(clamped, int)
     assert agent.py("pass")["timeout_seconds"] == 60
+    assert agent.py("pass", timeout=5)["timeout_seconds"] == 5
 
 
 def test_forged_completions_cannot_desynchronise_the_shell(agent: Agent) -> None:

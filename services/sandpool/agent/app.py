@@ -58,7 +58,7 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime(settings, root)  # type: ignore[arg-type]
+        runtime = Runtime(settings, root)
         app.state.runtime = runtime
         try:
             await runtime.start()
@@ -122,7 +122,7 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
                     extra[restart_field] = True
                 after = await _snapshot(runtime)
                 files = produced.changed(before, after, runtime.settings.max_produced_files)
-                extra["timeout_seconds"] = timeout
+                extra["timeout_seconds"] = int(timeout) if float(timeout).is_integer() else timeout
             elapsed_ms = int((time.monotonic() - started) * 1000)
         if outcome.limit is not None:
             extra["limit_exceeded"] = outcome.limit

@@ -27,7 +27,7 @@ log = logging.getLogger("sandpool.agent")
 
 
 class Runtime:
-    def __init__(self, settings: AgentSettings, workspace: Path) -> None:
+    def __init__(self, settings: AgentSettings, workspace: str | Path) -> None:
         self.settings = settings
         self.policy = hardening.ChildPolicy.from_settings(settings)
         self.workspace = Workspace(workspace, owner=(self.policy.uid, self.policy.gid))

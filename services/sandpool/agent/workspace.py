@@ -37,7 +37,7 @@ class NotRegularFile(BadRequest):
 
 
 class Workspace:
-    def __init__(self, root: Path, *, owner: tuple[int | None, int | None] = (None, None)) -> None:
+    def __init__(self, root: str | Path, *, owner: tuple[int | None, int | None] = (None, None)) -> None:
         self.root = os.path.realpath(root)
         self._uid, self._gid = owner
 
