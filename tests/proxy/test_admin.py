@@ -72,11 +72,13 @@ def test_images_outside_the_allow_list_are_403_before_any_lease(proxy: Proxy, ke
         refused = client.post("/sessions", json={"image": "ubuntu-with-tools"})
         not_a_string = client.post("/sessions", json={"image": ["python"]})
         not_json = client.post("/sessions", content=b"image=python")
+        repeated = client.post("/sessions", content=b'{"image": "ubuntu-with-tools", "image": "python"}')
         allowed = client.post("/sessions", json={"image": "node", "idle_timeout_seconds": 5})
         default = client.post("/sessions")
     assert refused.status_code == 403 and refused.json()["reason"] == "image_not_allowed"
     assert refused.json()["allowed_images"] == ["node", "python"]
     assert not_a_string.status_code == 422 and not_json.status_code == 422
+    assert repeated.status_code == 422 and "repeats" in repeated.json()["detail"]
     assert allowed.status_code == 201 and default.status_code == 201
     assert [json.loads(s.body) if s.body else None for s in echo.seen] == [
         {"image": "node", "idle_timeout_seconds": 5}, None]

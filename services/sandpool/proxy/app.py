@@ -47,6 +47,18 @@ class ImageNotAllowed(Forbidden):
     reason = "image_not_allowed"
 
 
+class DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    # Two parsers reading one body must agree on the image: a repeated key is refused, not resolved.
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        raise DuplicateKey("the CreateSession body repeats a key")
+    return document
+
+
 def check_image(body: bytes, effective: Effective) -> None:
     """Refuse a CreateSession naming an image outside the workspace's allow-list (before any lease).
 
@@ -57,9 +69,9 @@ def check_image(body: bytes, effective: Effective) -> None:
     if effective.allowed_images is None:
         return
     try:
-        document = json.loads(body) if body.strip() else {}
-    except ValueError:
-        raise Invalid("the CreateSession body is not JSON") from None
+        document = json.loads(body, object_pairs_hook=_no_duplicate_keys) if body.strip() else {}
+    except ValueError as exc:
+        raise Invalid(str(exc) if isinstance(exc, DuplicateKey) else "the CreateSession body is not JSON") from None
     if not isinstance(document, dict):
         raise Invalid("the CreateSession body must be a JSON object")
     image = document.get("image")

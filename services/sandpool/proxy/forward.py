@@ -21,7 +21,8 @@ from sandpool.core.errors import PayloadTooLarge, Unavailable
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "trailers", "transfer-encoding", "upgrade"})
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", tenancy.REQUEST_ID.lower()}
+# `expect` was answered by the proxy's own server; the scheduler gets the body it asked for.
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "expect", tenancy.REQUEST_ID.lower()}
 
 
 class SchedulerUnavailable(Unavailable):
