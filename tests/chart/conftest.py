@@ -16,6 +16,7 @@ import pytest
 
 from chart_support import ROOT, FakeApiServer, Helm
 
+
 @pytest.fixture(scope="session")
 def helm() -> Helm:
     try:

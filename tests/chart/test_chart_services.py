@@ -200,3 +200,16 @@ def test_bundled_redis_config_runs_with_password_and_append_only(helm: Helm, tmp
         proc.wait(10)
         if proc.stdout:
             proc.stdout.close()
+
+
+def test_local_provider_command_line(helm: Helm) -> None:
+    """`scheduler.provider=local`: sandboxes as processes in the scheduler pod, under its own volume."""
+    objs = helm.render(sets=("scheduler.provider=local",))
+    spec = pod_spec(find(objs, "Deployment", "-scheduler"))
+    [container] = spec["containers"]
+    [scheduler] = _parse("scheduler", container["args"], SchedulerSettings)
+    assert scheduler.provider == "local"
+    assert not [a for a in container["args"] if a.startswith("--kube-")]
+    volume = _mounted(spec, container, str(scheduler.data_dir))
+    assert "emptyDir" in volume
+    assert not [o for o in objs if o["metadata"]["name"].endswith("-sandboxes")]
