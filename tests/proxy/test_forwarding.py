@@ -170,3 +170,31 @@ def test_a_cookie_one_tenant_receives_never_rides_on_another_tenants_call(proxy:
     with httpx.Client(base_url=proxy.url, headers={"Authorization": f"Bearer {keys.token('globex')}"}) as second:
         second.post("/sessions/s2/exec", json={})
     assert echo.seen[-1].header("cookie") == []
+
+
+def test_log_lines_carry_the_request_id_and_never_the_token(proxy: Proxy, keys: Keys) -> None:
+    import io
+    import logging
+
+    from sandpool.core.logs import JsonFormatter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter("proxy"))
+    logger = logging.getLogger("sandpool.proxy")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.DEBUG)
+    token = keys.token(now=0, ttl_seconds=60)  # long expired
+    try:
+        with proxy.client() as client:
+            client.post("/sessions", json={}, headers={"Authorization": f"Bearer {token}", "X-Request-Id": "rid-7"})
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    refused = [line for line in lines if line["msg"] == "credential refused"]
+    assert refused and refused[0]["request_id"] == "rid-7" and refused[0]["reason"] == "expired"
+    access = [line for line in lines if line["msg"] == "request"]
+    assert access and access[0]["status"] == 401 and access[0]["operation"] == "create_session"
+    assert token.split(".")[1] not in stream.getvalue() and token.split(".")[2] not in stream.getvalue()

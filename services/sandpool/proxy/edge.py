@@ -10,6 +10,7 @@ labels (unmatched paths count as `other`).
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -19,6 +20,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandpool.core.logs import request_id_var
 from sandpool.proxy.metrics import ProxyMetrics
+
+log = logging.getLogger(__name__)
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPERATION_KEY = "sandpool.operation"
@@ -70,4 +73,8 @@ class EdgeMiddleware:
         if status["observed"]:
             return
         status["observed"] = True
-        self.metrics.observe(scope.get(OPERATION_KEY, "other"), status["code"], time.perf_counter() - started)
+        operation, seconds = scope.get(OPERATION_KEY, "other"), time.perf_counter() - started
+        self.metrics.observe(operation, status["code"], seconds)
+        if log.isEnabledFor(logging.DEBUG):  # an access line per request only when asked: it costs
+            log.debug("request", extra={"operation": operation, "status": status["code"],
+                                        "ms": round(seconds * 1000, 3)})
