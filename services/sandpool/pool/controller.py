@@ -1,0 +1,451 @@
+"""The pool controller: keeps every pool warm, destroys what was released, repairs drift.
+
+One controller is active per installation (the holder of the leader lease in
+Redis); the others wait and take over within a lease period when it dies. The
+leader follows the sandbox lifecycle of `docs/architecture.md`:
+
+- register `starting` (ceiling checked atomically) -> `provider.create` (returns once
+  the agent answers its health check) -> publish `ready` (one script);
+- drain `doomed` -> `provider.destroy` -> forget the record;
+- reconcile on takeover and periodically: what the provider runs but Redis does not
+  know is destroyed; what Redis knows but the provider does not run is forgotten (its
+  session released); `starting` records older than the start timeout are destroyed.
+
+Nothing here is authoritative in memory: the in-flight set only stops this leader
+from counting its own creates twice. Provider failures back off per pool and are
+bounded; a failed step is retried on a later tick or left to reconciliation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from sandpool.pool.metrics import ControllerMetrics
+from sandpool.pool.leader import LeaderLease
+from sandpool.pool.provider import PoolSpec, Provider, ProviderError, SandboxInfo
+from sandpool.pool.scripts import Scripts
+from sandpool.state.keys import Keys
+
+log = logging.getLogger("sandpool.pool.controller")
+
+
+@dataclass(frozen=True)
+class ControllerTiming:
+    """How often and how patiently the controller acts. Defaults suit production and tests."""
+
+    lease_ms: int = 5000  # a dead leader is replaced within about this long
+    tick_seconds: float = 0.25  # top-up/drain cadence without a nudge (leases publish none)
+    reconcile_seconds: float = 30.0
+    start_timeout_seconds: float = 60.0  # a create slower than this is abandoned and destroyed
+    destroy_timeout_seconds: float = 30.0
+    max_concurrent_starts: int = 4
+    max_concurrent_destroys: int = 8
+    retry_base_seconds: float = 0.5  # per-pool backoff after a failed create: base * 2^n ...
+    retry_max_seconds: float = 15.0  # ... capped here
+    destroy_attempts: int = 5  # then the sandbox is left to reconciliation
+    record_ttl_seconds: int = 7 * 86400  # safety-net expiry of sandbox hashes
+
+
+def new_sandbox_id() -> str:
+    """Unguessable, and valid as a directory name and a Kubernetes object name."""
+    return "sb-" + secrets.token_hex(10)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+class PoolController:
+    def __init__(self, redis: Any, keys: Keys, provider: Provider, pools: Iterable[PoolSpec], *,
+                 replica_id: str, timing: ControllerTiming | None = None,
+                 metrics: ControllerMetrics | None = None, **timing_overrides: Any) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.provider = provider
+        self.pools = {p.name: p for p in pools}
+        self.replica_id = replica_id
+        self.timing = dataclasses.replace(timing or ControllerTiming(), **timing_overrides)
+        self.metrics = metrics or ControllerMetrics.create()
+        self.scripts = Scripts(redis)
+        self.lease = LeaderLease(redis, keys.controller_leader, replica_id, self.scripts,
+                                 lease_ms=self.timing.lease_ms)
+        self._running = False
+        self._leader = False
+        self._wake = asyncio.Event()
+        self._starting: dict[str, str] = {}  # sandbox id -> pool, this leader's creates in flight
+        self._start_tasks: set[asyncio.Task[None]] = set()
+        self._destroying: set[str] = set()
+        self._destroy_tasks: set[asyncio.Task[None]] = set()
+        self._destroy_failures: dict[str, int] = {}
+        self._create_failures: dict[str, int] = {}
+        self._backoff_until: dict[str, float] = {}
+        self._last_reconcile = 0.0
+        self.ticks = 0  # leader loop iterations, for status and tests that wait for "a few more"
+
+    # --- what /readyz asks ---------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """The controller loop is alive (leader or standing by)."""
+        return self._running
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader and self.lease.still_valid()
+
+    def nudge(self) -> None:
+        """Re-evaluate now (a sandbox was released, a create finished)."""
+        self._wake.set()
+
+    # --- election ------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Stand by or lead until cancelled. Never returns on its own."""
+        self._running = True
+        follow = max(0.1, self.timing.lease_ms / 1000 / 5)
+        try:
+            while True:
+                try:
+                    acquired = await self.lease.try_acquire()
+                except RedisError as exc:
+                    log.warning("controller cannot reach redis", extra={"error": str(exc)})
+                    acquired = False
+                if acquired:
+                    await self._lead()
+                await asyncio.sleep(follow)
+        finally:
+            self._running = False
+
+    async def _lead(self) -> None:
+        log.info("pool controller is leader", extra={"replica": self.replica_id})
+        self._leader = True
+        work = asyncio.create_task(self._leader_work(), name="pool-controller-leader")
+        try:
+            await self._hold_lease(work)
+        finally:
+            self._leader = False
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+            await self._abandon()
+            with contextlib.suppress(RedisError, OSError):
+                await asyncio.wait_for(self.lease.release(), 2.0)
+            log.info("pool controller stepped down", extra={"replica": self.replica_id})
+
+    async def _hold_lease(self, work: asyncio.Task[None]) -> None:
+        """Renew the lease until it is lost (or cannot be renewed in time) or the work dies."""
+        interval = self.timing.lease_ms / 1000 / 3
+        while not work.done():
+            done, _ = await asyncio.wait({work}, timeout=interval)
+            if done:
+                exc = work.exception()
+                if exc is not None:
+                    log.error("pool controller leader loop failed", exc_info=exc)
+                return
+            try:
+                if not await asyncio.wait_for(self.lease.renew(), interval):
+                    log.warning("pool controller lost its lease", extra={"replica": self.replica_id})
+                    return
+            except (RedisError, OSError, TimeoutError) as exc:
+                if not self.lease.still_valid():
+                    log.warning("pool controller could not renew its lease in time",
+                                extra={"error": str(exc)})
+                    return
+
+    async def _abandon(self) -> None:
+        """On stepping down: stop our creates and destroy their half-made sandboxes.
+
+        A create cancelled mid-way leaves a `starting` record; destroying it here is the
+        fast path, reconciliation by the next leader the safety net.
+        """
+        tasks = list(self._start_tasks) + list(self._destroy_tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        leftovers = list(self._starting.items())
+        self._starting.clear()
+        if leftovers:
+            await asyncio.gather(*(self._destroy_and_forget(sid, pool) for sid, pool in leftovers),
+                                 return_exceptions=True)
+
+    # --- the leader's loop ---------------------------------------------------------------
+    async def _leader_work(self) -> None:
+        listener = asyncio.create_task(self._listen_for_nudges(), name="pool-controller-nudges")
+        try:
+            await self._step("reconcile", self.reconcile())
+            while True:
+                self._wake.clear()
+                self.ticks += 1
+                await self._step("drain", self.drain_doomed())
+                await self._step("top-up", self.top_up())
+                if time.monotonic() - self._last_reconcile >= self.timing.reconcile_seconds:
+                    await self._step("reconcile", self.reconcile())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.timing.tick_seconds)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener
+
+    async def _step(self, what: str, coro: Any) -> None:
+        """One step of the loop; a failure is logged and the loop carries on next tick."""
+        try:
+            await coro
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("pool controller step failed", extra={"step": what, "error": str(exc)})
+        except ProviderError as exc:
+            log.warning("pool controller step failed", extra={"step": what, "error": str(exc)})
+        except Exception:  # a bug must not stop pools from being kept warm
+            log.exception("pool controller step crashed", extra={"step": what})
+
+    async def _listen_for_nudges(self) -> None:
+        """Wake the loop on every release the scheduler publishes; reconnect with backoff."""
+        delay = 0.2
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(self.keys.pool_events)
+                delay = 0.2
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                    if msg is not None:
+                        self._wake.set()
+            except (RedisError, OSError) as exc:
+                log.warning("pool controller nudge channel failed", extra={"error": str(exc)})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    # --- keeping pools warm --------------------------------------------------------------
+    async def top_up(self) -> None:
+        for pool in self.pools.values():
+            if time.monotonic() < self._backoff_until.get(pool.name, 0.0):
+                continue
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.llen(self.keys.pool_ready(pool.name))
+                pipe.scard(self.keys.pool_members(pool.name))
+                ready, members = await pipe.execute()
+            starting = sum(1 for p in self._starting.values() if p == pool.name)
+            slots = self.timing.max_concurrent_starts - len(self._starting)
+            wanted = min(pool.warm - int(ready) - starting, pool.ceiling - int(members), slots)
+            for _ in range(max(0, wanted)):
+                sandbox_id = new_sandbox_id()
+                registered = await self.scripts.register_starting(
+                    keys=[self.keys.sandbox(sandbox_id), self.keys.pool_members(pool.name)],
+                    args=[sandbox_id, pool.ceiling, pool.name, pool.image, f"{time.time():.3f}",
+                          self.replica_id, self.timing.record_ttl_seconds * 1000])
+                if not registered:
+                    break
+                self._starting[sandbox_id] = pool.name
+                task = asyncio.create_task(self._start(pool, sandbox_id), name=f"start-{sandbox_id}")
+                self._start_tasks.add(task)
+                task.add_done_callback(self._start_tasks.discard)
+
+    async def _start(self, pool: PoolSpec, sandbox_id: str) -> None:
+        began = time.monotonic()
+        try:
+            try:
+                info = await asyncio.wait_for(self.provider.create(pool, sandbox_id),
+                                              self.timing.start_timeout_seconds)
+                if not info.address or not info.secret:
+                    raise ProviderError("provider returned a sandbox without address or secret")
+            except (ProviderError, OSError, TimeoutError) as exc:
+                self._count_provider_error("create")
+                failures = self._create_failures.get(pool.name, 0) + 1
+                self._create_failures[pool.name] = failures
+                delay = min(self.timing.retry_base_seconds * 2 ** (failures - 1), self.timing.retry_max_seconds)
+                self._backoff_until[pool.name] = time.monotonic() + delay
+                log.warning("sandbox create failed", extra={"pool": pool.name, "sandbox": sandbox_id,
+                                                            "error": str(exc) or type(exc).__name__,
+                                                            "retry_in_seconds": delay})
+                await self._destroy_and_forget(sandbox_id, pool.name)
+                return
+            published = await self.scripts.publish_ready(
+                keys=[self.keys.sandbox(sandbox_id), self.keys.pool_ready(pool.name),
+                      self.keys.pool_members(pool.name)],
+                args=[sandbox_id, info.address, info.secret, f"{time.time():.3f}",
+                      self.timing.record_ttl_seconds * 1000])
+            if not published:
+                log.info("sandbox was forgotten while starting; destroying it",
+                         extra={"pool": pool.name, "sandbox": sandbox_id})
+                await self._destroy_and_forget(sandbox_id, pool.name)
+                return
+            self._create_failures.pop(pool.name, None)
+            self.metrics.sandbox_start.labels(pool=pool.name).observe(time.monotonic() - began)
+        except (RedisError, OSError) as exc:
+            log.warning("sandbox publish failed", extra={"sandbox": sandbox_id, "error": str(exc)})
+            await self._destroy_and_forget(sandbox_id, pool.name)
+        finally:
+            self._starting.pop(sandbox_id, None)
+            self._wake.set()
+
+    # --- destroying ----------------------------------------------------------------------
+    async def drain_doomed(self) -> None:
+        """Start destroying every doomed sandbox (bounded concurrency, one task each)."""
+        while len(self._destroying) < self.timing.max_concurrent_destroys:
+            batch = self.timing.max_concurrent_destroys - len(self._destroying)
+            popped = await self.redis.spop(self.keys.doomed, batch)
+            if not popped:
+                return
+            for raw in popped:
+                sandbox_id = _text(raw)
+                if sandbox_id in self._destroying:
+                    continue
+                self._destroying.add(sandbox_id)
+                task = asyncio.create_task(self._destroy_doomed(sandbox_id), name=f"destroy-{sandbox_id}")
+                self._destroy_tasks.add(task)
+                task.add_done_callback(self._destroy_tasks.discard)
+
+    async def _destroy_doomed(self, sandbox_id: str) -> None:
+        try:
+            pool = _text(await self.redis.hget(self.keys.sandbox(sandbox_id), "pool"))
+            if not await self._destroy_and_forget(sandbox_id, pool):
+                attempts = self._destroy_failures.get(sandbox_id, 0) + 1
+                self._destroy_failures[sandbox_id] = attempts
+                if attempts < self.timing.destroy_attempts:
+                    await asyncio.sleep(min(self.timing.retry_base_seconds * 2 ** attempts,
+                                            self.timing.retry_max_seconds))
+                    await self.redis.sadd(self.keys.doomed, sandbox_id)
+                else:
+                    log.error("giving up destroying sandbox; reconciliation will retry",
+                              extra={"sandbox": sandbox_id})
+                    self._destroy_failures.pop(sandbox_id, None)
+            else:
+                self._destroy_failures.pop(sandbox_id, None)
+        except (RedisError, OSError) as exc:
+            log.warning("doomed sandbox handling failed", extra={"sandbox": sandbox_id, "error": str(exc)})
+        finally:
+            self._destroying.discard(sandbox_id)
+            self._wake.set()
+
+    async def _destroy_and_forget(self, sandbox_id: str, pool: str) -> bool:
+        """Destroy through the provider, then drop the record. False if the provider failed."""
+        if not await self._destroy_quietly(sandbox_id):
+            return False
+        await self._forget(sandbox_id, pool)
+        return True
+
+    async def _destroy_quietly(self, sandbox_id: str) -> bool:
+        try:
+            await asyncio.wait_for(self.provider.destroy(sandbox_id), self.timing.destroy_timeout_seconds)
+            return True
+        except (ProviderError, OSError, TimeoutError) as exc:
+            self._count_provider_error("destroy")
+            log.warning("sandbox destroy failed", extra={"sandbox": sandbox_id, "error": str(exc)})
+            return False
+
+    async def _forget(self, sandbox_id: str, pool: str) -> None:
+        await self.scripts.forget(
+            keys=[self.keys.sandbox(sandbox_id), self.keys.pool_members(pool),
+                  self.keys.pool_ready(pool), self.keys.doomed],
+            args=[sandbox_id])
+
+    # --- reconciliation ------------------------------------------------------------------
+    async def reconcile(self) -> None:
+        """Make Redis and the provider agree. Safe to run at any time on the leader."""
+        self._last_reconcile = time.monotonic()
+        try:
+            running = {info.sandbox_id: info for info in await self.provider.list()}
+        except (ProviderError, OSError) as exc:
+            self._count_provider_error("list")
+            log.warning("provider list failed; reconciliation skipped", extra={"error": str(exc)})
+            return
+        # Members are read after the provider's list: a sandbox the provider runs was
+        # registered before it was created, so it is in its pool's members by now.
+        pool_names = set(self.pools) | {info.pool for info in running.values() if info.pool}
+        members: dict[str, str] = {}
+        for pool in sorted(pool_names):
+            for raw in await self.redis.smembers(self.keys.pool_members(pool)):
+                members[_text(raw)] = pool
+
+        for sandbox_id, info in running.items():
+            if sandbox_id not in members and sandbox_id not in self._starting:
+                log.warning("destroying orphan sandbox", extra={"sandbox": sandbox_id, "pool": info.pool})
+                self.metrics.reconciled.labels(kind="orphan_sandbox").inc()
+                await self._destroy_and_forget(sandbox_id, info.pool)
+
+        now = time.time()
+        for sandbox_id, pool in members.items():
+            if sandbox_id in self._starting or sandbox_id in self._destroying:
+                continue
+            record = await self.redis.hgetall(self.keys.sandbox(sandbox_id))
+            fields = {_text(k): _text(v) for k, v in record.items()}
+            state = fields.get("state", "")
+            if sandbox_id in running:
+                if state == "starting":
+                    created = float(fields.get("created_at") or 0)
+                    if now - created > self.timing.start_timeout_seconds:
+                        log.warning("destroying sandbox stuck starting", extra={"sandbox": sandbox_id})
+                        self.metrics.reconciled.labels(kind="stuck_starting").inc()
+                        await self._destroy_and_forget(sandbox_id, pool)
+                elif state == "doomed":
+                    await self.redis.sadd(self.keys.doomed, sandbox_id)
+                elif state in ("ready", "leased") and not running[sandbox_id].ready:
+                    # Its agent is gone for good: the session on it is lost, replace it.
+                    log.warning("sandbox agent is gone; releasing and destroying",
+                                extra={"sandbox": sandbox_id, "state": state})
+                    self.metrics.reconciled.labels(kind="stale_record").inc()
+                    if await self._destroy_quietly(sandbox_id):
+                        await self._forget_and_release(sandbox_id, pool, fields.get("session", ""))
+                elif not state:
+                    # Its record expired or vanished: nobody can lease it any more.
+                    self.metrics.reconciled.labels(kind="orphan_sandbox").inc()
+                    await self._destroy_and_forget(sandbox_id, pool)
+                continue
+            # Redis knows it, the provider does not run it.
+            if state == "starting":
+                created = float(fields.get("created_at") or 0)
+                if now - created <= self.timing.start_timeout_seconds:
+                    continue  # another (old) leader may still be creating it
+                self.metrics.reconciled.labels(kind="stuck_starting").inc()
+            elif state != "doomed":
+                self.metrics.reconciled.labels(kind="stale_record").inc()
+            log.info("forgetting sandbox the provider does not run",
+                     extra={"sandbox": sandbox_id, "pool": pool, "state": state or "missing"})
+            await self._forget_and_release(sandbox_id, pool, fields.get("session", ""))
+
+    async def _forget_and_release(self, sandbox_id: str, pool: str, session_id: str) -> None:
+        """Forget a sandbox the provider no longer runs, releasing its session first.
+
+        The release is the scheduler's own script (mode `dead`: session-seconds metered
+        once, session and deadline dropped, sandbox doomed), so a session lost this way
+        is accounted exactly like one whose agent died under a call.
+        """
+        if session_id and _text(await self.redis.hget(self.keys.session(session_id), "sandbox")) == sandbox_id:
+            from sandpool.scheduler.store import SessionStore  # the scheduler hosts the controller
+
+            released = await SessionStore(self.redis, self.keys).release(
+                session_id=session_id, workspace=None, now=time.time(), mode="dead")
+            if released is not None:
+                log.info("released the session of a lost sandbox",
+                         extra={"sandbox": sandbox_id, "session": session_id})
+        await self._forget(sandbox_id, pool)
+
+    # --- observability -------------------------------------------------------------------
+    def _count_provider_error(self, operation: str) -> None:
+        self.metrics.provider_errors.labels(provider=getattr(self.provider, "name", "unknown"),
+                                             operation=operation).inc()
+
+    def status(self) -> dict[str, object]:
+        """For /readyz and logs: who leads here and what is in flight."""
+        return {"running": self.running, "leader": self.is_leader, "replica": self.replica_id,
+                "starting": len(self._starting), "destroying": len(self._destroying),
+                "pools": {p.name: {"warm": p.warm, "ceiling": p.ceiling} for p in self.pools.values()}}
+
+
+__all__ = ["ControllerTiming", "PoolController", "SandboxInfo", "new_sandbox_id"]

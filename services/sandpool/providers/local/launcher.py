@@ -1,0 +1,113 @@
+"""How the local provider starts a sandbox's agent: a small protocol and its first implementation.
+
+The provider prepares the sandbox (directory, workspace, secret file, uid) and
+hands a `Launcher` what to start; the launcher decides how (a plain subprocess
+here; a namespaced fork from a warm template in `isolation/`). Whatever the
+launcher, the result is a `ProcessHandle` the provider records on disk, so a
+restarted provider can still find and kill the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import sandpool
+from sandpool.providers.local.procs import ProcessHandle, kill_tree, start_time
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one sandbox may use. `uid`/`gid` None: sandboxed code runs as the service's own user."""
+
+    uid: int | None
+    gid: int | None
+    memory_bytes: int | None
+    max_processes: int | None
+    max_open_files: int | None
+    max_file_size_bytes: int | None
+    workspace_bytes: int | None
+    sandbox_python: str | None = None  # the Python sandboxed code runs with (None: the agent's choice)
+
+
+@dataclass(frozen=True)
+class AgentSecret:
+    """The agent's per-sandbox secret: its value and the 0600 file (outside the workspace) holding it."""
+
+    value: str = field(repr=False)
+    file: Path
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
+                     limits: SandboxLimits) -> ProcessHandle:
+        """Start the agent listening on `socket_path`; return as soon as it runs (not when healthy)."""
+
+    async def kill(self, handle: ProcessHandle) -> None:
+        """Kill the agent and every process it started. Idempotent."""
+
+    def describe(self) -> dict[str, object]:
+        """Which launcher, and what isolation it adds, for logs and /readyz."""
+
+
+def agent_arguments(workspace: Path, socket_path: Path, secret: AgentSecret, limits: SandboxLimits) -> list[str]:
+    """`sandpool agent` flags for a sandbox (the secret by file, never as a flag value)."""
+    args = ["agent", "--uds", str(socket_path), "--workspace", str(workspace),
+            "--secret-file", str(secret.file), "--log-level", "warning"]
+    if limits.uid is not None:
+        args += ["--sandbox-uid", str(limits.uid), "--sandbox-gid", str(limits.gid or limits.uid)]
+        if limits.max_processes:
+            args += ["--rlimit-nproc", str(limits.max_processes)]
+    if limits.sandbox_python:
+        args += ["--python-executable", limits.sandbox_python]
+    if limits.max_open_files:
+        args += ["--rlimit-nofile", str(limits.max_open_files)]
+    if limits.max_file_size_bytes:
+        args += ["--rlimit-fsize-bytes", str(limits.max_file_size_bytes)]
+    if limits.memory_bytes:
+        args += ["--rlimit-as-bytes", str(limits.memory_bytes)]
+    return args
+
+
+def agent_environment(workspace: Path) -> dict[str, str]:
+    """A clean environment: nothing of the control plane's (credentials, Redis URL) reaches a sandbox."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": str(workspace),
+        "PYTHONPATH": str(Path(sandpool.__file__).resolve().parent.parent),
+        "PYTHONUNBUFFERED": "1",
+        "MALLOC_ARENA_MAX": "2",  # keeps thread arenas from eating an address-space limit
+    }
+
+
+class SubprocessLauncher:
+    """`python -m sandpool agent ...` in a session of its own, as the service's user (the agent
+    drops sandboxed code to the sandbox uid itself)."""
+
+    def __init__(self, python: str | None = None, *, stop_grace_seconds: float = 2.0) -> None:
+        self.python = python or sys.executable
+        self.stop_grace_seconds = stop_grace_seconds
+
+    async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
+                     limits: SandboxLimits) -> ProcessHandle:
+        log_path = socket_path.parent / "agent.log"
+        # 0600: the agent's log is the control plane's, not the sandboxed code's, to read.
+        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab", buffering=0) as log_file:
+            proc = await asyncio.create_subprocess_exec(
+                self.python, "-m", "sandpool", *agent_arguments(workspace, socket_path, secret, limits),
+                stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                cwd=str(socket_path.parent), env=agent_environment(workspace),
+                start_new_session=True, close_fds=True)
+        return ProcessHandle(pid=proc.pid, pgid=proc.pid, start_time=start_time(proc.pid))
+
+    async def kill(self, handle: ProcessHandle) -> None:
+        await kill_tree(handle, grace=self.stop_grace_seconds)
+
+    def describe(self) -> dict[str, object]:
+        return {"launcher": "subprocess", "namespaces": False, "python": self.python}

@@ -1,0 +1,308 @@
+"""The local provider: each sandbox is an agent process on this host, reached over a Unix socket.
+
+Layout of one sandbox (everything the provider knows is on disk, so a restarted
+provider lists and destroys what an earlier one started):
+
+    <data_dir>/sandboxes/<id>/          0711 root: enterable, not listable
+        meta.json                       pool, uid, gid, created_at
+        secret                          0600: the agent's per-sandbox secret
+        agent.pid                       "pid pgid start_time" of the agent
+        agent.sock                      the agent's socket (address unix://...)
+        agent.log                       0600: the agent's stderr
+        workspace/                      0700, owned by the sandbox uid; a size-capped tmpfs when root
+
+When sandpool runs as root, sandboxed code runs as an unprivileged uid: by
+default one of its own per sandbox (so sandboxes cannot signal each other's
+processes or open each other's files, and destroy can kill every process of
+that uid, including ones that escaped the process tree). Limits are rlimits
+applied by the agent to everything it starts. What the host cannot give is
+named in `describe()["warnings"]` and logged loudly at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import re
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from sandpool.pool.provider import PoolSpec, ProviderError, SandboxInfo
+from sandpool.providers.local import fsmount
+from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits, SubprocessLauncher
+from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
+from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, default_sandbox_python
+
+log = logging.getLogger("sandpool.providers.local")
+
+SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with its terminating NUL
+
+
+class LocalProvider:
+    name = "local"
+
+    def __init__(self, settings: LocalProviderSettings | None = None, *, launcher: Launcher | None = None) -> None:
+        self.settings = settings or LocalProviderSettings()
+        self.launcher: Launcher = launcher or SubprocessLauncher(
+            self.settings.agent_python, stop_grace_seconds=self.settings.stop_grace_seconds)
+        self.root = self.settings.sandboxes_dir()
+        self.privileged = self.settings.privileged()
+        self.tmpfs_ok = self.privileged and self.settings.workspace_tmpfs
+        self.sandbox_python = self.settings.sandbox_python
+        if self.sandbox_python is None and self.privileged:
+            self.sandbox_python = default_sandbox_python(self.settings.agent_python or sys.executable)
+        self.warnings: list[str] = []
+
+    # --- lifecycle of the provider itself ------------------------------------------------
+    async def start(self) -> None:
+        longest = self.root / ("x" * 63) / "agent.sock"
+        if len(os.fsencode(longest)) > SOCKET_PATH_MAX:
+            raise ProviderError(f"data dir path too long for agent sockets ({len(str(longest))} > "
+                                f"{SOCKET_PATH_MAX} bytes): choose a shorter --data-dir", transient=False)
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root.parent, 0o711)
+        os.chmod(self.root, 0o711)
+        if self.privileged and not self.launcher.describe().get("namespaces"):
+            blocked = [p for p in self.root.parents if not os.stat(p).st_mode & 0o001]
+            if blocked:
+                raise ProviderError(f"{blocked[0]} is not searchable by other users, so sandboxed code "
+                                    "(an unprivileged uid) could not reach its workspace: choose a --data-dir "
+                                    "under world-searchable directories", transient=False)
+        self.warnings = self._missing_isolation()
+        for warning in self.warnings:
+            log.warning("local sandboxes are weakly isolated: %s", warning)
+
+    async def close(self) -> None:
+        closer = getattr(self.launcher, "aclose", None)
+        if closer is not None:
+            await closer()
+
+    def _missing_isolation(self) -> list[str]:
+        missing = []
+        described = self.launcher.describe()
+        if not self.privileged:
+            missing.append("not running as root: sandboxed code runs as the service's own user and "
+                           "could signal its processes and read its files")
+        elif not self.settings.sandbox_uid_range:
+            missing.append("one uid shared by all sandboxes: sandboxes can signal each other's processes")
+        if not described.get("namespaces"):
+            missing.append("no namespaces: sandboxes share the host's network, mounts and process table")
+        if not self.tmpfs_ok:
+            missing.append("no workspace size cap (needs root): a sandbox can fill the disk up to its "
+                           "per-file size limit many times over")
+        return missing
+
+    def describe(self) -> dict[str, object]:
+        s = self.settings
+        return {
+            "provider": self.name,
+            **self.launcher.describe(),
+            "sandboxes_dir": str(self.root),
+            "sandbox_python": self.sandbox_python,
+            "uids": ("per-sandbox " + s.sandbox_uid_range if self.privileged and s.sandbox_uid_range
+                     else str(s.sandbox_uid or NOBODY) if self.privileged else "service user"),
+            "workspace_cap_mb": s.workspace_size_mb if self.tmpfs_ok else None,
+            "rlimits": {"memory_mb": s.memory_mb, "max_processes": s.max_processes,
+                        "max_open_files": s.max_open_files, "max_file_size_mb": s.max_file_size_mb},
+            "warnings": list(self.warnings),
+        }
+
+    # --- the provider protocol -----------------------------------------------------------
+    async def create(self, pool: PoolSpec, sandbox_id: str) -> SandboxInfo:
+        sandbox_dir = self._dir(sandbox_id)
+        try:
+            sandbox_dir.mkdir(mode=0o711)
+        except FileExistsError:
+            raise ProviderError(f"sandbox {sandbox_id} already exists", transient=False) from None
+        except OSError as exc:
+            raise ProviderError(f"cannot create sandbox directory: {exc.strerror}") from None
+        try:
+            return await self._create_in(pool, sandbox_id, sandbox_dir)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await self.destroy(sandbox_id)
+            if isinstance(exc, ProviderError) or not isinstance(exc, Exception):
+                raise
+            if isinstance(exc, OSError):
+                raise ProviderError(f"sandbox {sandbox_id} failed to start: {exc.strerror or exc}") from None
+            raise ProviderError(f"sandbox {sandbox_id} failed to start: {type(exc).__name__}") from exc
+
+    async def _create_in(self, pool: PoolSpec, sandbox_id: str, sandbox_dir: Path) -> SandboxInfo:
+        os.chmod(sandbox_dir, 0o711)
+        limits = self._limits(sandbox_id)
+        (sandbox_dir / "meta.json").write_text(json.dumps({
+            "pool": pool.name, "uid": limits.uid, "gid": limits.gid, "created_at": time.time(),
+            "dedicated_uid": self._dedicated(limits.uid)}))
+        secret = AgentSecret(value=secrets.token_urlsafe(32), file=sandbox_dir / "secret")
+        fd = os.open(secret.file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret.value)
+        workspace = sandbox_dir / "workspace"
+        workspace.mkdir(mode=0o700)
+        self._prepare_workspace(workspace, limits)
+        socket_path = sandbox_dir / "agent.sock"
+        handle = await self.launcher.launch(sandbox_id, workspace, socket_path, secret, limits)
+        (sandbox_dir / "agent.pid").write_text(handle.to_line())
+        await self._wait_healthy(sandbox_id, socket_path, handle)
+        return SandboxInfo(sandbox_id=sandbox_id, pool=pool.name, address=f"unix://{socket_path}",
+                           secret=secret.value, ready=True)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        if not SANDBOX_ID.match(sandbox_id):
+            return  # nothing of ours can have that name
+        sandbox_dir = self._dir(sandbox_id)
+        try:
+            meta = self._meta(sandbox_dir)
+            handle = self._handle(sandbox_dir)
+            if handle is not None:
+                await self.launcher.kill(handle)
+            uid, gid = meta.get("uid"), meta.get("gid")
+            if meta.get("dedicated_uid") and isinstance(uid, int) and self._dedicated(uid):
+                if not await kill_uid(uid, gid if isinstance(gid, int) else uid):
+                    raise ProviderError(f"processes of sandbox {sandbox_id} survived SIGKILL")
+            fsmount.unmount_under(sandbox_dir)
+            await asyncio.to_thread(shutil.rmtree, sandbox_dir, ignore_errors=False)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise ProviderError(f"cannot destroy sandbox {sandbox_id}: {exc.strerror or exc}") from None
+
+    async def list(self) -> list[SandboxInfo]:
+        try:
+            entries = sorted(p for p in self.root.iterdir() if p.is_dir() and SANDBOX_ID.match(p.name))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise ProviderError(f"cannot list sandboxes: {exc.strerror}") from None
+        found = []
+        for sandbox_dir in entries:
+            meta = self._meta(sandbox_dir)
+            handle = self._handle(sandbox_dir)
+            try:
+                secret = (sandbox_dir / "secret").read_text().strip() or None
+            except OSError:
+                secret = None
+            found.append(SandboxInfo(
+                sandbox_id=sandbox_dir.name, pool=str(meta.get("pool") or ""),
+                address=f"unix://{sandbox_dir / 'agent.sock'}", secret=secret,
+                ready=handle is not None and is_alive(handle)))
+        return found
+
+    async def destroy_all(self) -> int:
+        """Destroy every sandbox under the data dir (`sandpool up` on its way out)."""
+        sandboxes = await self.list()
+        await asyncio.gather(*(self.destroy(s.sandbox_id) for s in sandboxes))
+        return len(sandboxes)
+
+    # --- helpers -------------------------------------------------------------------------
+    def _dir(self, sandbox_id: str) -> Path:
+        if not SANDBOX_ID.match(sandbox_id):
+            raise ProviderError(f"invalid sandbox id {sandbox_id!r}", transient=False)
+        return self.root / sandbox_id
+
+    @staticmethod
+    def _meta(sandbox_dir: Path) -> dict[str, object]:
+        try:
+            data = json.loads((sandbox_dir / "meta.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @staticmethod
+    def _handle(sandbox_dir: Path) -> ProcessHandle | None:
+        try:
+            return ProcessHandle.from_line((sandbox_dir / "agent.pid").read_text())
+        except OSError:
+            return None
+
+    def _dedicated(self, uid: int | None) -> bool:
+        """The uid belongs to one sandbox only, so every process of it may be killed."""
+        if uid is None or not self.privileged or not self.settings.sandbox_uid_range:
+            return False
+        low, high = self.settings.uid_range()
+        return low <= uid <= high and uid != os.getuid()
+
+    def _limits(self, sandbox_id: str) -> SandboxLimits:
+        s = self.settings
+        uid: int | None = None
+        gid: int | None = None
+        if self.privileged:
+            if s.sandbox_uid_range:
+                uid = self._free_uid()
+                gid = uid
+            else:
+                uid = s.sandbox_uid or NOBODY
+                gid = s.sandbox_gid or uid
+        return SandboxLimits(uid=uid, gid=gid, memory_bytes=s.memory_mb * MIB, max_processes=s.max_processes,
+                             max_open_files=s.max_open_files, max_file_size_bytes=s.max_file_size_mb * MIB,
+                             workspace_bytes=s.workspace_size_mb * MIB if self.tmpfs_ok else None,
+                             sandbox_python=self.sandbox_python)
+
+    def _free_uid(self) -> int:
+        """A uid of the range no sandbox on disk holds (chosen and recorded with no await between)."""
+        low, high = self.settings.uid_range()
+        taken = set()
+        for sandbox_dir in self.root.iterdir():
+            uid = self._meta(sandbox_dir).get("uid")
+            if isinstance(uid, int):
+                taken.add(uid)
+        if len(taken) > high - low:
+            raise ProviderError("no free sandbox uid left in --sandbox-uid-range")
+        while True:
+            uid = random.randint(low, high)
+            if uid not in taken:
+                return uid
+
+    def _prepare_workspace(self, workspace: Path, limits: SandboxLimits) -> None:
+        if self.tmpfs_ok and limits.workspace_bytes:
+            try:
+                fsmount.mount_tmpfs(workspace, size=limits.workspace_bytes, uid=limits.uid or 0,
+                                    gid=limits.gid or 0)
+                return
+            except OSError as exc:
+                self.tmpfs_ok = False
+                warning = f"cannot mount a size-capped workspace ({exc.strerror}): no workspace size cap"
+                self.warnings.append(warning)
+                log.warning("local sandboxes are weakly isolated: %s", warning)
+        if limits.uid is not None:
+            os.chown(workspace, limits.uid, limits.gid if limits.gid is not None else limits.uid)
+        os.chmod(workspace, 0o700)
+
+    async def _wait_healthy(self, sandbox_id: str, socket_path: Path, handle: ProcessHandle) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.start_timeout_seconds
+        transport = httpx.AsyncHTTPTransport(uds=str(socket_path))
+        async with httpx.AsyncClient(transport=transport, base_url="http://sandbox", timeout=2.0) as client:
+            while True:
+                if socket_path.exists():
+                    try:
+                        response = await client.get("/healthz")
+                        if response.status_code == 200:
+                            return
+                    except httpx.HTTPError:
+                        pass
+                if not is_alive(handle):
+                    raise ProviderError(f"agent of sandbox {sandbox_id} exited while starting: "
+                                        f"{self._log_tail(socket_path.parent)}")
+                if loop.time() > deadline:
+                    raise ProviderError(f"agent of sandbox {sandbox_id} did not answer its health check "
+                                        f"within {self.settings.start_timeout_seconds:g}s")
+                await asyncio.sleep(0.01)
+
+    @staticmethod
+    def _log_tail(sandbox_dir: Path) -> str:
+        try:
+            lines = (sandbox_dir / "agent.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(lines[-3:])[-500:] or "(empty log)"

@@ -1,0 +1,86 @@
+"""Settings of the local provider: where sandboxes live and the limits each one runs under.
+
+Every field is a flag and a `SANDPOOL_*` variable (the scheduler adds them to its
+own command line). Limits are per sandbox; rlimits always apply, the workspace cap
+needs root (a size-capped tmpfs per workspace), and per-sandbox uids need root.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from sandpool.core.settings import ServiceSettings
+
+MIB = 1024 * 1024
+NOBODY = 65534
+
+
+class LocalProviderSettings(ServiceSettings):
+    data_dir: Path = Field(default=Path(".sandpool"), description=(
+        "Directory holding each sandbox's workspace, agent socket, secret and pid file "
+        "(<data-dir>/sandboxes/<id>/); every parent must be searchable by the sandbox uid"))
+    sandbox_uid: int | None = Field(default=None, ge=1, description=(
+        "uid sandboxed code runs as when sandpool runs as root (default 65534, nobody); "
+        "ignored with --sandbox-uid-range"))
+    sandbox_gid: int | None = Field(default=None, ge=1, description="gid sandboxed code runs as (default: its uid)")
+    sandbox_uid_range: str = Field(default="1000000-1099999", pattern=r"^(|\d+-\d+)$", description=(
+        "When root: give each sandbox its own uid (and gid) from this inclusive range, so sandboxes "
+        "cannot signal each other's processes or read each other's files; empty: one shared uid"))
+    memory_mb: int = Field(default=1024, ge=64, description="Address-space limit of each sandboxed process (MiB)")
+    max_processes: int = Field(default=256, ge=8, description="Processes the sandbox's uid may run")
+    max_open_files: int = Field(default=1024, ge=64, description="Open files per sandboxed process")
+    max_file_size_mb: int = Field(default=512, ge=1, description="Largest file sandboxed code may write (MiB)")
+    workspace_size_mb: int = Field(default=512, ge=1, description=(
+        "Workspace size cap (MiB): a tmpfs of this size is mounted as each workspace when root"))
+    workspace_tmpfs: bool = Field(default=True, description=(
+        "Mount a size-capped tmpfs as each workspace when running as root (memory-backed)"))
+    start_timeout_seconds: float = Field(default=30.0, gt=0, description=(
+        "How long a new sandbox's agent may take to answer its health check"))
+    stop_grace_seconds: float = Field(default=2.0, ge=0, description=(
+        "Between SIGTERM and SIGKILL when a sandbox is destroyed"))
+    agent_python: str | None = Field(default=None, description=(
+        "Python that runs `-m sandpool agent` (default: the one running sandpool)"))
+    sandbox_python: str | None = Field(default=None, description=(
+        "Python that runs sandboxed code, as the sandbox uid (default: sandpool's own when other "
+        "users may run it, else /usr/bin/python3)"))
+
+    @model_validator(mode="after")
+    def _range_ok(self) -> LocalProviderSettings:
+        if self.sandbox_uid_range:
+            low, high = self.uid_range()
+            if not 1 <= low <= high:
+                raise ValueError("sandbox_uid_range must be LOW-HIGH with 1 <= LOW <= HIGH")
+        return self
+
+    def uid_range(self) -> tuple[int, int]:
+        low, _, high = self.sandbox_uid_range.partition("-")
+        return int(low), int(high)
+
+    def sandboxes_dir(self) -> Path:
+        return Path(self.data_dir).expanduser().absolute() / "sandboxes"
+
+    def privileged(self) -> bool:
+        """Running as root: sandboxed code drops to an unprivileged uid."""
+        return os.geteuid() == 0
+
+
+def runnable_by_others(path: str | Path) -> bool:
+    """Another uid may execute `path`: every parent searchable and the file executable by 'other'."""
+    try:
+        real = Path(path).resolve(strict=True)
+        if not real.stat().st_mode & 0o001:
+            return False
+        return all(parent.stat().st_mode & 0o001 for parent in real.parents)
+    except OSError:
+        return False
+
+
+def default_sandbox_python(own: str) -> str | None:
+    """sandpool's own Python if a sandbox uid can run it (a venv under /root cannot be), else the system's."""
+    for candidate in (own, "/usr/bin/python3", "/usr/local/bin/python3"):
+        if runnable_by_others(candidate):
+            return candidate
+    return None

@@ -1,0 +1,317 @@
+"""The pool controller against a real Redis, the real local provider and real agents."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pool_helpers import eventually
+
+from sandpool.pool.controller import PoolController
+from sandpool.pool.provider import PoolSpec
+from sandpool.providers.local import procs
+from sandpool.providers.local.provider import LocalProvider
+from sandpool.providers.local.settings import LocalProviderSettings
+from sandpool.scheduler.limits import SessionLimits
+from sandpool.scheduler.store import Leased, SessionStore
+from sandpool.state.keys import Keys
+
+HERE = Path(__file__).resolve().parent
+LIMITS = SessionLimits(idle_timeout_seconds=300, max_lifetime_seconds=3600, exec_timeout_seconds=30,
+                       max_exec_timeout_seconds=60)
+
+
+def pool(warm: int = 2, ceiling: int = 4, name: str = "default") -> PoolSpec:
+    return PoolSpec(name=name, image="python", warm=warm, ceiling=ceiling)
+
+
+def controller(redis, keys, provider, pools, replica="r1", **timing) -> PoolController:
+    timing.setdefault("tick_seconds", 0.2)
+    timing.setdefault("lease_ms", 2000)
+    return PoolController(redis, keys, provider, pools, replica_id=replica, **timing)
+
+
+def start(tasks: list, c: PoolController) -> asyncio.Task:
+    task = asyncio.create_task(c.run())
+    tasks.append(task)
+    return task
+
+
+async def ready_ids(redis, keys: Keys, name: str = "default") -> list[str]:
+    return await redis.lrange(keys.pool_ready(name), 0, -1)
+
+
+async def test_fills_the_pool_to_its_warm_target_with_healthy_published_sandboxes(redis, keys, provider, tasks):
+    c = controller(redis, keys, provider, [pool(warm=2, ceiling=4)])
+    start(tasks, c)
+
+    async def two_ready() -> bool:
+        return len(await ready_ids(redis, keys)) == 2
+
+    await eventually(two_ready, what="two ready sandboxes")
+    assert c.running and c.is_leader
+    assert await redis.get(keys.controller_leader) == "r1"
+    ids = await ready_ids(redis, keys)
+    assert sorted(await redis.smembers(keys.pool_members("default"))) == sorted(ids)
+    running = {s.sandbox_id: s for s in await provider.list()}
+    for sandbox_id in ids:
+        record = await redis.hgetall(keys.sandbox(sandbox_id))
+        assert record["state"] == "ready" and record["pool"] == "default" and record["owner"] == "r1"
+        assert record["address"] == running[sandbox_id].address and record["secret"] == running[sandbox_id].secret
+        assert float(record["ready_at"]) >= float(record["created_at"])
+        assert await redis.pttl(keys.sandbox(sandbox_id)) > 0  # the safety-net expiry is set
+    assert set(running) == set(ids)
+    assert c.metrics.sandbox_start.labels(pool="default")._sum.get() > 0
+
+
+async def test_never_exceeds_the_ceiling(redis, keys, provider, tasks):
+    c = controller(redis, keys, provider, [pool(warm=3, ceiling=2)])
+    start(tasks, c)
+    seen: list[int] = []
+
+    async def settled() -> bool:
+        seen.append(await redis.scard(keys.pool_members("default")))
+        return len(await ready_ids(redis, keys)) == 2
+
+    await eventually(settled, what="the ceiling's worth of ready sandboxes")
+    ticks = c.ticks
+
+    async def more_ticks() -> bool:
+        seen.append(await redis.scard(keys.pool_members("default")))
+        return c.ticks >= ticks + 5
+
+    await eventually(more_ticks, what="five more controller ticks")
+    assert max(seen) <= 2
+    assert len(await provider.list()) == 2
+
+
+async def test_replaces_released_sandboxes_promptly_on_the_nudge(redis, keys, provider, tasks):
+    # A long tick: only the release's PUBLISH can wake the controller within the deadline.
+    c = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], tick_seconds=120)
+    start(tasks, c)
+
+    async def two_ready() -> bool:
+        return len(await ready_ids(redis, keys)) == 2
+
+    await eventually(two_ready, what="two ready sandboxes")
+    store = SessionStore(redis, keys)
+    leased = await store.lease(session_id="sess-1", workspace="ws", pool="default", image="python",
+                               now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+    assert isinstance(leased, Leased)
+    handle = procs.ProcessHandle.from_line(
+        (provider.root / leased.sandbox / "agent.pid").read_text())
+
+    assert leased.sandbox not in await ready_ids(redis, keys)
+    assert (await redis.hgetall(keys.sandbox(leased.sandbox)))["state"] == "leased"
+    assert len(await ready_ids(redis, keys)) == 1  # a lease publishes nothing: the next tick refills
+
+    released = await store.release(session_id="sess-1", workspace="ws", now=time.time(), mode="destroy")
+    assert released is not None and released.sandbox == leased.sandbox
+
+    async def destroyed() -> bool:
+        return (not (provider.root / leased.sandbox).exists()
+                and not await redis.exists(keys.sandbox(leased.sandbox))
+                and not await redis.sismember(keys.pool_members("default"), leased.sandbox)
+                and not await redis.sismember(keys.doomed, leased.sandbox))
+
+    await eventually(destroyed, timeout=20, what="the released sandbox destroyed and forgotten")
+    assert not procs.is_alive(handle)
+    await eventually(two_ready, what="the pool refilled")
+    assert len(await provider.list()) == 2
+
+
+async def test_reconciles_orphans_stale_records_and_stuck_starts_after_a_restart(redis, keys, data_dir, tasks):
+    provider = LocalProvider(LocalProviderSettings(data_dir=data_dir))
+    await provider.start()
+    first = controller(redis, keys, provider, [pool(warm=2, ceiling=8)], replica="old")
+    first_task = start(tasks, first)
+
+    async def two_ready() -> bool:
+        return len(await ready_ids(redis, keys)) == 2
+
+    await eventually(two_ready, what="two ready sandboxes")
+    kept = sorted(await ready_ids(redis, keys))
+    first_task.cancel()
+    await asyncio.gather(first_task, return_exceptions=True)
+    assert not first.running
+
+    # What a crash can leave behind:
+    spec = pool()
+    orphan = await provider.create(spec, "sb-orphan")  # runs, unknown to Redis
+    orphan_handle = procs.ProcessHandle.from_line((provider.root / "sb-orphan" / "agent.pid").read_text())
+    await provider.create(spec, "sb-stuck")  # runs, record stuck in `starting`
+    old = f"{time.time() - 3600:.3f}"
+    for sandbox_id, state in (("sb-stuck", "starting"), ("sb-ghost", "starting"), ("sb-stale", "ready"),
+                              ("sb-lost", "ready")):
+        await redis.hset(keys.sandbox(sandbox_id), mapping={"state": state, "pool": "default", "image": "python",
+                                                            "created_at": old, "owner": "old",
+                                                            "address": "unix:///nowhere", "secret": "x"})
+        await redis.sadd(keys.pool_members("default"), sandbox_id)
+    await redis.rpush(keys.pool_ready("default"), "sb-stale")
+    await redis.lpush(keys.pool_ready("default"), "sb-lost")
+    store = SessionStore(redis, keys)
+    leased = await store.lease(session_id="sess-lost", workspace="ws", pool="default", image="python",
+                               now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+    assert isinstance(leased, Leased) and leased.sandbox == "sb-lost"
+    assert orphan.ready
+
+    second = controller(redis, keys, provider, [pool(warm=2, ceiling=8)], replica="new")
+    start(tasks, second)
+
+    async def repaired() -> bool:
+        members = sorted(await redis.smembers(keys.pool_members("default")))
+        listed = sorted(s.sandbox_id for s in await provider.list())
+        return members == kept and listed == kept and sorted(await ready_ids(redis, keys)) == kept
+
+    await eventually(repaired, what="Redis and the provider agreeing on the two kept sandboxes")
+    for gone in ("sb-orphan", "sb-stuck", "sb-ghost", "sb-stale", "sb-lost"):
+        assert not await redis.exists(keys.sandbox(gone)), gone
+        assert not (provider.root / gone).exists(), gone
+    assert not procs.is_alive(orphan_handle)
+    # The session on the vanished sandbox was released like a dead agent's, metered once.
+    assert not await redis.exists(keys.session("sess-lost"))
+    assert await redis.zscore(keys.deadlines, "sess-lost") is None
+    assert await redis.smembers(keys.workspace_sessions("ws")) == set()
+    events = [fields for _, fields in await redis.xrange(keys.usage_events)]
+    released = [e for e in events if e.get("type") == "session_released" and e.get("session") == "sess-lost"]
+    assert len(released) == 1 and released[0]["reason"] == "dead"
+    reconciled = second.metrics.reconciled
+    assert reconciled.labels(kind="orphan_sandbox")._value.get() == 1
+    assert reconciled.labels(kind="stuck_starting")._value.get() == 2
+    assert reconciled.labels(kind="stale_record")._value.get() == 2
+
+
+async def test_a_dead_agent_under_a_session_is_released_and_replaced(redis, keys, provider, tasks):
+    c = controller(redis, keys, provider, [pool(warm=1, ceiling=4)], reconcile_seconds=0.5)
+    start(tasks, c)
+
+    async def one_ready() -> bool:
+        return len(await ready_ids(redis, keys)) == 1
+
+    await eventually(one_ready, what="a ready sandbox")
+    store = SessionStore(redis, keys)
+    leased = await store.lease(session_id="sess-d", workspace="ws", pool="default", image="python",
+                               now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+    assert isinstance(leased, Leased)
+    handle = procs.ProcessHandle.from_line((provider.root / leased.sandbox / "agent.pid").read_text())
+    os.killpg(handle.pgid, signal.SIGKILL)
+
+    async def cleaned() -> bool:
+        return (not await redis.exists(keys.session("sess-d"))
+                and not await redis.exists(keys.sandbox(leased.sandbox))
+                and not (provider.root / leased.sandbox).exists())
+
+    await eventually(cleaned, what="the dead sandbox's session released and the sandbox removed")
+    await eventually(one_ready, what="the pool warm again")
+
+
+async def test_exactly_one_leader_and_a_graceful_handover(redis, keys, provider, tasks):
+    a = controller(redis, keys, provider, [pool(warm=1, ceiling=2)], replica="a", lease_ms=1000)
+    b = controller(redis, keys, provider, [pool(warm=1, ceiling=2)], replica="b", lease_ms=1000)
+    task_a = start(tasks, a)
+    start(tasks, b)
+    both: list[bool] = []
+
+    async def one_leads_a_while() -> bool:
+        both.append(a.is_leader and b.is_leader)
+        return (a.is_leader or b.is_leader) and max(a.ticks, b.ticks) >= 10
+
+    await eventually(one_leads_a_while, what="a leader running ten ticks")
+    assert not any(both)
+    assert a.running and b.running
+    leader, follower = (a, b) if a.is_leader else (b, a)
+    if leader is a:
+        task_a.cancel()
+    else:
+        tasks[1].cancel()
+
+    async def follower_leads() -> bool:
+        return follower.is_leader
+
+    await eventually(follower_leads, timeout=15, what="the follower taking over")
+    assert await redis.get(keys.controller_leader) == follower.replica_id
+
+
+async def test_a_killed_leader_is_replaced_within_seconds(redis_url, redis, keys, data_dir, tasks):
+    proc = subprocess.Popen([sys.executable, str(HERE / "controller_process.py"), redis_url, keys.prefix,
+                             str(data_dir), "crashy", "1500", "2", "4"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        async def crashy_filled() -> bool:
+            return (await redis.get(keys.controller_leader) == "crashy"
+                    and len(await ready_ids(redis, keys)) == 2)
+
+        await eventually(crashy_filled, what="the subprocess controller leading a warm pool")
+        created = sorted(await ready_ids(redis, keys))
+        provider = LocalProvider(LocalProviderSettings(data_dir=data_dir))
+        await provider.start()
+        standby = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], replica="standby", lease_ms=1500)
+        start(tasks, standby)
+
+        async def standby_waiting() -> bool:
+            return standby.running
+
+        await eventually(standby_waiting, what="the standby running")
+        assert not standby.is_leader
+        proc.send_signal(signal.SIGKILL)  # no lease release, no cleanup: a crash
+        proc.wait(10)
+
+        async def took_over() -> bool:
+            return standby.is_leader
+
+        await eventually(took_over, timeout=15, what="the standby taking over")
+        assert await redis.get(keys.controller_leader) == "standby"
+
+        async def adopted() -> bool:
+            return sorted(await ready_ids(redis, keys)) == created and standby.ticks >= 3
+
+        await eventually(adopted, what="the crashed leader's sandboxes kept (not destroyed as orphans)")
+        assert sorted(s.sandbox_id for s in await provider.list()) == created
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_provider_errors_back_off_leave_nothing_behind_and_recover(redis, keys, data_dir, tasks):
+    provider = LocalProvider(LocalProviderSettings(data_dir=data_dir, agent_python="/nonexistent/python"))
+    await provider.start()
+    c = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], retry_base_seconds=0.05,
+                   retry_max_seconds=0.3, max_concurrent_starts=2)
+    start(tasks, c)
+    errors = c.metrics.provider_errors.labels(provider="local", operation="create")
+
+    async def failing() -> bool:
+        return errors._value.get() >= 6
+
+    await eventually(failing, what="several failed creates")
+    assert c._create_failures["default"] >= 3  # consecutive failures drive the backoff
+    assert await redis.scard(keys.pool_members("default")) <= 2  # never more than the bounded in-flight
+    assert len(list((data_dir / "sandboxes").iterdir())) <= 2
+
+    provider.launcher.python = sys.executable  # the provider heals
+
+    async def warm() -> bool:
+        return len(await ready_ids(redis, keys)) == 2
+
+    await eventually(warm, what="the pool filled once the provider works")
+    assert "default" not in c._create_failures
+    assert sorted(await redis.smembers(keys.pool_members("default"))) == sorted(await ready_ids(redis, keys))
+    assert sorted(p.name for p in (data_dir / "sandboxes").iterdir()) == sorted(await ready_ids(redis, keys))
+
+
+async def test_a_pool_with_a_zero_warm_target_creates_nothing(redis, keys, provider, tasks):
+    c = controller(redis, keys, provider, [pool(warm=0, ceiling=4)])
+    start(tasks, c)
+
+    async def ticking() -> bool:
+        return c.ticks >= 5
+
+    await eventually(ticking, what="five ticks")
+    assert await redis.scard(keys.pool_members("default")) == 0
+    assert await provider.list() == []

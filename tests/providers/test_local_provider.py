@@ -1,0 +1,205 @@
+"""The local provider against real agent processes: lifecycle, process trees, uids, secrets, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from local_helpers import agent_client, output, run
+
+from sandpool.pool.provider import PoolSpec, Provider, ProviderError
+from sandpool.providers import build_provider
+from sandpool.providers.local import procs
+from sandpool.providers.local.provider import LocalProvider
+from sandpool.providers.local.settings import LocalProviderSettings
+
+POOL = PoolSpec(name="default", image="python")
+ROOT = os.geteuid() == 0
+
+
+def provider_for(data_dir: Path, **overrides) -> LocalProvider:
+    return LocalProvider(LocalProviderSettings(data_dir=data_dir, start_timeout_seconds=30, **overrides))
+
+
+async def started(data_dir: Path, **overrides) -> LocalProvider:
+    provider = provider_for(data_dir, **overrides)
+    await provider.start()
+    return provider
+
+
+async def test_create_list_destroy(data_dir: Path) -> None:
+    provider = await started(data_dir)
+    assert isinstance(provider, Provider)
+    info = await provider.create(POOL, "sb-one")
+    assert info.ready and info.pool == "default" and info.sandbox_id == "sb-one"
+    assert info.address == f"unix://{data_dir / 'sandboxes' / 'sb-one' / 'agent.sock'}"
+    assert info.secret and len(info.secret) >= 32
+
+    async with agent_client(info.address) as anonymous:
+        assert (await anonymous.get("/healthz")).status_code == 200
+        refused = await anonymous.post("/sessions/s/exec", json={"tool": "code_execution",
+                                                                 "input": {"code": "print(1)"}})
+        assert refused.status_code == 401
+    stdout, _, code = output(await run(info.address, info.secret, "code_execution", code="print(1)"))
+    assert (stdout, code) == ("1\n", 0)
+
+    listed = await provider.list()
+    assert [(s.sandbox_id, s.pool, s.ready, s.secret) for s in listed] == [("sb-one", "default", True, info.secret)]
+    handle = procs.ProcessHandle.from_line((data_dir / "sandboxes" / "sb-one" / "agent.pid").read_text())
+    assert handle is not None and procs.is_alive(handle)
+
+    await provider.destroy("sb-one")
+    assert not procs.is_alive(handle)
+    assert not (data_dir / "sandboxes" / "sb-one").exists()
+    assert await provider.list() == []
+    await provider.destroy("sb-one")  # idempotent
+
+
+async def test_destroy_kills_the_whole_process_tree(data_dir: Path) -> None:
+    provider = await started(data_dir)
+    info = await provider.create(POOL, "sb-tree")
+    # A child, a grandchild in its own session (escapes the process group) and a python child.
+    script = ("sleep 300 & echo $!; setsid sleep 301 < /dev/null > /dev/null 2>&1 & echo $!; "
+              "nohup bash -c 'sleep 302' > /dev/null 2>&1 & echo $!")
+    stdout, _, _ = output(await run(info.address, info.secret, "bash_code_execution", command=script))
+    pids = [int(p) for p in stdout.split()]
+    assert len(pids) == 3 and all(procs._stat_fields(pid) is not None for pid in pids)
+    await provider.destroy("sb-tree")
+    for pid in pids:
+        fields = procs._stat_fields(pid)
+        assert fields is None or fields[0] in ("Z", "X"), f"process {pid} survived destroy"
+
+
+@pytest.mark.skipif(not ROOT, reason="uid separation needs root")
+async def test_sandboxed_code_runs_unprivileged_and_cannot_read_the_secret(data_dir: Path) -> None:
+    provider = await started(data_dir)
+    info = await provider.create(POOL, "sb-uid")
+    secret_file = data_dir / "sandboxes" / "sb-uid" / "secret"
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600 and secret_file.stat().st_uid == 0
+    code = (
+        "import os, json\n"
+        "out = {'uid': os.getuid(), 'gid': os.getgid(), 'euid': os.geteuid()}\n"
+        f"try:\n    open({str(secret_file)!r}).read(); out['secret'] = 'read'\n"
+        "except PermissionError:\n    out['secret'] = 'denied'\n"
+        f"out['env'] = any({info.secret!r} in v for v in os.environ.values())\n"
+        "print(json.dumps(out))\n"
+    )
+    stdout, stderr, _ = output(await run(info.address, info.secret, "code_execution", code=code))
+    import json
+
+    seen = json.loads(stdout)
+    low, high = LocalProviderSettings().uid_range()
+    assert seen["uid"] != 0 and seen["euid"] != 0 and low <= seen["uid"] <= high, seen
+    assert seen["secret"] == "denied" and seen["env"] is False
+    # Bash too: the agent's own environment and memory are out of reach.
+    handle = procs.ProcessHandle.from_line((data_dir / "sandboxes" / "sb-uid" / "agent.pid").read_text())
+    stdout, _, _ = output(await run(info.address, info.secret, "bash_code_execution",
+                                    command=f"id -u; cat /proc/{handle.pid}/environ >/dev/null 2>&1 "
+                                            f"&& echo LEAK || echo denied"))
+    assert stdout.split() == [str(seen["uid"]), "denied"]
+    await provider.destroy("sb-uid")
+
+
+@pytest.mark.skipif(not ROOT, reason="uid separation needs root")
+async def test_sandboxes_cannot_touch_each_other(data_dir: Path) -> None:
+    provider = await started(data_dir)
+    a, b = await asyncio.gather(provider.create(POOL, "sb-a"), provider.create(POOL, "sb-b"))
+    workspace_b = data_dir / "sandboxes" / "sb-b" / "workspace"
+    stdout, _, _ = output(await run(b.address, b.secret, "bash_code_execution",
+                                    command="echo private > note.txt; sleep 300 & echo $!"))
+    sleeper = int(stdout.split()[-1])
+    stdout, _, _ = output(await run(a.address, a.secret, "bash_code_execution",
+                                    command=f"cat {workspace_b}/note.txt 2>/dev/null || echo no-read; "
+                                            f"kill -9 {sleeper} 2>/dev/null || echo no-kill"))
+    assert stdout.split() == ["no-read", "no-kill"]
+    assert procs._stat_fields(sleeper) is not None
+    await asyncio.gather(provider.destroy("sb-a"), provider.destroy("sb-b"))
+
+
+@pytest.mark.skipif(not ROOT, reason="the workspace cap is a tmpfs, which needs root")
+async def test_workspace_size_is_capped(data_dir: Path) -> None:
+    provider = await started(data_dir, workspace_size_mb=4)
+    info = await provider.create(POOL, "sb-cap")
+    stdout, _, _ = output(await run(info.address, info.secret, "bash_code_execution",
+                                    command="head -c 8M /dev/zero > big 2>/dev/null; echo $?; du -k big | cut -f1"))
+    status, kib = stdout.split()
+    assert status != "0" and int(kib) <= 4096
+    await provider.destroy("sb-cap")
+    assert not (data_dir / "sandboxes" / "sb-cap").exists()
+
+
+async def test_a_restarted_provider_finds_and_destroys_earlier_sandboxes(data_dir: Path) -> None:
+    first = await started(data_dir)
+    info = await first.create(POOL, "sb-keep")
+    handle = procs.ProcessHandle.from_line((data_dir / "sandboxes" / "sb-keep" / "agent.pid").read_text())
+    second = await started(data_dir)  # a new process would see exactly this
+    assert [(s.sandbox_id, s.ready, s.secret) for s in await second.list()] == [("sb-keep", True, info.secret)]
+    await second.destroy("sb-keep")
+    assert not procs.is_alive(handle) and await second.list() == []
+
+
+async def test_a_dead_agent_is_listed_not_ready(data_dir: Path) -> None:
+    provider = await started(data_dir)
+    await provider.create(POOL, "sb-dies")
+    handle = procs.ProcessHandle.from_line((data_dir / "sandboxes" / "sb-dies" / "agent.pid").read_text())
+    os.killpg(handle.pgid, 9)
+    deadline = asyncio.get_running_loop().time() + 10
+    while procs.is_alive(handle) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+    assert [(s.sandbox_id, s.ready) for s in await provider.list()] == [("sb-dies", False)]
+    await provider.destroy("sb-dies")
+    assert await provider.list() == []
+
+
+@pytest.mark.parametrize("bad", ["", "../escape", "a/b", ".hidden", "x" * 64, "sp ace", "-dash"])
+async def test_malformed_sandbox_ids_are_refused_without_side_effects(data_dir: Path, bad: str) -> None:
+    provider = await started(data_dir)
+    with pytest.raises(ProviderError) as err:
+        await provider.create(POOL, bad)
+    assert err.value.transient is False
+    await provider.destroy(bad)  # nothing of ours can have that name: a no-op, never a path outside
+    assert sorted(p.name for p in (data_dir / "sandboxes").iterdir()) == []
+    assert sorted(p.name for p in data_dir.iterdir()) == ["sandboxes"]
+
+
+async def test_duplicate_id_is_refused_and_leaves_the_first_running(data_dir: Path) -> None:
+    provider = await started(data_dir)
+    info = await provider.create(POOL, "sb-dup")
+    with pytest.raises(ProviderError):
+        await provider.create(POOL, "sb-dup")
+    assert [s.ready for s in await provider.list()] == [True]
+    stdout, _, _ = output(await run(info.address, info.secret, "code_execution", code="print(2)"))
+    assert stdout == "2\n"
+    await provider.destroy("sb-dup")
+
+
+async def test_an_agent_that_cannot_start_is_a_provider_error_and_leaves_nothing(data_dir: Path) -> None:
+    provider = await started(data_dir, agent_python="/nonexistent/python")
+    with pytest.raises(ProviderError):
+        await provider.create(POOL, "sb-fail")
+    assert await provider.list() == []
+    assert not (data_dir / "sandboxes" / "sb-fail").exists()
+
+
+async def test_a_too_long_data_dir_is_refused_at_start(data_dir: Path) -> None:
+    too_long = data_dir / ("d" * 80)
+    provider = provider_for(too_long)
+    with pytest.raises(ProviderError, match="too long"):
+        await provider.start()
+    assert not too_long.exists()
+
+
+def test_build_provider_picks_fields_by_name(data_dir: Path) -> None:
+    class SchedulerLike:
+        data_dir = None
+        pool_size = 3
+        start_timeout_seconds = 7.5
+
+    provider = build_provider("local", SchedulerLike(), data_dir=data_dir)
+    assert isinstance(provider, LocalProvider)
+    assert provider.settings.data_dir == data_dir and provider.settings.start_timeout_seconds == 7.5
+    with pytest.raises(ValueError, match="unknown provider"):
+        build_provider("docker")
