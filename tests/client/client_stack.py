@@ -120,6 +120,18 @@ class Stack:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        for mountpoint in self.mounts():  # e.g. size-capped workspaces of sandboxes it did not destroy
+            subprocess.run(["umount", "-l", mountpoint], capture_output=True, timeout=10)
+
+    def mounts(self) -> list[str]:
+        """Mount points under this stack's data directory, deepest first."""
+        prefix = str(self.data_dir) + "/"
+        try:
+            lines = Path("/proc/self/mounts").read_text().splitlines()
+        except OSError:
+            return []
+        points = [line.split()[1] for line in lines if len(line.split()) > 1]
+        return sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True)
 
     def leftovers(self) -> list[int]:
         """Processes still running whose command line names this stack's data directory."""

@@ -1,0 +1,59 @@
+"""The live scheduler's /metrics carries the names and labels the dashboard and alerts query.
+
+The static check (tests/unit/test_observability_assets.py) holds the assets to
+docs/architecture.md; this one holds the running scheduler to the same table,
+so a renamed metric or label breaks a test rather than a dashboard.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from client_stack import Stack
+from prometheus_client.parser import text_string_to_metric_families
+
+from sandpool.client import Client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_observability_assets import ARCHITECTURE, parse_metrics_table  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_scheduler_metrics_match_the_architecture_table(stack: Stack) -> None:
+    with Client(stack.url, max_retries=20, max_retry_wait=30) as client, client.session() as s:
+        s.run_python("print(1)")  # so the per-call series exist
+    text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    live = {family.name: family for family in text_string_to_metric_families(text)}
+    table = parse_metrics_table(ARCHITECTURE.read_text())
+    scheduler_side = {name: m for name, m in table.items()
+                      if "scheduler" in _where(name)}
+    problems = []
+    for name, metric in scheduler_side.items():
+        family = live.get(name.removesuffix("_total"))  # the parser names counters without _total
+        if family is None:
+            problems.append(f"{name} is not exposed")
+            continue
+        if family.type != metric.type:
+            problems.append(f"{name} is a {family.type}, the table says {metric.type}")
+        for sample in family.samples:
+            labels = set(sample.labels) - {"le"}
+            if labels and labels != set(metric.labels):
+                problems.append(f"{sample.name} has labels {sorted(labels)}, the table says {sorted(metric.labels)}")
+                break
+            for label, closed in metric.labels.items():
+                if closed and label in sample.labels and sample.labels[label] not in closed:
+                    problems.append(f"{sample.name}{{{label}={sample.labels[label]!r}}} is outside {sorted(closed)}")
+    assert problems == []
+    requests = live["sandpool_requests"]
+    assert any(smp.labels.get("operation") for smp in requests.samples)
+
+
+def _where(name: str) -> str:
+    for line in ARCHITECTURE.read_text().splitlines():
+        if line.startswith(f"| `{name}` |"):
+            return line.rsplit("|", 2)[-2]
+    return ""
