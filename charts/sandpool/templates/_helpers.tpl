@@ -242,23 +242,16 @@ url
 {{- end -}}
 {{- end -}}
 
-{{/* A NetworkPolicy peer from the chart's closed form {cidr | namespaceLabels/podLabels}. */}}
+{{/* A NetworkPolicy peer (one list item) from the chart's closed form {cidr | namespaceLabels/podLabels}. */}}
 {{- define "sandpool.peer" -}}
+{{- $peer := dict -}}
 {{- if .cidr -}}
-- ipBlock:
-    cidr: {{ .cidr }}
+{{- $_ := set $peer "ipBlock" (dict "cidr" .cidr) -}}
 {{- else -}}
-- {{- if .namespaceLabels }}
-  namespaceSelector:
-    matchLabels:
-      {{- toYaml .namespaceLabels | nindent 6 }}
-  {{- end }}
-  {{- if .podLabels }}
-  podSelector:
-    matchLabels:
-      {{- toYaml .podLabels | nindent 6 }}
-  {{- end }}
+{{- with .namespaceLabels }}{{ $_ := set $peer "namespaceSelector" (dict "matchLabels" .) }}{{ end -}}
+{{- with .podLabels }}{{ $_ := set $peer "podSelector" (dict "matchLabels" .) }}{{ end -}}
 {{- end -}}
+{{- list $peer | toYaml -}}
 {{- end -}}
 
 {{/* pools.yaml in the format of services/sandpool/pool/templates.py (snake_case keys). */}}
