@@ -230,3 +230,17 @@ def test_checksums_roll_exactly_the_pods_whose_configuration_changed(helm: Helm)
     assert ann["cred"]["-proxy"]["checksum/secrets"] != ann["base"]["-proxy"]["checksum/secrets"]
     assert ann["redis"]["-redis"]["checksum/config"] != ann["base"]["-redis"]["checksum/config"]
     assert ann["pools"]["-redis"]["checksum/config"] == ann["base"]["-redis"]["checksum/config"]
+
+
+def test_image_pull_secrets_and_digests_reach_every_pod(helm: Helm) -> None:
+    digest = "sha256:" + "ab" * 32
+    objs = helm.render(sets=("imagePullSecrets={regcred}", f"image.digest={digest}",
+                             f"redis.bundled.image.digest={digest}", f"sandboxImage.digest={digest}"))
+    workloads = [o for o in objs if pod_spec(o) is not None]
+    assert len(workloads) == 4  # proxy, scheduler, redis, the helm test pod
+    for obj in workloads:
+        assert pod_spec(obj)["imagePullSecrets"] == [{"name": "regcred"}], obj["metadata"]["name"]
+        for c in containers(obj):
+            assert c["image"].endswith("@" + digest), f"{obj['metadata']['name']}: {c['image']}"
+    pools = find(objs, "ConfigMap", "-pools")["data"]["pools.yaml"]
+    assert f"sandpool/sandbox@{digest}" in pools
