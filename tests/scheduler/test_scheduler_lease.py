@@ -273,3 +273,23 @@ def test_redis_down_is_503_not_500(scheduler, redis_prefix) -> None:
     assert resp.status_code == 503 and resp.json()["reason"] == "redis_unavailable"
     assert httpx.get(app.url + "/readyz").status_code == 503
     assert json.loads(httpx.get(app.url + "/readyz").text)["checks"]["redis"] == "unreachable"
+
+
+def test_capacity_wait_takes_a_sandbox_that_becomes_ready(scheduler, r, keys) -> None:
+    app = scheduler(capacity_wait_seconds=10)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(create, app.url)
+        time.sleep(0.3)  # the create is waiting (nothing is ready yet)
+        assert not pending.done()
+        sandbox = publish(r, keys)
+        resp = pending.result()
+    assert resp.status_code == 201
+    assert r.hget(keys.session(resp.json()["session_id"]), "sandbox") == sandbox
+    assert "capacity_refusals" not in usage_total(r, keys)  # waiting is not a refusal
+
+
+def test_capacity_wait_ends_in_503(scheduler, r, keys) -> None:
+    app = scheduler(capacity_wait_seconds=0.3)
+    resp = create(app.url)
+    assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+    assert usage_total(r, keys)["capacity_refusals"] == "1"  # counted once, at the end

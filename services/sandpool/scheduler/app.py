@@ -118,7 +118,7 @@ def _default_controller_factory(*, redis: Any, keys: Keys, provider: Provider, p
 def _build_provider(settings: SchedulerSettings) -> Provider:
     from sandpool.providers import build_provider
 
-    return build_provider(settings.provider)
+    return build_provider(settings.provider, settings)  # fields shared by name (data_dir)
 
 
 async def _finish(task: asyncio.Task[Any], grace: float = 5.0) -> None:

@@ -67,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_provider(settings: SchedulerSettings, args: argparse.Namespace) -> Any:
-    """The configured provider, with its own settings read from the same flags and environment."""
+    """The configured provider, its own settings read from the same flags and environment."""
     from sandpool.providers import build_provider as factory
 
     cls = provider_settings_classes().get(settings.provider)
-    provider_settings = settings_from_args(cls, args) if cls is not None else None
-    return factory(settings.provider, provider_settings, data_dir=settings.data_dir)
+    if cls is None:
+        return factory(settings.provider, settings)
+    return factory(settings.provider, settings_from_args(cls, args))
