@@ -85,6 +85,10 @@ class Worker:
                 argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, pass_fds=(req_r, ev_w),
                 cwd=self._cwd, env=self._env, start_new_session=True, preexec_fn=self._preexec,
                 close_fds=True)
+        except BaseException:
+            for fd in (out_r, err_r, req_w, ev_r):
+                os.close(fd)
+            raise
         finally:
             for fd in (out_w, err_w, req_r, ev_w):
                 os.close(fd)
