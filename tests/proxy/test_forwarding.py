@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 import redis
 
 from sandpool.contract import tenancy
@@ -198,3 +201,21 @@ def test_log_lines_carry_the_request_id_and_never_the_token(proxy: Proxy, keys: 
     access = [line for line in lines if line["msg"] == "request"]
     assert access and access[0]["status"] == 401 and access[0]["operation"] == "create_session"
     assert token.split(".")[1] not in stream.getvalue() and token.split(".")[2] not in stream.getvalue()
+
+
+def test_a_client_leaving_mid_upload_is_dropped_quietly(proxy: Proxy, keys: Keys, echo: Echo,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    head = (f"POST /sessions/s1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {keys.token()}\r\n"
+            "Content-Type: application/octet-stream\r\nContent-Length: 100000\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", proxy.server.port)) as raw:
+        raw.sendall(head + b"x" * 1000)
+        time.sleep(0.2)  # let the proxy start the forward before the client vanishes
+    with proxy.client(keys.token()) as client:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and client.get("/healthz").status_code != 200:
+            time.sleep(0.05)
+        assert client.post("/sessions", json={}).status_code == 201
+    assert not any(len(seen.body) == 100000 for seen in echo.seen)  # never relayed as a whole body
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith(("uvicorn", "sandpool"))]

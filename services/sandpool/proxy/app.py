@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandpool import __version__
 from sandpool.contract import tenancy
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandpool.core.errors import Forbidden, Invalid, SandpoolError, error_response, install_error_handlers
@@ -136,6 +137,8 @@ class ContractFastPath:
             response = await self.handler(request, operation)
         except SandpoolError as exc:
             response = error_response(exc)
+        except ClientDisconnect:
+            return  # the client left mid-upload: nobody to answer
         await response(scope, receive, send)
 
 
