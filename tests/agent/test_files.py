@@ -151,3 +151,13 @@ def test_upload_over_cap_writes_nothing(tmp_path_factory: pytest.TempPathFactory
         assert content(small.py("print('fine')"))["stdout"] == "fine\n"
     finally:
         small.stop()
+
+
+def test_upload_file_name_cannot_steer_the_path(agent: Agent) -> None:
+    r = put(agent, b"n", filename="../../named-evil.txt")
+    assert r.status_code == 201 and r.json()["path"] == "named-evil.txt"
+    assert (agent.workspace / "named-evil.txt").read_bytes() == b"n"
+    assert not (agent.workspace.parent / "named-evil.txt").exists()
+    assert put(agent, b"n", filename="..").status_code in (403, 422)
+    unknown = agent.client.get("/sessions/x/nothing-here")
+    assert unknown.status_code == 404 and unknown.json()["reason"] == "not_found"
