@@ -50,7 +50,7 @@ def test_mint_token_claims_and_kid(tmp_path: Path) -> None:
     assert header["alg"] == "EdDSA" and header["kid"] == trusted.kid
     claims = jwt.decode(token, trusted.key, algorithms=["EdDSA"], audience="sandpool")
     assert claims["workspace"] == "acme" and claims["scope"] == "admin" and claims["jti"]
-    assert 110 <= claims["exp"] - time.time() <= 121
+    assert claims["exp"] - claims["iat"] == 120 and claims["exp"] - time.time() <= 121
     plain = jwt.decode(mint_token(private, "acme", audience="x", kid="k1"), trusted.key, algorithms=["EdDSA"],
                        audience="x")
     assert "scope" not in plain
