@@ -24,6 +24,7 @@ _MAX_REQUEST = 64 * 1024 * 1024
 class _State:
     in_user_code = False
     pid = 0
+    libc = None
 
 
 def _on_sigint(signum, frame):  # noqa: ANN001 - signal handler signature
@@ -74,9 +75,11 @@ def _flush_all() -> None:
         except Exception:  # noqa: BLE001 - user code may have replaced or closed the stream
             pass
     try:
-        import ctypes
+        if _State.libc is None:
+            import ctypes
 
-        ctypes.CDLL(None).fflush(None)  # C extensions' stdio buffers
+            _State.libc = ctypes.CDLL(None)
+        _State.libc.fflush(None)  # C extensions' stdio buffers
     except Exception:  # noqa: BLE001
         pass
 
