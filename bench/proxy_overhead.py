@@ -1,13 +1,14 @@
 """What the proxy adds per request: the same calls sent straight to an upstream and through `sandpool proxy`.
 
-    python bench/proxy_overhead.py [--requests 3000] [--concurrency 1] [--upstream-url URL]
+    python bench/proxy_overhead.py [--requests 3000] [--concurrency 1] [--scheduler]
 
-Starts its own redis-server, a minimal upstream (answers like a scheduler's
-Execute, without a sandbox behind it) unless `--upstream-url` points at a real
-multi-tenant scheduler (then set SANDPOOL_INTERNAL_TOKEN to its credential and
-give a session id with `--path`), and a real `sandpool proxy` process with a
-key of its own. Prints p50/p90/p99 of both paths and the difference at p50:
-the proxy's cost (token check from cache, one Redis round trip, the forward).
+Starts its own redis-server, an upstream, and a real `sandpool proxy` process
+with a key of its own, then sends the same Execute calls straight to the
+upstream and through the proxy. The upstream is a stub answering like a
+scheduler's Execute (the proxy's cost alone), or with `--scheduler` a real
+multi-tenant `sandpool scheduler` with the local provider, calling `print(1)` in
+one leased session (the hop as users see it). Prints p50/p90/p99 of both paths
+and the difference at p50: token check from cache, one Redis round trip, the forward.
 """
 
 from __future__ import annotations
@@ -103,40 +104,61 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=1)
-    parser.add_argument("--upstream-url", default=None, help="a running multi-tenant scheduler (default: a stub)")
-    parser.add_argument("--path", default="/sessions/bench/exec", help="the Execute path to call")
+    parser.add_argument("--scheduler", action="store_true",
+                        help="a real multi-tenant scheduler with the local provider (default: a stub upstream)")
     args = parser.parse_args()
 
     from sandpool.proxy.keys_cli import generate_keypair, mint_token
 
     work = Path(tempfile.mkdtemp(prefix="sp-bench-"))
+    cleanup = [work]
     procs: list[subprocess.Popen[bytes]] = []
     try:
         redis_port = free_port()
         procs.append(subprocess.Popen([redis_binary(), "--port", str(redis_port), "--save", "", "--appendonly", "no"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        internal = os.environ.get("SANDPOOL_INTERNAL_TOKEN", "bench-internal-credential-0123456789")
-        upstream_url = args.upstream_url
-        if upstream_url is None:
-            port = free_port()
+        internal = "bench-internal-credential-0123456789"
+        port = free_port()
+        upstream_url = f"http://127.0.0.1:{port}"
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")},
+               "SANDPOOL_INTERNAL_TOKEN": internal}
+        if args.scheduler:
+            data_dir = Path(tempfile.mkdtemp(prefix="spb-", dir="/tmp"))  # short: agent sockets live here
+            cleanup.append(data_dir)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "sandpool", "scheduler", "--port", str(port), "--redis-url", redis_url,
+                 "--provider", "local", "--pool-size", "1", "--max-sandboxes", "2", "--data-dir", str(data_dir),
+                 "--log-level", "warning"], env=env))
+            wait_http(upstream_url + "/readyz", timeout=60)
+        else:
             procs.append(subprocess.Popen([sys.executable, "-c", UPSTREAM, str(port)]))
-            upstream_url = f"http://127.0.0.1:{port}"
-        wait_http(upstream_url + "/healthz")
+            wait_http(upstream_url + "/healthz")
         private, public = generate_keypair(work / "key.pem")
         proxy_port = free_port()
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "sandpool", "proxy", "--port", str(proxy_port), "--auth-public-key", str(public),
-             "--scheduler-url", upstream_url, "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
-             "--log-level", "warning"],
-            env={**os.environ, "SANDPOOL_INTERNAL_TOKEN": internal}))
+             "--scheduler-url", upstream_url, "--redis-url", redis_url, "--log-level", "warning"], env=env))
         proxy_url = f"http://127.0.0.1:{proxy_port}"
-        wait_http(proxy_url + "/healthz")
+        wait_http(proxy_url + "/readyz", timeout=60)
         token = mint_token(private, "bench", ttl_seconds=3600)
+        path = "/sessions/bench/exec"
+        if args.scheduler:
+            deadline = time.monotonic() + 60
+            while True:  # the pool may still be warming
+                created = httpx.post(proxy_url + "/sessions", json={}, timeout=30,
+                                     headers={"Authorization": f"Bearer {token}"})
+                if created.status_code == 201 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            created.raise_for_status()
+            path = f"/sessions/{created.json()['session_id']}/exec"
         direct_headers = {"Authorization": f"Bearer {internal}", "X-Sandpool-Workspace": "bench"}
-        direct = asyncio.run(measure(upstream_url, args.path, direct_headers, args.requests, args.concurrency))
-        proxied = asyncio.run(measure(proxy_url, args.path, {"Authorization": f"Bearer {token}"}, args.requests,
+        direct = asyncio.run(measure(upstream_url, path, direct_headers, args.requests, args.concurrency))
+        proxied = asyncio.run(measure(proxy_url, path, {"Authorization": f"Bearer {token}"}, args.requests,
                                       args.concurrency))
-        print(f"Execute-shaped POST, {args.requests} requests, concurrency {args.concurrency}")
+        what = "print(1) in a real session" if args.scheduler else "Execute-shaped POST to a stub"
+        print(f"{what}, {args.requests} requests, concurrency {args.concurrency}")
         a = summary("direct", direct)
         b = summary("through proxy", proxied)
         print(f"{'proxy adds':>14}: {b - a:6.3f} ms at p50")
@@ -148,7 +170,8 @@ def main() -> int:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        for directory in cleanup:
+            shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 
