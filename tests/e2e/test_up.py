@@ -1,0 +1,205 @@
+"""`sandpool up` end to end: a real stack in subprocesses, driven over HTTP, then stopped.
+
+What must hold: the SANDPOOL_URL line comes once the pool is warm; the contract works
+through it; after SIGTERM no process the stack started is alive and no sandbox
+directory is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+PROC = Path("/proc")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rfind(")") + 2:].split()[1])
+            tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def descendants(pid: int) -> set[int]:
+    tree = _children()
+    found, todo = set(), [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+class Up:
+    """`sandpool up` in a subprocess, its stdout lines collected by a thread."""
+
+    def __init__(self, *args: str) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix="spu", dir="/tmp"))
+        self.data_dir.chmod(0o711)
+        self.port = free_port()
+        self.stderr = open(self.data_dir.parent / f"{self.data_dir.name}.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sandpool", "up", "--port", str(self.port), "--data-dir", str(self.data_dir),
+             "--pool-size", "2", "--max-sandboxes", "6", "--log-level", "warning", *args],
+            stdout=subprocess.PIPE, stderr=self.stderr, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.append(raw.decode().rstrip("\n"))
+
+    def wait_for(self, prefix: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                if line.startswith(prefix):
+                    return line[len(prefix):]
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {prefix} line; stdout={self.lines}; stderr tail={self.log_tail()}")
+
+    def log_tail(self) -> str:
+        self.stderr.flush()
+        return (self.data_dir.parent / f"{self.data_dir.name}.log").read_text(errors="replace")[-3000:]
+
+    def stop(self) -> tuple[int, set[int]]:
+        """SIGTERM up; return its exit code and every process of its tree seen just before."""
+        tree = descendants(self.proc.pid)
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(60)
+        return code, tree
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.stderr.close()
+        (self.data_dir.parent / f"{self.data_dir.name}.log").unlink(missing_ok=True)
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def up_factory():
+    started: list[Up] = []
+
+    def start(*args: str) -> Up:
+        up = Up(*args)
+        started.append(up)
+        return up
+
+    yield start
+    for up in started:
+        up.cleanup()
+
+
+def exec_code(client: httpx.Client, session: str, code: str) -> dict:
+    response = client.post(f"/sessions/{session}/exec", json={"tool": "code_execution", "input": {"code": code}})
+    assert response.status_code == 200, response.text
+    return response.json()["result_block"]["content"]
+
+
+def assert_stopped_clean(up: Up) -> None:
+    code, tree = up.stop()
+    assert code == 0, up.log_tail()
+    assert tree, "the stack had no processes?"
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in tree if alive(pid)]
+    assert survivors == [], f"processes survived sandpool up: {survivors}"
+    sandboxes = up.data_dir / "sandboxes"
+    assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
+
+
+def test_up_no_auth_serves_the_contract_and_stops_clean(up_factory) -> None:
+    up = up_factory("--no-auth")
+    url = up.wait_for("SANDPOOL_URL=")
+    assert url == f"http://127.0.0.1:{up.port}"
+    assert not any(line.startswith("SANDPOOL_TOKEN=") for line in up.lines)
+    sandbox_dirs = list((up.data_dir / "sandboxes").iterdir())
+    assert len(sandbox_dirs) >= 2  # warm before the URL was printed
+
+    with httpx.Client(base_url=url, timeout=30) as client:
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/readyz").status_code == 200
+        created = client.post("/sessions", json={})
+        assert created.status_code == 201, created.text
+        session = created.json()["session_id"]
+        first = exec_code(client, session, "x = 41\nprint(1)")
+        assert (first["stdout"], first["return_code"]) == ("1\n", 0)
+        assert exec_code(client, session, "print(x + 1)")["stdout"] == "42\n"  # the session is stateful
+        shell = client.post(f"/sessions/{session}/exec",
+                            json={"tool": "bash_code_execution", "input": {"command": "echo hi"}})
+        assert shell.status_code == 200 and shell.json()["result_block"]["content"]["stdout"] == "hi\n"
+        put = client.post(f"/sessions/{session}/files", files={"file": ("note.txt", b"hello")})
+        assert put.status_code == 201, put.text
+        got = client.get(f"/sessions/{session}/files", params={"path": "note.txt"})
+        assert got.status_code == 200 and got.content == b"hello"
+        # Malformed input is refused clearly, and the session survives it.
+        assert client.post(f"/sessions/{session}/exec", json={"tool": "no_such_tool", "input": {}}).status_code == 400
+        assert client.post(f"/sessions/{session}/exec", json={"tool": "code_execution"}).status_code == 422
+        assert client.post(f"/sessions/{session}/exec", content=b"{not json",
+                           headers={"content-type": "application/json"}).status_code == 422
+        assert exec_code(client, session, "print(x)")["stdout"] == "41\n"
+        assert client.post("/sessions/nope/exec", json={"tool": "code_execution",
+                                                        "input": {"code": "1"}}).status_code == 404
+        assert client.delete(f"/sessions/{session}").status_code == 204
+        assert client.post(f"/sessions/{session}/exec", json={"tool": "code_execution",
+                                                               "input": {"code": "1"}}).status_code == 404
+        # The released sandbox is replaced: the pool is warm again.
+        second = client.post("/sessions", json={})
+        assert second.status_code == 201
+        assert exec_code(client, second.json()["session_id"], "print(2)")["stdout"] == "2\n"
+    assert_stopped_clean(up)
+
+
+def test_up_with_auth_prints_a_token_and_a_working_curl_line(up_factory) -> None:
+    up = up_factory()
+    url = up.wait_for("SANDPOOL_URL=")
+    token = up.wait_for("SANDPOOL_TOKEN=")
+    curl = next(line for line in up.lines if line.startswith("SID="))
+    with httpx.Client(base_url=url, timeout=30) as client:
+        assert client.post("/sessions", json={}).status_code == 401
+        assert client.post("/sessions", json={}, headers={"Authorization": "Bearer not-a-jwt"}).status_code == 401
+        created = client.post("/sessions", json={}, headers={"Authorization": f"Bearer {token}"})
+        assert created.status_code == 201, created.text
+    if shutil.which("curl"):
+        result = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60)
+        assert '"stdout":"1\\n"' in result.stdout.replace(" ", ""), (result.stdout, result.stderr)
+    assert_stopped_clean(up)
