@@ -145,7 +145,7 @@ def _days(start: str | None, end: str | None) -> list[str]:
 
 
 def _store_call_failed(request: Request, exc: StoreError) -> Unavailable:
-    return _gate(request)._store_failed(exc)
+    return _gate(request).store_failed(exc)
 
 
 def _view(workspace: str, policy: Policy, ceilings: dict[str, int]) -> PolicyView:

@@ -20,12 +20,11 @@ import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from sandpool import __version__
-from sandpool.contract import tenancy
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sandpool import __version__
+from sandpool.contract import tenancy
 from sandpool.core.errors import Forbidden, Invalid, SandpoolError, error_response, install_error_handlers
 from sandpool.proxy.admin import router as admin_router
 from sandpool.proxy.auth import TokenVerifier

@@ -58,7 +58,8 @@ class Gate:
         except AuthFailure as failure:
             raise self.refuse(failure) from None
 
-    def _store_failed(self, exc: StoreError) -> Unavailable:
+    def store_failed(self, exc: StoreError) -> Unavailable:
+        """Count and log a Redis failure; the 503 to answer with."""
         self.metrics.redis_error()
         log.warning("redis call failed", extra={"error": str(exc)})
         return RedisUnavailable("the proxy cannot reach its state store", retry_after=1)
@@ -70,7 +71,7 @@ class Gate:
         try:
             admission = await self.store.admit(principal.workspace, principal.jti, minute, count=True)
         except StoreError as exc:
-            raise self._store_failed(exc) from None
+            raise self.store_failed(exc) from None
         if admission.revoked:
             raise self.refuse(AuthFailure("revoked", "the token has been revoked"))
         try:
@@ -93,6 +94,6 @@ class Gate:
         try:
             revoked = await self.store.is_revoked(principal.jti)
         except StoreError as exc:
-            raise self._store_failed(exc) from None
+            raise self.store_failed(exc) from None
         if revoked:
             raise self.refuse(AuthFailure("revoked", "the token has been revoked"))
