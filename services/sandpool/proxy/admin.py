@@ -10,13 +10,14 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, Field, model_validator
 
+from sandpool.contract.models import ErrorBody
 from sandpool.contract.tenancy import WORKSPACE_PATTERN, is_valid_workspace
 from sandpool.core.errors import Forbidden, Invalid, Unavailable
 from sandpool.proxy.auth import MAX_JTI_CHARS, Principal
@@ -156,7 +157,13 @@ def _view(workspace: str, policy: Policy, ceilings: dict[str, int]) -> PolicyVie
                           limits=eff.limits))
 
 
-router = APIRouter(prefix="/v1", tags=["admin"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "No valid bearer token (`cause` says why); WWW-Authenticate: Bearer"},
+    403: {"model": ErrorBody, "description": "Another workspace's data, or an admin-only call, with a workspace token"},
+    503: {"model": ErrorBody, "description": "Redis cannot be reached (`redis_unavailable`); retry after Retry-After"},
+}
+
+router = APIRouter(prefix="/v1", tags=["admin"], responses=ERRORS)
 
 
 @router.get("/usage", response_model=Usage, summary="A workspace's usage: totals and per-day counters")

@@ -15,6 +15,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request, Response
@@ -25,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandpool import __version__
 from sandpool.contract import tenancy
+from sandpool.contract.models import ErrorBody
 from sandpool.core.errors import Forbidden, Invalid, SandpoolError, error_response, install_error_handlers
 from sandpool.proxy.admin import router as admin_router
 from sandpool.proxy.auth import TokenVerifier
@@ -206,28 +208,34 @@ def create_app(settings: ProxySettings) -> FastAPI:
     app.add_middleware(ContractFastPath, handler=contract)
     app.add_middleware(EdgeMiddleware, metrics=metrics)  # outermost: request ids and metrics for everything
     contract_tags = ["contract v1"]
+    contract_errors: dict[int | str, dict[str, Any]] = {
+        401: {"model": ErrorBody, "description": "No valid bearer token (`cause` says why)"},
+        403: {"model": ErrorBody, "description": "CreateSession: `image_not_allowed` by the workspace's policy"},
+        429: {"model": ErrorBody, "description": "The workspace's rate, quota or budget (`limit` says which)"},
+        503: {"model": ErrorBody, "description": "At capacity, or a dependency down (`reason` says which)"},
+    }
 
-    @app.post("/sessions", tags=contract_tags, status_code=201, summary="CreateSession")
+    @app.post("/sessions", tags=contract_tags, responses=contract_errors, status_code=201, summary="CreateSession")
     async def create_session(request: Request) -> Response:
         return await contract(request, "create_session")
 
-    @app.delete("/sessions/{session_id}", tags=contract_tags, status_code=204, summary="DestroySession")
+    @app.delete("/sessions/{session_id}", tags=contract_tags, responses=contract_errors, status_code=204, summary="DestroySession")
     async def destroy_session(request: Request, session_id: str) -> Response:
         return await contract(request, "destroy_session")
 
-    @app.post("/sessions/{session_id}/exec", tags=contract_tags, summary="Execute")
+    @app.post("/sessions/{session_id}/exec", tags=contract_tags, responses=contract_errors, summary="Execute")
     async def execute(request: Request, session_id: str) -> Response:
         return await contract(request, "execute")
 
-    @app.get("/sessions/{session_id}/files/list", tags=contract_tags, summary="ListFiles")
+    @app.get("/sessions/{session_id}/files/list", tags=contract_tags, responses=contract_errors, summary="ListFiles")
     async def list_files(request: Request, session_id: str) -> Response:
         return await contract(request, "list_files")
 
-    @app.get("/sessions/{session_id}/files", tags=contract_tags, summary="GetFile")
+    @app.get("/sessions/{session_id}/files", tags=contract_tags, responses=contract_errors, summary="GetFile")
     async def get_file(request: Request, session_id: str) -> Response:
         return await contract(request, "get_file")
 
-    @app.post("/sessions/{session_id}/files", tags=contract_tags, status_code=201, summary="PutFile")
+    @app.post("/sessions/{session_id}/files", tags=contract_tags, responses=contract_errors, status_code=201, summary="PutFile")
     async def put_file(request: Request, session_id: str) -> Response:
         return await contract(request, "put_file")
 
