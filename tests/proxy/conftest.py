@@ -193,9 +193,11 @@ def proxy(make_proxy: Callable[..., Proxy]) -> Proxy:
 
 
 @pytest.fixture
-def rdb(redis_url: str) -> Iterator[redis.Redis]:
+def rdb(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield client
+    for key in client.scan_iter(match="{" + redis_prefix + "}:*", count=1000):  # this test's keys only
+        client.delete(key)
     client.close()
 
 
