@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 UNKNOWN_SESSION = "session not found"
+SMALL_ANSWER_BYTES = 256 * 1024
+"""Agent answers up to this size (with a Content-Length) are relayed whole; larger ones stream."""
 
 
 class SandboxUnavailable(Unavailable):
@@ -331,6 +333,27 @@ class Scheduler:
         raw_outcome = upstream.headers.get(OUTCOME_HEADER, "ok")
         outcome = raw_outcome if raw_outcome in EXEC_OUTCOMES else "failed"
         status = upstream.status_code
+        headers_out = response_headers(upstream.headers)
+
+        declared = upstream.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) <= SMALL_ANSWER_BYTES:
+            # A small answer (every exec result within the agent's output caps) is read whole and
+            # relayed in one piece: cheaper than a stream, and a drop mid-body is still a clean 502.
+            try:
+                raw = b"".join([chunk async for chunk in upstream.aiter_raw()])
+            except httpx.HTTPError as exc:
+                await self._release_dead(caller, session_id, target.address)
+                log.warning("sandbox failed mid-answer", extra={"session": session_id, "error": type(exc).__name__})
+                raise BadGateway("the session's sandbox failed during the call; the session is gone") from None
+            except BaseException:
+                self._spawn(self._done(caller, session_id))
+                raise
+            finally:
+                await upstream.aclose()
+                self.clients.give_back(entry)
+            event, amounts = await meter(status, outcome, time.monotonic() - started, len(raw)) if meter else ("", {})
+            await self._done(caller, session_id, event=event, amounts=amounts)
+            return Response(raw, status_code=status, headers=headers_out)
 
         async def relay() -> AsyncIterator[bytes]:
             # One chunk is held back so the call is metered before the client can have its
@@ -359,7 +382,7 @@ class Scheduler:
             if held is not None:
                 yield held
 
-        return StreamingResponse(relay(), status_code=status, headers=response_headers(upstream.headers))
+        return StreamingResponse(relay(), status_code=status, headers=headers_out)
 
     async def _done(self, caller: Caller, session_id: str, *, event: str = "",
                     amounts: dict[str, Any] | None = None) -> None:
