@@ -22,7 +22,7 @@ def data_dir():
     path = Path(tempfile.mkdtemp(prefix="sp", dir="/tmp"))
     path.chmod(0o711)
     yield path
-    asyncio.run(LocalProvider(LocalProviderSettings(data_dir=path)).destroy_all())
+    asyncio.run(LocalProvider(LocalProviderSettings(data_dir=path, launcher="subprocess")).destroy_all())
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -39,11 +39,24 @@ def keys(redis_prefix: str) -> Keys:
 
 
 @pytest.fixture
-async def provider(data_dir: Path):
-    p = LocalProvider(LocalProviderSettings(data_dir=data_dir, start_timeout_seconds=30))
-    await p.start()
-    yield p
-    await p.close()
+async def make_provider(data_dir: Path):
+    """Started providers on the test's data dir, closed at the end (the zygote launcher owns a process)."""
+    made: list[LocalProvider] = []
+
+    async def make(**overrides) -> LocalProvider:
+        p = LocalProvider(LocalProviderSettings(data_dir=data_dir, start_timeout_seconds=30, **overrides))
+        made.append(p)
+        await p.start()
+        return p
+
+    yield make
+    for p in made:
+        await p.close()
+
+
+@pytest.fixture
+async def provider(make_provider):
+    return await make_provider()
 
 
 @pytest.fixture

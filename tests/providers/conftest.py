@@ -20,5 +20,5 @@ def data_dir():
     path = Path(tempfile.mkdtemp(prefix="sp", dir="/tmp"))
     path.chmod(0o711)
     yield path
-    asyncio.run(LocalProvider(LocalProviderSettings(data_dir=path)).destroy_all())
+    asyncio.run(LocalProvider(LocalProviderSettings(data_dir=path, launcher="subprocess")).destroy_all())
     shutil.rmtree(path, ignore_errors=True)

@@ -38,9 +38,10 @@ import httpx
 
 from sandpool.pool.provider import PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.local import fsmount
-from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits, SubprocessLauncher
+from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits
 from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
 from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, default_sandbox_python
+from sandpool.providers.local.zygote import make_launcher
 
 log = logging.getLogger("sandpool.providers.local")
 
@@ -53,8 +54,7 @@ class LocalProvider:
 
     def __init__(self, settings: LocalProviderSettings | None = None, *, launcher: Launcher | None = None) -> None:
         self.settings = settings or LocalProviderSettings()
-        self.launcher: Launcher = launcher or SubprocessLauncher(
-            self.settings.agent_python, stop_grace_seconds=self.settings.stop_grace_seconds)
+        self.launcher: Launcher = launcher or make_launcher(self.settings)
         self.root = self.settings.sandboxes_dir()
         self.privileged = self.settings.privileged()
         self.tmpfs_ok = self.privileged and self.settings.workspace_tmpfs
@@ -72,6 +72,9 @@ class LocalProvider:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root.parent, 0o711)
         os.chmod(self.root, 0o711)
+        starter = getattr(self.launcher, "start", None)  # the zygote: detects and logs its isolation
+        if starter is not None:
+            await starter()
         if self.privileged and not self.launcher.describe().get("namespaces"):
             blocked = [p for p in self.root.parents if not os.stat(p).st_mode & 0o001]
             if blocked:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from sandpool.core.settings import ServiceSettings
+from sandpool.core.settings import CommaList, ServiceSettings
 
 MIB = 1024 * 1024
 NOBODY = 65534
@@ -43,6 +43,13 @@ class LocalProviderSettings(ServiceSettings):
         "Between SIGTERM and SIGKILL when a sandbox is destroyed"))
     agent_python: str | None = Field(default=None, description=(
         "Python that runs `-m sandpool agent` (default: the one running sandpool)"))
+    launcher: str = Field(default="auto", pattern=r"^(auto|zygote|subprocess)$", description=(
+        "How sandboxes start: zygote (forked in milliseconds from a warm template into their own "
+        "namespaces, cgroups and read-only root; see docs/isolation.md), subprocess (a plain "
+        "`sandpool agent` process), auto (the zygote on Linux, subprocess if it cannot start)"))
+    isolation_disable: CommaList = Field(default_factory=list, description=(
+        "Isolation layers the zygote leaves off (namespaces, filesystem, network, cgroups, "
+        "unprivileged_uid, seccomp), e.g. to simulate a host without them; each is named in a warning"))
     sandbox_python: str | None = Field(default=None, description=(
         "Python that runs sandboxed code, as the sandbox uid (default: sandpool's own when other "
         "users may run it, else /usr/bin/python3)"))

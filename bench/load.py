@@ -1,0 +1,244 @@
+"""Load generator against any contract v1 URL: latencies, then concurrent sessions.
+
+    python bench/load.py --url http://127.0.0.1:8080 [--token T] [--duration 15] [--clients 16,64]
+    python bench/load.py --start-up [--pool-size 32 --max-sandboxes 96]   # runs `sandpool up --no-auth` itself
+
+Phase 1 (one client, sequential): CreateSession, first `print(1)` (time from CreateSession to
+the first result), later `print(1)` and `echo hi`, DestroySession; p50/p99 of each.
+Phase 2 (for each --clients N, for --duration seconds): N clients each loop create, 5 x
+`print(1)`, destroy; sessions/s, executions/s, CreateSession and Execute p50/p99, and how
+many CreateSessions were refused for capacity (503, retried after Retry-After or 50 ms).
+Loopback numbers only mean something next to the machine they ran on: the summary says
+how many cores it had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
+ECHO_HI = {"tool": "bash_code_execution", "input": {"command": "echo hi"}}
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def ms(values: list[float]) -> dict[str, float]:
+    return {"n": len(values), "p50_ms": round(pct(values, 50) * 1000, 2), "p99_ms": round(pct(values, 99) * 1000, 2)}
+
+
+@dataclass
+class Counters:
+    create: list[float] = field(default_factory=list)
+    first_result: list[float] = field(default_factory=list)
+    print1: list[float] = field(default_factory=list)
+    echo: list[float] = field(default_factory=list)
+    destroy: list[float] = field(default_factory=list)
+    sessions: int = 0
+    execs: int = 0
+    refused: int = 0
+    errors: int = 0
+
+
+class Client:
+    def __init__(self, http: httpx.AsyncClient, counters: Counters) -> None:
+        self.http = http
+        self.c = counters
+
+    async def create(self, deadline: float) -> tuple[str, float] | None:
+        """A session id and when the attempt that got it started; None past the deadline."""
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            response = await self.http.post("/sessions", json={})
+            if response.status_code == 201:
+                self.c.create.append(time.perf_counter() - started)
+                return response.json()["session_id"], started
+            if response.status_code in (429, 503):
+                self.c.refused += 1
+                retry = float(response.headers.get("Retry-After", "0") or 0)
+                await asyncio.sleep(min(retry, 1.0) if retry else 0.05)
+                continue
+            self.c.errors += 1
+            await asyncio.sleep(0.05)
+        return None
+
+    async def execute(self, session: str, body: dict, into: list[float]) -> float:
+        started = time.perf_counter()
+        response = await self.http.post(f"/sessions/{session}/exec", json=body)
+        done = time.perf_counter()
+        if response.status_code != 200:
+            self.c.errors += 1
+        else:
+            into.append(done - started)
+            self.c.execs += 1
+        return done
+
+    async def destroy(self, session: str) -> None:
+        started = time.perf_counter()
+        response = await self.http.delete(f"/sessions/{session}")
+        if response.status_code == 204:
+            self.c.destroy.append(time.perf_counter() - started)
+        else:
+            self.c.errors += 1
+
+
+def http_client(url: str, token: str | None, connections: int) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(base_url=url, headers=headers, timeout=60,
+                             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
+
+
+async def latencies(url: str, token: str | None, sessions: int, calls: int) -> dict[str, object]:
+    counters = Counters()
+    async with http_client(url, token, 4) as http:
+        client = Client(http, counters)
+        for _ in range(sessions):
+            got = await client.create(time.perf_counter() + 30)
+            if got is None:
+                break
+            session, started = got
+            first_done = await client.execute(session, PRINT_1, [])
+            counters.first_result.append(first_done - started)
+            for _ in range(calls):
+                await client.execute(session, PRINT_1, counters.print1)
+                await client.execute(session, ECHO_HI, counters.echo)
+            await client.destroy(session)
+            counters.sessions += 1
+            await asyncio.sleep(0.05)  # idle pacing: measure an idle service, not a drained pool
+    return {"create_session": ms(counters.create), "first_result_after_create": ms(counters.first_result),
+            "print_1": ms(counters.print1), "echo_hi": ms(counters.echo), "destroy_session": ms(counters.destroy),
+            "capacity_refusals": counters.refused, "errors": counters.errors}
+
+
+async def concurrent(url: str, token: str | None, clients: int, duration: float,
+                     calls_per_session: int = 5) -> dict[str, object]:
+    counters = Counters()
+    deadline = time.perf_counter() + duration
+
+    async def one(http: httpx.AsyncClient) -> None:
+        client = Client(http, counters)
+        while time.perf_counter() < deadline:
+            got = await client.create(deadline)
+            if got is None:
+                return
+            session = got[0]
+            for _ in range(calls_per_session):
+                await client.execute(session, PRINT_1, counters.print1)
+            await client.destroy(session)
+            counters.sessions += 1
+
+    async with http_client(url, token, clients * 2) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(one(http) for _ in range(clients)))
+        elapsed = time.perf_counter() - started
+    return {"clients": clients, "seconds": round(elapsed, 2),
+            "sessions_per_s": round(counters.sessions / elapsed, 1),
+            "execs_per_s": round(counters.execs / elapsed, 1),
+            "create_session": ms(counters.create), "execute": ms(counters.print1),
+            "destroy_session": ms(counters.destroy), "capacity_refusals": counters.refused,
+            "errors": counters.errors}
+
+
+class StartedUp:
+    """`sandpool up --no-auth` in a subprocess for the run (stopped with SIGTERM after)."""
+
+    def __init__(self, pool_size: int, max_sandboxes: int, port: int) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix="spb", dir="/tmp"))
+        self.data_dir.chmod(0o711)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sandpool", "up", "--no-auth", "--port", str(port), "--data-dir",
+             str(self.data_dir), "--pool-size", str(pool_size), "--max-sandboxes", str(max_sandboxes),
+             "--log-level", "warning"],
+            stdout=subprocess.PIPE, stderr=sys.stderr, start_new_session=True)
+        self.url: str | None = None
+        found = threading.Event()
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for raw in self.proc.stdout:
+                line = raw.decode().strip()
+                if line.startswith("SANDPOOL_URL="):
+                    self.url = line.split("=", 1)[1]
+                    found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(180):
+            self.stop()
+            raise SystemExit("sandpool up did not print SANDPOOL_URL")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+async def main_async(args: argparse.Namespace, url: str) -> dict[str, object]:
+    report: dict[str, object] = {"url": url, "cores": os.cpu_count(), "duration_s": args.duration}
+    report["latencies"] = await latencies(url, args.token, args.sessions, args.calls)
+    print(json.dumps({"latencies": report["latencies"]}, indent=1), flush=True)
+    runs = []
+    for clients in args.clients:
+        await asyncio.sleep(args.settle)  # let the controller refill the pool between phases
+        result = await concurrent(url, args.token, clients, args.duration)
+        print(json.dumps(result), flush=True)
+        runs.append(result)
+    report["concurrent"] = runs
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="base URL of a contract v1 backend (proxy or standalone scheduler)")
+    parser.add_argument("--token", default=None, help="bearer token (the proxy's JWT)")
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per concurrent phase")
+    parser.add_argument("--clients", default="16,64", help="comma-separated client counts")
+    parser.add_argument("--sessions", type=int, default=30, help="sequential sessions in the latency phase")
+    parser.add_argument("--calls", type=int, default=10, help="print(1) and echo hi calls per latency session")
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds to let the pool refill between phases")
+    parser.add_argument("--start-up", action="store_true", help="run `sandpool up --no-auth` for the run")
+    parser.add_argument("--pool-size", type=int, default=32, help="with --start-up: warm sandboxes")
+    parser.add_argument("--max-sandboxes", type=int, default=96, help="with --start-up: ceiling")
+    parser.add_argument("--port", type=int, default=18080, help="with --start-up: port")
+    parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args()
+    args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    if not args.url and not args.start_up:
+        parser.error("give --url or --start-up")
+    stack = StartedUp(args.pool_size, args.max_sandboxes, args.port) if args.start_up else None
+    try:
+        url = stack.url if stack else args.url
+        assert url
+        report = asyncio.run(main_async(args, url))
+    finally:
+        if stack:
+            stack.stop()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
