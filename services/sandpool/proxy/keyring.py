@@ -89,9 +89,9 @@ class KeyRing:
             raise ConfigurationError(f"--auth-jwks {self._jwks_location}: could not load any usable key")
 
     async def refresh(self, client: httpx.AsyncClient | None, *, force: bool = False) -> bool:
-        """Re-read the JWKS document; True when a usable set is in force afterwards."""
+        """Re-read the JWKS document; True when a JWKS set is in force afterwards (worth a retry)."""
         if not self._jwks_location:
-            return bool(self._by_kid)
+            return False
         async with self._lock:
             now = time.monotonic()
             # A file is cheap to re-check (a stat); a URL is throttled so unknown kids cannot flood it.
