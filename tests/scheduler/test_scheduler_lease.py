@@ -115,6 +115,17 @@ def test_a_listed_sandbox_that_is_no_longer_ready_is_skipped(scheduler, r, keys)
     assert r.hget(keys.sandbox(stale), "state") == "doomed"
 
 
+def test_a_ready_record_without_address_is_doomed_not_leased(scheduler, r, keys) -> None:
+    app = scheduler()
+    broken = publish(r, keys)
+    r.hdel(keys.sandbox(broken), "address")
+    assert create(app.url).status_code == 503
+    assert r.hget(keys.sandbox(broken), "state") == "doomed" and r.sismember(keys.doomed, broken)
+    good = publish(r, keys)
+    resp = create(app.url)
+    assert resp.status_code == 201 and r.hget(keys.session(resp.json()["session_id"]), "sandbox") == good
+
+
 def test_destroy_releases_meters_and_dooms(scheduler, r, keys) -> None:
     app = scheduler()
     sandbox = publish(r, keys)

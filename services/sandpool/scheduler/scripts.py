@@ -38,7 +38,7 @@ LEASE = _METER + r"""
 -- Lease a ready sandbox for a new session, enforcing the workspace's quota and budget.
 -- KEYS[1] pool ready list        KEYS[2] the new session's hash   KEYS[3] deadlines zset
 -- KEYS[4] workspace sessions set KEYS[5] usage total hash          KEYS[6] usage day hash
--- KEYS[7] usage workspaces set   KEYS[8] usage event stream
+-- KEYS[7] usage workspaces set   KEYS[8] usage event stream       KEYS[9] doomed set
 -- ARGV[1] sandbox key prefix     ARGV[2] session key prefix        ARGV[3] session id
 -- ARGV[4] workspace              ARGV[5] pool                      ARGV[6] image in force
 -- ARGV[7] now                    ARGV[8] idle timeout              ARGV[9] max lifetime
@@ -82,15 +82,21 @@ if budget > 0 then
   end
 end
 
--- Pop until a sandbox that is really ready (a reconciler may have doomed one still listed).
-local sandbox, sandbox_key
+-- Pop until a sandbox that is really ready (a reconciler may have doomed one still listed);
+-- a "ready" record without an address or secret is broken: doom it rather than lease it.
+local sandbox, sandbox_key, found
 for _ = 1, 64 do
   local id = redis.call('LPOP', KEYS[1])
   if not id then break end
   local key = ARGV[1] .. id
-  if redis.call('HGET', key, 'state') == 'ready' then
-    sandbox, sandbox_key = id, key
-    break
+  local f = redis.call('HMGET', key, 'state', 'address', 'secret')
+  if f[1] == 'ready' then
+    if f[2] and f[3] and f[2] ~= '' and f[3] ~= '' then
+      sandbox, sandbox_key, found = id, key, {f[2], f[3]}
+      break
+    end
+    redis.call('HSET', key, 'state', 'doomed')
+    redis.call('SADD', KEYS[9], id)
   end
 end
 if not sandbox then
@@ -98,7 +104,6 @@ if not sandbox then
   return {'capacity'}
 end
 
-local found = redis.call('HMGET', sandbox_key, 'address', 'secret')
 redis.call('HSET', sandbox_key, 'state', 'leased', 'session', sid, 'leased_at', ARGV[7])
 local idle, lifetime = tonumber(ARGV[8]), tonumber(ARGV[9])
 redis.call('HSET', KEYS[2], 'sandbox', sandbox, 'pool', ARGV[5], 'image', ARGV[6], 'workspace', ws,

@@ -108,7 +108,8 @@ class SessionStore:
         day = utc_day(now)
         result = await self._lease(
             keys=[k.pool_ready(pool), k.session(session_id), k.deadlines, k.workspace_sessions(workspace),
-                  k.usage_total(workspace), k.usage_day(workspace, day), k.usage_workspaces, k.usage_events],
+                  k.usage_total(workspace), k.usage_day(workspace, day), k.usage_workspaces, k.usage_events,
+                  k.doomed],
             args=[k.sandbox_prefix, k.session_prefix, session_id, workspace, pool, image, repr(now),
                   limits.idle_timeout_seconds, limits.max_lifetime_seconds, limits.exec_timeout_seconds,
                   limits.max_exec_timeout_seconds, max(0, max_concurrent), max(0, daily_budget),
