@@ -24,7 +24,7 @@ def test_choices(tmp_path: Path) -> None:
     zygote = make_launcher(_settings(tmp_path, launcher="zygote", isolation_disable=["seccomp"]))
     assert isinstance(zygote, ZygoteLauncher) and zygote.fallback is None
     assert zygote.client.disabled == frozenset({"seccomp"})
-    assert zygote.client.run_dir == tmp_path / "data" / "zygote"  # beside sandboxes/, never inside
+    assert zygote.client.run_dir is None  # a private temporary directory, made at start
     auto = make_launcher(_settings(tmp_path))  # settings without the fields: auto
     if sys.platform.startswith("linux"):
         assert isinstance(auto, ZygoteLauncher) and isinstance(auto.fallback, SubprocessLauncher)

@@ -20,10 +20,12 @@ import contextlib
 import itertools
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +52,13 @@ class ZygoteError(Exception):
 class ZygoteClient:
     """Owns the zygote process and the request/reply channel to it."""
 
-    def __init__(self, run_dir: Path, *, disabled: frozenset[str] = frozenset(),
+    def __init__(self, run_dir: Path | None = None, *, disabled: frozenset[str] = frozenset(),
                  cgroup_version: str = "auto", start_timeout: float = 30.0, request_timeout: float = 30.0,
                  python: str | None = None) -> None:
-        self.run_dir = Path(run_dir)
+        # Holds only the empty directory each sandbox mounts its new root on. Default: a
+        # private temporary directory of this zygote's own, removed when it stops.
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._own_run_dir = run_dir is None
         self.disabled = disabled
         self.cgroup_version = cgroup_version
         self.start_timeout = start_timeout
@@ -76,6 +81,8 @@ class ZygoteClient:
 
     async def start(self) -> IsolationReport:
         loop = asyncio.get_running_loop()
+        if self.run_dir is None:
+            self.run_dir = Path(tempfile.mkdtemp(prefix="sandpool-zygote-"))
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.run_dir, 0o700)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -91,6 +98,10 @@ class ZygoteClient:
                  "--parent", str(os.getpid())],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                 env=env, cwd=str(self.run_dir), start_new_session=True)
+        except OSError as exc:
+            parent.close()
+            await self.close()
+            raise ZygoteError(f"the zygote did not start: {exc.strerror or exc}") from None
         finally:
             child.close()
         self.sock = parent
@@ -243,6 +254,9 @@ class ZygoteClient:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGKILL)
                 self.proc.wait()
+        if self._own_run_dir and self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.run_dir = None
         # A zygote killed outright leaves empty groups behind: remove them.
         for base in self.cgroup_bases:
             for child in _subdirs(Path(base)):
@@ -266,8 +280,8 @@ class ZygoteLauncher:
     call to the fallback launcher, after a loud warning; without one, start fails.
     """
 
-    def __init__(self, run_dir: Path, *, disabled: frozenset[str] = frozenset(), cgroup_version: str = "auto",
-                 stop_grace_seconds: float = 2.0, python: str | None = None,
+    def __init__(self, run_dir: Path | None = None, *, disabled: frozenset[str] = frozenset(),
+                 cgroup_version: str = "auto", stop_grace_seconds: float = 2.0, python: str | None = None,
                  agent_options: dict[str, Any] | None = None, restart_interval: float = 5.0,
                  fallback: Launcher | None = None) -> None:
         self._client_args = {"run_dir": run_dir, "disabled": disabled, "cgroup_version": cgroup_version,
@@ -347,6 +361,9 @@ class ZygoteLauncher:
             agent["rlimit_fsize_bytes"] = limits.max_file_size_bytes
         if limits.memory_bytes:
             agent["rlimit_as_bytes"] = limits.memory_bytes
+        sandbox_python = getattr(limits, "sandbox_python", None)
+        if sandbox_python:
+            agent["python_executable"] = sandbox_python
         uid = limits.uid if self.report.is_active("unprivileged_uid") else None
         reply = await self.client.launch(
             sandbox_id, socket_path=str(real_socket), workspace=str(workspace), uid=uid, secret=secret.value,
@@ -403,6 +420,6 @@ def make_launcher(settings: Any) -> Launcher:
     plain = SubprocessLauncher(settings.agent_python, stop_grace_seconds=settings.stop_grace_seconds)
     if choice == "subprocess" or (choice == "auto" and not sys.platform.startswith("linux")):
         return plain
-    return ZygoteLauncher(Path(settings.sandboxes_dir()).parent / "zygote", disabled=disabled,
+    return ZygoteLauncher(None, disabled=disabled,
                           stop_grace_seconds=settings.stop_grace_seconds, python=settings.agent_python,
                           fallback=plain if choice == "auto" else None)

@@ -117,8 +117,8 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
     os.environ.clear()
     os.environ.update({"PATH": CHILD_PATH, "LANG": "C.UTF-8", "HOME": workspace})
     settings = dict(spec.agent)
-    settings.update(agent_secret=secret, secret_file=None, uds=uds, workspace=workspace,
-                    python_executable=sys.executable)
+    settings.setdefault("python_executable", sys.executable)
+    settings.update(agent_secret=secret, secret_file=None, uds=uds, workspace=workspace)
     if spec.uid is not None:
         settings.update(sandbox_uid=spec.uid, sandbox_gid=spec.uid)
     return settings

@@ -383,6 +383,13 @@ class Zygote:
                 sandbox.cgroup.remove()
         if self.cgroups is not None:
             self.cgroups.close()
+        # Our mount-point directory, and the run directory if that leaves it empty (a client
+        # dropped without closing it still leaves nothing behind once we see end-of-stream).
+        for path in (self.new_root, self.config.run_dir):
+            try:
+                os.rmdir(path)
+            except OSError:
+                break
 
 
 def _warm_agent() -> None:
