@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sandpool.core.settings import (
     ConfigurationError,
@@ -69,6 +69,12 @@ class UpSettings(ServiceSettings):
     ready_timeout_seconds: float = Field(default=120.0, gt=0, description="How long to wait for a warm pool")
     stop_grace_seconds: float = Field(default=15.0, ge=0, description="Between SIGTERM and SIGKILL at shutdown")
     log_level: str = Field(default="info", description="Log level of every process started")
+
+    @model_validator(mode="after")
+    def _warm_within_ceiling(self) -> UpSettings:
+        if self.pool_size > self.max_sandboxes:
+            raise ValueError("pool_size exceeds max_sandboxes")
+        return self
 
 
 def register(subparsers: Any) -> None:

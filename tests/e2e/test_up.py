@@ -203,3 +203,18 @@ def test_up_with_auth_prints_a_token_and_a_working_curl_line(up_factory) -> None
         result = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60)
         assert '"stdout":"1\\n"' in result.stdout.replace(" ", ""), (result.stdout, result.stderr)
     assert_stopped_clean(up)
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--pool-size", "-1"], "--pool-size"),
+    (["--port", "http"], "--port"),
+    (["--pool-size", "9", "--max-sandboxes", "3"], "pool_size exceeds max_sandboxes"),
+    (["--redis-prefix", "bad prefix"], "--redis-prefix"),
+])
+def test_up_refuses_bad_flags_before_starting_anything(tmp_path: Path, args: list[str], named: str) -> None:
+    data_dir = tmp_path / "never"
+    result = subprocess.run([sys.executable, "-m", "sandpool", "up", "--no-auth", "--data-dir", str(data_dir),
+                             *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert named in result.stderr and result.stdout == ""
+    assert not data_dir.exists()
