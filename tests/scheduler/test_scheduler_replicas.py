@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
-from sched_harness import SchedulerProcess, publish
+from sched_harness import SchedulerProcess, publish, wait_for
 
 from sandpool.contract import tenancy
 
@@ -56,6 +58,21 @@ def test_two_schedulers_never_lease_one_sandbox_twice(replicas, r, keys) -> None
     assert r.scard(keys.doomed) == 12
     total = r.hgetall(keys.usage_total(tenancy.STANDALONE_WORKSPACE))
     assert total["sessions_created"] == "12" and total["capacity_refusals"] == "28"
+
+
+def test_log_lines_carry_the_request_id(replicas, r, keys) -> None:
+    (a,) = replicas(1)
+    publish(r, keys)
+    resp = httpx.post(a.url + "/sessions", headers={"X-Request-Id": "rid-log-check"}, timeout=10)
+    assert resp.status_code == 201 and resp.headers["x-request-id"] == "rid-log-check"
+
+    def logged() -> list[dict]:
+        lines = [json.loads(line) for line in Path(a.log.name).read_text().splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("msg") == "session created"]
+
+    (line,) = wait_for(logged, what="the log line")
+    assert line["request_id"] == "rid-log-check" and line["service"] == "scheduler"
+    assert line["session"] == resp.json()["session_id"]
 
 
 def test_killing_a_scheduler_mid_load_loses_no_session(replicas, agents, r, keys) -> None:

@@ -234,3 +234,27 @@ def test_documented_defaults() -> None:
             s.max_lifetime_seconds, s.default_exec_timeout_seconds, s.max_exec_timeout_seconds) == (
         300, 3600, 3600, 86400, 60, 300)
     assert s.capacity_wait_seconds == 0 and s.reap_interval_seconds == 1 and s.controller is True
+
+
+# --- agent client cache ------------------------------------------------------------------------
+
+async def test_agent_clients_are_bounded_and_never_closed_under_a_call() -> None:
+    from sandpool.scheduler.forward import AgentClients, BadAddress
+
+    clients = AgentClients(max_clients=2, connect_timeout=1)
+    busy = clients.take("unix:///tmp/a.sock")  # in use
+    idle = clients.take("http://127.0.0.1:1")
+    clients.give_back(idle)
+    assert clients.take("unix:///tmp/a.sock") is busy  # cached per address
+    clients.give_back(busy)
+    third = clients.take("unix:///tmp/c.sock")  # evicts the least recently used: the idle one
+    assert len(clients) == 2 and idle.retired and not busy.retired
+    fourth = clients.take("unix:///tmp/d.sock")  # evicts `busy`, which still has one call in flight
+    assert busy.retired and not busy.client.is_closed
+    clients.give_back(busy)  # its last call ends: now it is closed
+    await clients.aclose()
+    assert busy.client.is_closed and third.client.is_closed and fourth.client.is_closed
+    with pytest.raises(BadAddress):
+        clients.take("ftp://x")
+    with pytest.raises(BadAddress):
+        clients.take("unix://relative.sock")

@@ -65,7 +65,7 @@ def _build_client(address: str, *, connect_timeout: float) -> httpx.AsyncClient:
 
 
 @dataclass
-class Lease:
+class ClientSlot:
     """A client checked out for one call; give it back with `AgentClients.give_back`."""
 
     address: str
@@ -78,16 +78,16 @@ class AgentClients:
     def __init__(self, *, max_clients: int, connect_timeout: float) -> None:
         self.max_clients = max_clients
         self.connect_timeout = connect_timeout
-        self._entries: OrderedDict[str, Lease] = OrderedDict()
+        self._entries: OrderedDict[str, ClientSlot] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def take(self, address: str) -> Lease:
+    def take(self, address: str) -> ClientSlot:
         entry = self._entries.get(address)
         if entry is None:
-            entry = Lease(address=address, client=_build_client(address, connect_timeout=self.connect_timeout))
+            entry = ClientSlot(address=address, client=_build_client(address, connect_timeout=self.connect_timeout))
             self._entries[address] = entry
             self._evict()
         else:
@@ -95,7 +95,7 @@ class AgentClients:
         entry.users += 1
         return entry
 
-    def give_back(self, entry: Lease) -> None:
+    def give_back(self, entry: ClientSlot) -> None:
         entry.users -= 1
         if entry.retired and entry.users <= 0:
             self._close(entry)
@@ -111,12 +111,12 @@ class AgentClients:
             _, oldest = self._entries.popitem(last=False)
             self._retire(oldest)
 
-    def _retire(self, entry: Lease) -> None:
+    def _retire(self, entry: ClientSlot) -> None:
         entry.retired = True
         if entry.users <= 0:
             self._close(entry)
 
-    def _close(self, entry: Lease) -> None:
+    def _close(self, entry: ClientSlot) -> None:
         task = asyncio.get_running_loop().create_task(entry.client.aclose())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)

@@ -121,6 +121,7 @@ class Scheduler:
                                          lifetime_hint=hints.max_lifetime_seconds)
         session_id = new_session_id()
         give_up_at = time.monotonic() + self.settings.capacity_wait_seconds
+        pause = 0.01
         while True:
             now = time.time()
             last_try = time.monotonic() >= give_up_at
@@ -141,8 +142,10 @@ class Scheduler:
                 self.metrics.leases.labels(outcome="capacity").inc()
                 raise AtCapacity("no sandbox is available; retry later",
                                  retry_after=self.settings.retry_after_seconds, pool=pool.name)
-            # A sandbox may be starting: poll the lease (one round trip each) until the wait ends.
-            await asyncio.sleep(min(0.02, max(0.0, give_up_at - time.monotonic())))
+            # A sandbox may be starting: poll the lease (one round trip each, backing off to 100 ms
+            # so many waiting clients cannot flood Redis) until the wait ends.
+            await asyncio.sleep(min(pause, max(0.0, give_up_at - time.monotonic())))
+            pause = min(pause * 2, 0.1)
         self.metrics.leases.labels(outcome="granted").inc()
         log.info("session created", extra={"session": session_id, "workspace": caller.workspace,
                                            "pool": pool.name, "sandbox": result.sandbox})
@@ -191,10 +194,11 @@ class Scheduler:
                                     ceiling=self.ceilings.max_exec,
                                     workspace_max=caller.policy.max_exec_timeout_seconds) or self.ceilings.max_exec
         target = await self._touch(caller, session_id, busy_for=bound + self.settings.exec_grace_seconds)
+        # (The model already refused a non-integer; the fallback only keeps the type honest.)
         timeout = limits.exec_timeout(parsed.timeout_seconds, default=target.exec_timeout_seconds,
                                       ceiling=target.max_exec_timeout_seconds,
-                                      workspace_max=caller.policy.max_exec_timeout_seconds)
-        assert timeout is not None  # the model already refused a non-integer
+                                      workspace_max=caller.policy.max_exec_timeout_seconds
+                                      ) or min(target.exec_timeout_seconds, target.max_exec_timeout_seconds)
         if doc.get("timeout_seconds") != timeout or isinstance(doc.get("timeout_seconds"), bool):
             doc["timeout_seconds"] = timeout
             body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
