@@ -159,7 +159,7 @@ def test_idle_sessions_are_reaped(scheduler, r, keys) -> None:
     app = scheduler()
     sandbox = publish(r, keys)
     sid = create(app.url, {"idle_timeout_seconds": 1}).json()["session_id"]
-    wait_for(lambda: not r.exists(keys.session(sid)), timeout=5, what="idle reap")
+    wait_for(lambda: not r.exists(keys.session(sid)), timeout=15, what="idle reap")
     assert r.hget(keys.sandbox(sandbox), "state") == "doomed"
     events = [e[1] for e in r.xrange(keys.usage_events) if e[1]["type"] == "session_released"]
     assert events[0]["reason"] == "idle" and float(events[0]["session_seconds"]) >= 1
@@ -173,7 +173,7 @@ def test_max_lifetime_reaps_even_an_active_session(scheduler, r, keys) -> None:
     sid = create(app.url, {"idle_timeout_seconds": 100, "max_lifetime_seconds": 1}).json()["session_id"]
     # Calls keep it active but cannot extend it past its lifetime (the list call itself may
     # fail to reach the fake sandbox: either way it must not outlive its lifetime).
-    wait_for(lambda: not r.exists(keys.session(sid)), timeout=5, what="lifetime reap")
+    wait_for(lambda: not r.exists(keys.session(sid)), timeout=15, what="lifetime reap")
     events = [e[1] for e in r.xrange(keys.usage_events) if e[1]["type"] == "session_released"]
     assert events[0]["reason"] == "lifetime"
     assert httpx.get(f"{app.url}/sessions/{sid}/files/list").status_code == 404

@@ -39,10 +39,10 @@ from sandpool.core.logs import request_id_var
 from sandpool.scheduler import limits
 from sandpool.scheduler.caller import Caller
 from sandpool.scheduler.forward import OUTCOME_HEADER, AgentClients, BadAddress, request_headers, response_headers
-from sandpool.scheduler.metrics import EXEC_OUTCOMES, SchedulerMetrics
+from sandpool.scheduler.metrics import EXEC_OUTCOMES, SERVICE, SchedulerMetrics
 from sandpool.scheduler.pools import PoolDirectory
 from sandpool.scheduler.settings import SchedulerSettings
-from sandpool.scheduler.store import Leased, SessionStore, Target
+from sandpool.scheduler.store import REDIS_ERRORS, Leased, SessionStore, Target
 from sandpool.state import usage
 
 log = logging.getLogger(__name__)
@@ -390,8 +390,21 @@ class Scheduler:
 
     async def _done(self, caller: Caller, session_id: str, *, event: str = "",
                     amounts: dict[str, Any] | None = None) -> None:
-        await self.store.done(session_id=session_id, workspace=caller.workspace, now=time.time(), event=event,
-                              amounts=amounts)
+        """Meter a finished call and mark the session active.
+
+        The call already ran in the sandbox, so a Redis failure here must not turn its
+        answer into an error the client would retry (running the code twice): it is
+        logged and counted, and the answer is relayed. (The script is not idempotent,
+        so it is not retried either.)
+        """
+        try:
+            await self.store.done(session_id=session_id, workspace=caller.workspace, now=time.time(),
+                                  event=event, amounts=amounts)
+        except REDIS_ERRORS as exc:
+            self.metrics.redis_errors.labels(service=SERVICE).inc()
+            log.error("usage of a finished call not recorded", extra={
+                "session": session_id, "workspace": caller.workspace, "event": event, "amounts": amounts,
+                "error": type(exc).__name__})
 
     async def _release_dead(self, caller: Caller, session_id: str, address: str) -> None:
         self.clients.forget(address)
