@@ -304,3 +304,19 @@ def test_capacity_wait_ends_in_503(scheduler, r, keys) -> None:
     resp = create(app.url)
     assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
     assert usage_total(r, keys)["capacity_refusals"] == "1"  # counted once, at the end
+
+
+def test_workspace_maxima_lower_the_ceilings_a_hint_may_not_raise(tenant_scheduler, r, keys) -> None:
+    app = tenant_scheduler(max_idle_timeout_seconds=600)
+    publish(r, keys)
+    publish(r, keys)
+    headers = tenant_headers("acme", max_idle=50, max_lifetime=70, max_exec=2)
+    handle = create(app.url, {"idle_timeout_seconds": 1000, "max_lifetime_seconds": 10**6}, headers=headers).json()
+    assert (handle["idle_timeout_seconds"], handle["max_lifetime_seconds"]) == (50, 70)
+    assert (handle["exec_timeout_seconds"], handle["max_exec_timeout_seconds"]) == (2, 2)
+    session = r.hgetall(keys.session(handle["session_id"]))
+    assert (session["idle_timeout_seconds"], session["max_lifetime_seconds"], session["workspace"]) == (
+        "50", "70", "acme")
+    # A workspace maximum above the operator's ceiling changes nothing.
+    roomy = create(app.url, {"idle_timeout_seconds": 10**5}, headers=tenant_headers("acme", max_idle=10**5)).json()
+    assert roomy["idle_timeout_seconds"] == 600
