@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,13 +37,18 @@ def up_help() -> str:
 
 
 class Stack:
-    def __init__(self, port: int, data_dir: Path, extra_args: list[str], *, auth: bool = False) -> None:
+    def __init__(self, port: int, extra_args: list[str], *, auth: bool = False,
+                 env: dict[str, str] | None = None, data_dir: Path | None = None) -> None:
         self.port = port
-        self.data_dir = data_dir
+        self.extra_env = dict(env or {})
+        # Sandboxes run as other uids and must traverse every parent of the data dir, so it
+        # lives directly under /tmp (pytest's own tmp dirs are 0700), searchable, not listable.
+        self.owns_data_dir = data_dir is None
+        self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="spclient", dir="/tmp"))
         self.auth = auth
         self.args = [sys.executable, "-m", "sandpool", "up", *([] if auth else ["--no-auth"]), "--port", str(port),
                      "--data-dir", str(data_dir), *extra_args]
-        self.stderr_path = data_dir.parent / f"{data_dir.name}-stderr.log"
+        self.stderr_path = self.data_dir.parent / f"{self.data_dir.name}-stderr.log"
         self.proc: subprocess.Popen[str] | None = None
         self.env: dict[str, str] = {}
         self.stdout_lines: list[str] = []
@@ -51,7 +58,7 @@ class Stack:
     @classmethod
     def external(cls, url: str, *, token: str | None, limits: dict[str, int]) -> Stack:
         """A stack already running elsewhere: nothing to start or stop."""
-        stack = cls(0, Path("/nonexistent"), [])
+        stack = cls(0, [], data_dir=Path("/nonexistent"))
         stack.env = {"SANDPOOL_URL": url, **({"SANDPOOL_TOKEN": token} if token else {})}
         stack.limits = limits
         return stack
@@ -69,8 +76,11 @@ class Stack:
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.owns_data_dir:
+            self.data_dir.chmod(0o711)
         stderr = self.stderr_path.open("w")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
+        env.update(self.extra_env)
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
                                      start_new_session=True)
         stderr.close()
@@ -122,6 +132,13 @@ class Stack:
                 pass
         for mountpoint in self.mounts():  # e.g. size-capped workspaces of sandboxes it did not destroy
             subprocess.run(["umount", "-l", mountpoint], capture_output=True, timeout=10)
+        self.proc = None
+
+    def remove(self) -> None:
+        """Delete the data directory and the log (after `stop`)."""
+        if self.owns_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.stderr_path.unlink(missing_ok=True)
 
     def mounts(self) -> list[str]:
         """Mount points under this stack's data directory, deepest first."""

@@ -34,7 +34,7 @@ MAX_BODY_BYTES = 256 * 1024
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack() -> Iterator[Stack]:
     """One `sandpool up --no-auth` for all the client's stack tests: a pool of 2 with a ceiling of 2.
 
     The ceiling equal to the warm target makes capacity reachable by holding two
@@ -58,24 +58,30 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if "--max-sandboxes" in help_text:
         extra += ["--max-sandboxes", str(POOL_SIZE)]
         limits["max_sandboxes"] = POOL_SIZE
-    if "--max-body-bytes" in help_text:
-        extra += ["--max-body-bytes", str(MAX_BODY_BYTES)]
-        limits["max_body_bytes"] = MAX_BODY_BYTES
-    s = Stack(free_port(), tmp_path_factory.mktemp("stack") / "data", extra)
+    # `up` has no flag for the body cap; its children read every setting from the environment too.
+    env = {"SANDPOOL_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}
+    limits["max_body_bytes"] = MAX_BODY_BYTES
+    s = Stack(free_port(), extra, env=env)
     s.limits = limits
-    s.start()
-    yield s
-    s.stop()
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+        s.remove()
 
 
 @pytest.fixture(scope="module")
-def auth_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def auth_stack() -> Iterator[Stack]:
     """`sandpool up` with authentication on (the proxy in front), a pool of 1."""
     try:
         up_help()
     except StackUnavailable as exc:
         pytest.skip(str(exc))
-    s = Stack(free_port(), tmp_path_factory.mktemp("authstack") / "data", ["--pool-size", "1"], auth=True)
-    s.start()
-    yield s
-    s.stop()
+    s = Stack(free_port(), ["--pool-size", "1"], auth=True)
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+        s.remove()
