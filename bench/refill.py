@@ -56,8 +56,7 @@ async def run(kind: str, count: int, concurrency: int, spare: bool, warmup: int)
     settings = LocalProviderSettings(data_dir=data_dir)
     options = {} if spare else {"spare_interpreter": False}
     if kind == "zygote":
-        launcher = ZygoteLauncher(data_dir / "zygote", agent_options=options)
-        await launcher.start()
+        launcher = ZygoteLauncher(agent_options=options)
     else:
         launcher = SubprocessLauncher(settings.agent_python, stop_grace_seconds=settings.stop_grace_seconds)
         if not spare:

@@ -80,6 +80,8 @@ class ZygoteClient:
         return self.proc.pid if self.proc else None
 
     async def start(self) -> IsolationReport:
+        if self.proc is not None:
+            raise ZygoteError("this zygote client was already started")
         loop = asyncio.get_running_loop()
         if self.run_dir is None:
             self.run_dir = Path(tempfile.mkdtemp(prefix="sandpool-zygote-"))
@@ -297,6 +299,9 @@ class ZygoteLauncher:
         self._starting: asyncio.Lock | None = None
 
     async def start(self) -> IsolationReport | None:
+        """Start the zygote and log its isolation (idempotent)."""
+        if self.using_fallback or (self.report is not None and self.client.alive):
+            return self.report
         self._last_start = asyncio.get_running_loop().time()
         try:
             self.report = await self.client.start()
@@ -394,6 +399,8 @@ class ZygoteLauncher:
         return {
             "launcher": "zygote",
             "namespaces": bool(report and report.is_active("namespaces")),
+            # The workspace cap is a tmpfs mounted inside the sandbox's mount namespace.
+            "caps_workspace": bool(report and report.is_active("filesystem")),
             "isolation": report.to_dict() if report else None,
             "zygote_pid": self.client.pid,
         }

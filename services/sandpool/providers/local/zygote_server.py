@@ -359,7 +359,12 @@ class Zygote:
             self.selector.unregister(sandbox.status_fd)
             os.close(sandbox.status_fd)
             sandbox.status_fd = None
+        started = time.monotonic()
         cleaned = sandbox.cgroup.remove() if sandbox.cgroup is not None else True
+        spent = time.monotonic() - started
+        if spent > 0.05:
+            log.warning("removing a sandbox's cgroups took %.0f ms", spent * 1000,
+                        extra={"sandbox_id": sandbox.sandbox_id})
         code = os.waitstatus_to_exitcode(status)
         if sandbox.launch_request is not None:
             self.send({"id": sandbox.launch_request, "ok": False,
