@@ -35,8 +35,8 @@ class TokenBucket:
         if n > self.burst:
             raise ValueError(f"cannot take {n} tokens from a bucket of {self.burst:g}")
         self._refill()
-        if self._tokens >= n:
-            self._tokens -= n
+        if self._tokens >= n - 1e-9:  # float dust from the refill must not cost a sleep
+            self._tokens = max(0.0, self._tokens - n)
             return 0.0
         return (n - self._tokens) / self.rate
 
