@@ -35,7 +35,8 @@ def data_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_controller_keeps_the_pool_warm_and_replaces_released_sandboxes(scheduler, data_dir, r, keys) -> None:
+def test_controller_keeps_the_pool_warm_and_replaces_released_sandboxes(data_dir, scheduler, r, keys) -> None:
+    # data_dir first: it is torn down after the app (and its controller) stopped.
     app = scheduler(controller=True, pool_size=1, max_sandboxes=2, data_dir=data_dir)
     wait_for(lambda: httpx.get(app.url + "/readyz").status_code == 200, timeout=20, what="ready")
     assert httpx.get(app.url + "/readyz").json()["checks"] == {"redis": "ok", "controller": "ok"}

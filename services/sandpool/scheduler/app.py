@@ -190,7 +190,8 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
             stopping.set()
             await _finish(reaper_task)
             if controller_task is not None:
-                await _finish(controller_task)
+                # Stepping down destroys the leader's half-made sandboxes: give it time.
+                await _finish(controller_task, grace=15.0)
             if the_provider is not None:
                 await the_provider.close()
             await scheduler.drain()
