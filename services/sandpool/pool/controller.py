@@ -49,7 +49,7 @@ class ControllerTiming:
     reconcile_seconds: float = 30.0
     start_timeout_seconds: float = 60.0  # a create slower than this is abandoned and destroyed
     destroy_timeout_seconds: float = 30.0
-    max_concurrent_starts: int = 4
+    max_concurrent_starts: int = 8
     max_concurrent_destroys: int = 8
     retry_base_seconds: float = 0.5  # per-pool backoff after a failed create: base * 2^n ...
     retry_max_seconds: float = 15.0  # ... capped here
