@@ -3,7 +3,8 @@
 Drives the real `LocalProvider` (directory, secret, workspace tmpfs, launch,
 health check) with a chosen launcher, keeping `--concurrency` creates in flight
 and destroying each sandbox as soon as it is ready, the way a pool refills while
-clients release sessions. Reports:
+clients release sessions (released sandboxes are destroyed in the background, as
+the pool controller does). Reports:
 
 - refill rate: sandboxes made ready per second (wall clock), sustained;
 - start latency: create() call to agent healthy, p50/p90/p99;
@@ -67,25 +68,33 @@ async def run(kind: str, count: int, concurrency: int, spare: bool, warmup: int)
     latencies: list[float] = []
     counter = iter(range(10**9))
 
+    destroys: set[asyncio.Task[None]] = set()
+
     async def one(record: bool) -> None:
         sandbox_id = f"b{next(counter)}"
         t0 = time.perf_counter()
         await provider.create(pool, sandbox_id)
         if record:
             latencies.append(time.perf_counter() - t0)
-        await provider.destroy(sandbox_id)
+        # Released sandboxes are destroyed in the background, as the pool controller does:
+        # the next create does not wait for it, but competes with it for the CPU.
+        task = asyncio.create_task(provider.destroy(sandbox_id))
+        destroys.add(task)
+        task.add_done_callback(destroys.discard)
 
     async def worker(n: int, record: bool) -> None:
         for _ in range(n):
             await one(record)
 
     await asyncio.gather(*(worker(max(1, warmup // concurrency), False) for _ in range(concurrency)))
+    await asyncio.gather(*destroys)
     zygote_before = await launcher.client.stats() if kind == "zygote" else None
     cpu_self0, cpu_children0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     per_worker = [count // concurrency + (1 if i < count % concurrency else 0) for i in range(concurrency)]
     await asyncio.gather(*(worker(n, True) for n in per_worker))
     wall = time.perf_counter() - t0
+    await asyncio.gather(*destroys)
     cpu_self = _cpu(resource.RUSAGE_SELF) - cpu_self0
     if kind == "zygote":
         after = await launcher.client.stats()

@@ -58,6 +58,11 @@ PRELOAD = (
     "uvicorn.protocols.http.httptools_impl", "uvicorn.protocols.http.h11_impl",
     "uvicorn.lifespan.on", "uvicorn.loops.auto", "uvicorn.loops.asyncio", "uvicorn.loops.uvloop",
     "asyncio.unix_events", "multipart", "python_multipart",
+    # Imported lazily by the agent's first run_in_threadpool and its lifespan (found by diffing
+    # sys.modules across a forked agent's start-up).
+    "anyio._backends._asyncio", "anyio.streams.memory", "anyio.streams.stapled", "anyio.streams.tls",
+    "anyio._core._sockets", "anyio._core._streams", "anyio.abc._subprocesses", "anyio.abc._testing",
+    "fastapi.telemetry._runtime",
 )
 
 
