@@ -217,7 +217,7 @@ class StandInApiServer:
     def __init__(self, *, kubelet: str = "stub", token: str | None = None, history_limit: int = 10_000,
                  runtime_classes: tuple[str, ...] = ("gvisor", "kata"), pod_quota: int | None = None,
                  probe_period: float = 0.05, bookmark_period: float = 1.0, enforce_restricted: bool = True,
-                 agent_env: dict[str, str] | None = None) -> None:
+                 agent_env: dict[str, str] | None = None, latency: float = 0.0) -> None:
         assert kubelet in ("stub", "agent", "none")
         self.kubelet = kubelet
         self.token = token or uuid.uuid4().hex
@@ -228,6 +228,7 @@ class StandInApiServer:
         self.bookmark_period = bookmark_period
         self.enforce_restricted = enforce_restricted
         self.agent_env = agent_env or {}
+        self.latency = latency  # added to every request, like a real API server's own work
         self.port = 0
         self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {"pods": {}, "secrets": {}}
         self.rv = 100
@@ -421,6 +422,8 @@ class StandInApiServer:
         else:
             verb = "watch" if q.get("watch") in ("true", "1") else "list"
         try:
+            if self.latency:
+                await asyncio.sleep(self.latency)
             self._check(request, verb, resource)
             if verb == "create":
                 body = await self._json(request)
@@ -464,6 +467,8 @@ class StandInApiServer:
         ns, resource, name = request.path_params["ns"], request.path_params["resource"], request.path_params["name"]
         verb = "get" if request.method == "GET" else "delete"
         try:
+            if self.latency:
+                await asyncio.sleep(self.latency)
             self._check(request, verb, resource)
             if verb == "get":
                 obj = self.objects[resource].get((ns, name))
