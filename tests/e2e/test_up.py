@@ -218,3 +218,45 @@ def test_up_refuses_bad_flags_before_starting_anything(tmp_path: Path, args: lis
     assert result.returncode == 2
     assert named in result.stderr and result.stdout == ""
     assert not data_dir.exists()
+
+
+def test_up_with_an_external_redis_leaves_no_sandbox_records(up_factory, redis_url: str, redis_prefix: str) -> None:
+    import redis as redis_sync
+
+    from sandpool.state.keys import Keys
+
+    up = up_factory("--no-auth", "--redis-url", redis_url, "--redis-prefix", redis_prefix)
+    url = up.wait_for("SANDPOOL_URL=")
+    keys = Keys(prefix=redis_prefix)
+    client = redis_sync.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        assert client.llen(keys.pool_ready("default")) >= 2
+        with httpx.Client(base_url=url, timeout=30) as http:
+            session = http.post("/sessions", json={}).json()["session_id"]  # left open on purpose
+            assert exec_code(http, session, "print(1)")["stdout"] == "1\n"
+        assert_stopped_clean(up)
+        # Every sandbox record is forgotten and the open session released (metered once).
+        assert client.scard(keys.pool_members("default")) == 0
+        assert client.llen(keys.pool_ready("default")) == 0
+        assert list(client.scan_iter(match=keys.sandbox_prefix + "*")) == []
+        assert not client.exists(keys.session(session))
+        assert client.zcard(keys.deadlines) == 0
+    finally:
+        for key in client.scan_iter(match=keys.base + "*"):
+            client.delete(key)
+        client.close()
+
+
+def test_up_trusts_a_given_public_key_and_prints_no_token(up_factory, tmp_path: Path) -> None:
+    from sandpool.proxy.keys_cli import generate_keypair, mint_token
+
+    private, public = generate_keypair(tmp_path / "key.pem")
+    up = up_factory("--auth-public-key", str(public))
+    url = up.wait_for("SANDPOOL_URL=")
+    assert not any(line.startswith(("SANDPOOL_TOKEN=", "SID=")) for line in up.lines)
+    token = mint_token(private, "team-a")
+    with httpx.Client(base_url=url, timeout=30) as http:
+        assert http.post("/sessions", json={}).status_code == 401
+        created = http.post("/sessions", json={}, headers={"Authorization": f"Bearer {token}"})
+        assert created.status_code == 201, created.text
+    assert_stopped_clean(up)
