@@ -19,7 +19,16 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from sandpool.core.errors import BadRequest, Invalid, IsADirectory, NotFound, PathOutsideWorkspace, PayloadTooLarge
+from sandpool.core.errors import (
+    BadRequest,
+    Invalid,
+    IsADirectory,
+    NotFound,
+    PathOutsideWorkspace,
+    PayloadTooLarge,
+    SandpoolError,
+    Unavailable,
+)
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _SEP = re.compile(r"[\\/]+")
@@ -34,6 +43,23 @@ def shown(path: str) -> str:
 
 class NotRegularFile(BadRequest):
     reason = "not_a_regular_file"
+
+
+class NameTooLong(BadRequest):
+    reason = "name_too_long"
+
+
+class WorkspaceFull(Unavailable):
+    reason = "workspace_full"
+
+
+def write_error(exc: OSError, path: str) -> SandpoolError:
+    """A named error for a write the file system refused (never a 500 with the host path in its log line)."""
+    if exc.errno == errno.ENAMETOOLONG:
+        return NameTooLong(f"a name in {shown(path)!r} is too long for the file system")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return WorkspaceFull(f"the workspace is full: {shown(path)!r} was not written", retry_after=1)
+    return Unavailable(f"cannot write {shown(path)!r}: {exc.strerror or 'error'}", retry_after=1)
 
 
 class Workspace:
@@ -151,8 +177,15 @@ class Workspace:
         """Write a file atomically (temp file in the target directory, then rename).
 
         Over `max_bytes` nothing is written: the temp file is removed and 413 raised.
+        A file system refusal (name too long, workspace full) is a named error.
         Returns (workspace-relative path, size).
         """
+        try:
+            return self._write(path, chunks, max_bytes=max_bytes)
+        except OSError as exc:
+            raise write_error(exc, path) from None
+
+    def _write(self, path: str, chunks: Iterable[bytes], *, max_bytes: int) -> tuple[str, int]:
         real = self.resolve(path)
         if real == self.root:
             raise IsADirectory(f"{shown(path)!r} is a directory")
