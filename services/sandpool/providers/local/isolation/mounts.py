@@ -34,7 +34,9 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 # Files under /etc that hold secrets of the host: hidden behind an empty file.
 ETC_MASKED_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-",
                     "/etc/sudoers", "/etc/machine-id")
-ETC_MASKED_DIRS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d", "/etc/sandpool")
+ETC_MASKED_DIRS = ("/etc/ssh", "/etc/ssl/private", "/etc/sudoers.d", "/etc/sandpool", "/etc/letsencrypt",
+                   "/etc/kubernetes", "/etc/docker", "/etc/containerd", "/etc/redis", "/etc/wireguard",
+                   "/etc/NetworkManager/system-connections", "/etc/pki/tls/private")
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 
 WORKSPACE = "/workspace"
