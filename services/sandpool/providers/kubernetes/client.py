@@ -246,12 +246,6 @@ class KubeApi:
     async def get_secret(self, name: str) -> dict[str, Any]:
         return await self._call("get_secret", "read_namespaced_secret", name, self.namespace)
 
-    async def delete_secret(self, name: str, *, uid: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {}
-        if uid:
-            body["preconditions"] = {"uid": uid}
-        return await self._call("delete_secret", "delete_namespaced_secret", name, self.namespace, body=body)
-
     # --- the watch (blocking: runs on the watcher's own thread) -------------------------------
 
     def watch_pods_blocking(self, selector: str, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
