@@ -154,7 +154,7 @@ async def kill_uid(uid: int, gid: int, *, rounds: int = 20) -> bool:
     if uid == os.getuid() or uid == 0:
         raise ValueError("refusing to kill every process of a shared uid")
     for _ in range(rounds):
-        if not pids_of_uid(uid):
+        if not await asyncio.to_thread(pids_of_uid, uid):  # a /proc scan: off the event loop
             return True
         proc = await asyncio.create_subprocess_exec(
             "kill", "-9", "-1", user=uid, group=gid, extra_groups=[],
@@ -162,4 +162,4 @@ async def kill_uid(uid: int, gid: int, *, rounds: int = 20) -> bool:
             stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
         await proc.wait()
         await asyncio.sleep(0.01)
-    return not pids_of_uid(uid)
+    return not await asyncio.to_thread(pids_of_uid, uid)
