@@ -101,10 +101,10 @@ class Stack:
             except queue.Empty:
                 line = None
             if line is None:
+                code = self.proc.poll()
+                why = "exited" if code is not None else f"printed no {' and '.join(wanted)} in {STARTUP_SECONDS:g}s"
                 self.stop()
-                why = ("exited" if self.proc.poll() is not None
-                       else f"printed no {' and '.join(wanted)} in {STARTUP_SECONDS:g}s")
-                raise RuntimeError(f"sandpool up {why} (rc={self.proc.returncode}); stderr:\n{self.logs()}")
+                raise RuntimeError(f"sandpool up {why} (rc={code}); stderr:\n{self.logs()}")
             self.stdout_lines.append(line)
             key, sep, value = line.strip().partition("=")
             if sep and key.startswith("SANDPOOL_"):
