@@ -241,7 +241,7 @@ class Stack:
             env["SANDPOOL_REDIS_URL"] = self.redis_url  # by environment: argv is world-readable
         env["SANDPOOL_REDIS_PREFIX"] = self.prefix
         proc = subprocess.Popen(command + argv, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr,
-                                stderr=sys.stderr, start_new_session=True)
+                                stderr=sys.stderr, start_new_session=True, preexec_fn=_die_with_parent())
         self.children.append((name, proc))
         log.info("started", extra={"child": name, "pid": proc.pid})
 
@@ -344,6 +344,25 @@ async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: s
         log.warning("could not forget sandbox records", extra={"error": str(exc)})
     finally:
         await client.aclose()
+
+
+def _die_with_parent() -> Any:
+    """A pre-exec hook: the child gets SIGTERM if `sandpool up` itself is killed (SIGKILL leaves
+    no chance to stop it), so nothing it started outlives it. Linux only; `up` spawns from
+    its only thread, where a pre-exec hook is safe."""
+    if not sys.platform.startswith("linux"):
+        return None
+    from sandpool.providers.local.isolation.linux import PR_SET_PDEATHSIG, libc, prctl
+
+    libc()  # loaded here, not in the forked child
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # up died between fork and prctl
+            os._exit(1)
+
+    return hook
 
 
 def _url_host(host: str) -> str:

@@ -260,3 +260,16 @@ def test_up_trusts_a_given_public_key_and_prints_no_token(up_factory, tmp_path: 
         created = http.post("/sessions", json={}, headers={"Authorization": f"Bearer {token}"})
         assert created.status_code == 201, created.text
     assert_stopped_clean(up)
+
+
+def test_a_killed_up_takes_its_stack_with_it(up_factory) -> None:
+    up = up_factory("--no-auth")
+    up.wait_for("SANDPOOL_URL=")
+    tree = descendants(up.proc.pid)
+    assert tree
+    up.proc.kill()  # SIGKILL: no chance to clean up; the children must notice on their own
+    up.proc.wait(10)
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in tree if alive(pid)] == []
