@@ -205,3 +205,58 @@ def operations_of(app: Any) -> set[tuple[str, str]]:
     """(METHOD, path template) of every operation an app documents."""
     spec = app.openapi()
     return {(method.upper(), path) for path, ops in spec["paths"].items() for method in ops}
+
+
+# --- strategies from an OpenAPI document's JSON schemas ------------------------------------------
+
+def from_schema(schema: dict[str, Any], components: dict[str, Any]) -> st.SearchStrategy[Any]:
+    """Values that satisfy a (FastAPI-generated) JSON schema, edge values favoured.
+
+    Covers what the apps' documents use: $ref, anyOf, object (properties, required,
+    additionalProperties), array, string (length bounds), integer/number (bounds),
+    boolean, null. Unknown shapes fall back to any JSON.
+    """
+    if "$ref" in schema:
+        return st.deferred(lambda: from_schema(components[schema["$ref"].rsplit("/", 1)[-1]], components))
+    if "anyOf" in schema:
+        return st.one_of(*(from_schema(s, components) for s in schema["anyOf"]))
+    kind = schema.get("type")
+    if kind == "object":
+        props = schema.get("properties", {})
+        required = set(schema.get("required", ()))
+        strategy = st.fixed_dictionaries({k: from_schema(v, components) for k, v in props.items() if k in required},
+                                         optional={k: from_schema(v, components) for k, v in props.items()
+                                                   if k not in required})
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            strategy = st.tuples(strategy, st.dictionaries(short_texts, from_schema(extra, components), max_size=3)) \
+                .map(lambda pair: {**pair[1], **pair[0]})
+        return strategy
+    if kind == "array":
+        return st.lists(from_schema(schema.get("items", {}), components), min_size=schema.get("minItems", 0),
+                        max_size=min(schema.get("maxItems", 4), 4))
+    if kind == "string":
+        low, high = schema.get("minLength", 0), schema.get("maxLength")
+        edge = [low, high] if high is not None else [low]
+        return st.one_of(st.text(ANY_CHAR, min_size=low, max_size=min(high or 24, 24)),
+                         st.sampled_from(edge).map(lambda n: "a" * n))
+    if kind in ("integer", "number"):
+        low, high = schema.get("minimum"), schema.get("maximum")
+        low_i = int(low) if low is not None else None
+        high_i = int(high) if high is not None else None
+        edges = [v for v in (low_i, high_i) if v is not None]
+        base = st.integers(min_value=low_i, max_value=high_i)
+        return st.one_of(base, st.sampled_from(edges)) if edges else base
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "null":
+        return st.none()
+    return json_any
+
+
+def near_schema(schema: dict[str, Any], components: dict[str, Any]) -> st.SearchStrategy[Any]:
+    """Mostly valid documents, and documents one step off (any JSON, a field of the wrong type)."""
+    valid = from_schema(schema, components)
+    mutated = st.tuples(valid, short_texts, json_any).map(
+        lambda t: {**t[0], t[1]: t[2]} if isinstance(t[0], dict) else t[2])
+    return st.one_of(valid, valid, mutated, json_any)
