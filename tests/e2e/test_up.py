@@ -98,10 +98,10 @@ class Up:
         self.stderr.flush()
         return (self.data_dir.parent / f"{self.data_dir.name}.log").read_text(errors="replace")[-3000:]
 
-    def stop(self) -> tuple[int, set[int]]:
-        """SIGTERM up; return its exit code and every process of its tree seen just before."""
+    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, set[int]]:
+        """Signal up; return its exit code and every process of its tree seen just before."""
         tree = descendants(self.proc.pid)
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(sig)
         code = self.proc.wait(60)
         return code, tree
 
@@ -134,8 +134,8 @@ def exec_code(client: httpx.Client, session: str, code: str) -> dict:
     return response.json()["result_block"]["content"]
 
 
-def assert_stopped_clean(up: Up) -> None:
-    code, tree = up.stop()
+def assert_stopped_clean(up: Up, sig: int = signal.SIGTERM) -> None:
+    code, tree = up.stop(sig)
     assert code == 0, up.log_tail()
     assert tree, "the stack had no processes?"
     deadline = time.monotonic() + 10
@@ -202,7 +202,7 @@ def test_up_with_auth_prints_a_token_and_a_working_curl_line(up_factory) -> None
     if shutil.which("curl"):
         result = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60)
         assert '"stdout":"1\\n"' in result.stdout.replace(" ", ""), (result.stdout, result.stderr)
-    assert_stopped_clean(up)
+    assert_stopped_clean(up, signal.SIGINT)  # what Ctrl-C sends
 
 
 @pytest.mark.parametrize(("args", "named"), [
