@@ -140,7 +140,9 @@ class KubernetesProvider:
             raise
         except (ApiError, PodGone, TimeoutError, ProviderError) as exc:
             self.counts["create_failed"] += 1
-            if created or not isinstance(exc, ProviderError):
+            # Delete what we made; after a lost answer (transient) the pod may exist too. A refused
+            # POST (4xx) or a pod that is not ours (ProviderError before `created`) is left alone.
+            if created or (isinstance(exc, ApiError) and exc.transient):
                 await self._delete_quietly(name, uid)
             if isinstance(exc, ProviderError):
                 raise
