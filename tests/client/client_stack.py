@@ -67,6 +67,10 @@ class Stack:
     def url(self) -> str:
         return self.env["SANDPOOL_URL"]
 
+    @property
+    def token(self) -> str | None:
+        return self.env.get("SANDPOOL_TOKEN")
+
     def logs(self, last: int = 60) -> str:
         try:
             lines = self.stderr_path.read_text(errors="replace").splitlines()

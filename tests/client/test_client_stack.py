@@ -30,7 +30,7 @@ RETRIES = {"max_retries": 20, "max_retry_wait": 30.0}
 
 @pytest.fixture
 def client(stack: Stack) -> Iterator[Client]:
-    with Client(stack.url, **RETRIES) as c:  # type: ignore[arg-type]
+    with Client(stack.url, stack.token, **RETRIES) as c:  # type: ignore[arg-type]
         yield c
 
 
@@ -145,7 +145,7 @@ def test_capacity_exhausted_raises_at_capacity_after_bounded_retries(stack: Stac
     try:
         for _ in range(ceiling):
             held.append(client.create_session())
-        with Client(stack.url, max_retries=2, max_retry_wait=10) as impatient:
+        with Client(stack.url, stack.token, max_retries=2, max_retry_wait=10) as impatient:
             with pytest.raises(AtCapacity) as info:
                 impatient.create_session()
         err = info.value
@@ -159,7 +159,7 @@ def test_capacity_exhausted_raises_at_capacity_after_bounded_retries(stack: Stac
 
 
 async def test_async_client_runs_sessions_concurrently(stack: Stack) -> None:
-    async with AsyncClient(stack.url, **RETRIES) as client:  # type: ignore[arg-type]
+    async with AsyncClient(stack.url, stack.token, **RETRIES) as client:  # type: ignore[arg-type]
 
         async def one(n: int) -> str:
             async with client.session() as s:

@@ -24,6 +24,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_scheduler_metrics_match_the_architecture_table(stack: Stack) -> None:
+    if stack.token is not None:
+        pytest.skip("the stack has a proxy in front: its /metrics is the proxy's, not the scheduler's")
     with Client(stack.url, max_retries=20, max_retry_wait=30) as client, client.session() as s:
         s.run_python("print(1)")  # so the per-call series exist
     text = httpx.get(f"{stack.url}/metrics", timeout=10).text
