@@ -227,6 +227,16 @@ async def test_a_too_long_data_dir_is_refused_at_start(data_dir: Path) -> None:
     assert not too_long.exists()
 
 
+async def test_a_data_dir_that_cannot_be_made_is_refused_at_start(data_dir: Path) -> None:
+    blocker = data_dir / "f"
+    blocker.write_text("not a directory")
+    provider = provider_for(blocker / "d")
+    with pytest.raises(ProviderError, match="cannot use --data-dir") as err:
+        await provider.start()
+    assert err.value.transient is False
+    assert blocker.read_text() == "not a directory"
+
+
 def test_build_provider_picks_fields_by_name(data_dir: Path) -> None:
     class SchedulerLike:
         data_dir = None

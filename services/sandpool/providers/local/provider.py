@@ -70,9 +70,12 @@ class LocalProvider:
         if len(os.fsencode(longest)) > SOCKET_PATH_MAX:
             raise ProviderError(f"data dir path too long for agent sockets ({len(str(longest))} > "
                                 f"{SOCKET_PATH_MAX} bytes): choose a shorter --data-dir", transient=False)
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root.parent, 0o711)
-        os.chmod(self.root, 0o711)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.root.parent, 0o711)
+            os.chmod(self.root, 0o711)
+        except OSError as exc:
+            raise ProviderError(f"cannot use --data-dir {self.root.parent}: {exc.strerror}", transient=False) from None
         starter = getattr(self.launcher, "start", None)  # the zygote: detects and logs its isolation
         if starter is not None:
             await starter()
