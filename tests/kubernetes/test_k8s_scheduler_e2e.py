@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,9 +20,14 @@ from typing import Any
 import httpx
 import pytest
 from apiserver import StandInApiServer
-from conftest import free_port
 
 NS = "sandboxes"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 POOLS = """
 pools:
