@@ -178,3 +178,51 @@ async def test_async_client_same_semantics(scripted: ScriptedServer) -> None:
     assert len(scripted.hits("POST", "/sessions")) == 2
     assert len(scripted.hits("POST", "/sessions/s-1/exec")) == 2
     assert len(scripted.hits("DELETE", "/sessions/s-1")) == 1
+
+
+def test_which_errors_each_kind_of_call_retries() -> None:
+    from sandpool.client import ConnectionLost
+    from sandpool.client.calls import Timeouts, create_session, destroy_session, execute, get_file, put_file
+    from sandpool.client.errors import error_from_response
+    from sandpool.client.transport import may_retry
+
+    t = Timeouts()
+    busy, limited = error_from_response(503, {}, None), error_from_response(429, {}, None)
+    died, bad = error_from_response(502, {}, None), error_from_response(400, {}, None)
+    never_sent, broke = ConnectionFailed("x"), ConnectionLost("x")
+    calls = {
+        "create": create_session(t),
+        "destroy": destroy_session(t, "s"),
+        "get": get_file(t, "s", "a"),
+        "exec": execute(t, "s", "code_execution", {"code": "1"}, timeout_seconds=None, tool_use_id=None),
+        "put": put_file(t, "s", "a", b"x"),
+    }
+    table = {name: [may_retry(call, e) for e in (busy, limited, died, bad, never_sent, broke)]
+             for name, call in calls.items()}
+    assert table == {
+        #          503    429    502    400    no-conn broke
+        "create": [True, True, False, False, True, False],
+        "destroy": [True, True, False, False, True, True],
+        "get": [True, True, False, False, True, True],
+        "exec": [False, False, False, False, True, False],
+        "put": [False, False, False, False, True, False],
+    }
+
+
+def test_an_upload_stream_that_cannot_rewind_is_not_retried() -> None:
+    from sandpool.client.calls import Timeouts, put_file
+    from sandpool.client.transport import may_retry
+
+    class OneShot(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def seekable(self) -> bool:
+            return False
+
+    stream = io.BytesIO(b"abcdef")
+    stream.seek(2)
+    call = put_file(Timeouts(), "s", "a", stream)
+    stream.read()
+    assert may_retry(call, ConnectionFailed("x")) and stream.tell() == 2  # rewound to where it started
+    assert not may_retry(put_file(Timeouts(), "s", "a", OneShot()), ConnectionFailed("x"))  # type: ignore[arg-type]

@@ -6,9 +6,12 @@ does no I/O, so the two clients differ only in how they send it.
 
 Which calls are retried automatically (`Retry`):
 
-- `SAFE` (CreateSession, DestroySession, ListFiles, GetFile): nothing changes if
-  the call is offered twice, or a refusal means nothing happened (a 503 or 429
-  CreateSession leased nothing). Retried on a connection failure, 429 and 503.
+- `SAFE` (DestroySession, ListFiles, GetFile): idempotent, nothing changes if the
+  call is offered twice. Retried on 429, 503, and a connection that failed or broke.
+- `REFUSED` (CreateSession): a 429 or 503 refusal leased nothing, so it is retried
+  on those and on a connection that never opened; but not on one that broke
+  mid-call, when a session may have been leased whose handle was lost (a retry
+  would hold a second one until the first is reaped).
 - `ONCE` (Execute, PutFile): not idempotent. Retried only when the connection
   failed before the request was sent; any answer, including 429/503, is raised
   for the caller to decide.
@@ -37,6 +40,7 @@ Upload = bytes | bytearray | memoryview | IO[bytes]
 
 class Retry(enum.Enum):
     SAFE = "safe"
+    REFUSED = "refused"
     ONCE = "once"
 
 
@@ -103,7 +107,7 @@ def create_session(timeouts: Timeouts, *, idle_timeout_seconds: int | None = Non
         "image": image,
     }.items() if v is not None}
     body.update({k: v for k, v in extra.items() if v is not None})
-    return Call("create_session", "POST", "/sessions", (201, 200), Retry.SAFE, timeouts.plain(),
+    return Call("create_session", "POST", "/sessions", (201, 200), Retry.REFUSED, timeouts.plain(),
                 lambda r: SessionInfo.from_body(_json(r)), json=body)
 
 

@@ -59,6 +59,8 @@ def may_retry(call: Call, err: SandpoolClientError) -> bool:
         return call.rewind is None or call.rewind()
     if call.retry is Retry.SAFE:
         return isinstance(err, (QuotaExceeded, Unavailable, ConnectionLost))
+    if call.retry is Retry.REFUSED:
+        return isinstance(err, (QuotaExceeded, Unavailable))
     return False
 
 
