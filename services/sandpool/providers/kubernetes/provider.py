@@ -122,8 +122,9 @@ class KubernetesProvider:
         name = pod["metadata"]["name"]
         agent_secret = secrets.token_urlsafe(32)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.kube_ready_timeout_seconds
         await self._create_bucket.acquire()
+        # The pod's own time to start; a wait for a create token above is not charged to it.
+        deadline = loop.time() + self.settings.kube_ready_timeout_seconds
         uid: str | None = None
         created = False
         try:
