@@ -86,7 +86,9 @@ def test_exec_never_500s(agent: AgentProc, data: Any, sid: str, ctype: str) -> N
                   b'{"tool":"code_execution","input":{"code":"\\ud800"}}',
                   b'{"tool":"text_editor_code_execution","input":{"command":"view","path":"pipe"}}',
                   b'{"tool":"text_editor_code_execution","input":{"command":"view","path":"link_root/etc"}}',
-                  b'{"tool":"bash_code_execution","input":{"command":"printf %s \'\x00\'"}}']
+                  b'{"tool":"bash_code_execution","input":{"command":"printf %s \'\x00\'"}}',
+                  # found by the long run: a lone surrogate in tool_use_id was echoed into a 500
+                  b'{"tool":"code_execution","input":{"code":"print(1)"},"tool_use_id":"\\ud800"}']
     else:
         bodies = [data.draw(encoded(exec_documents(paths(str(agent.canary)))), label="body")]
     for body in bodies:
@@ -119,7 +121,10 @@ def test_put_never_500s(agent: AgentProc, data: Any, sid: str) -> None:
         kwargs: dict[str, Any] = {"files": {"file": ("a" * 300, b"")}}
     else:
         kwargs = data.draw(uploads(paths(str(agent.canary))), label="upload")
-    response = agent.client.post(f"/sessions/{sid}/files", **kwargs)
+    try:
+        response = agent.client.post(f"/sessions/{sid}/files", **kwargs)
+    except UnicodeEncodeError:
+        return  # httpx cannot put a lone surrogate in a multipart header: nothing was sent
     event(f"status {response.status_code}")
     check_answer(response, forbidden=_forbidden(agent))
     assert response.status_code in (201, 400, 403, 404, 413, 422), (kwargs, response.text[:300])

@@ -30,10 +30,38 @@ class _Response(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def _not_unicode(value: Any) -> bool:
+    """True when some string in a parsed JSON document holds a lone surrogate (JSON allows the
+    escape `\\ud800`, but such text cannot be encoded as UTF-8, so it could never be echoed,
+    forwarded or written without a 500)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_not_unicode(k) or _not_unicode(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_not_unicode(v) for v in value)
+    return False
+
+
+class _TopLevelRequest(_Request):
+    """A whole request body: every string in it, extra fields included, must be Unicode."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        if _not_unicode(data):
+            raise ValueError("text must be valid Unicode: a lone surrogate cannot be encoded as UTF-8")
+        return data
+
+
 # --- CreateSession ---------------------------------------------------------------------------
 
 
-class CreateSessionRequest(_Request):
+class CreateSessionRequest(_TopLevelRequest):
     """Lifetime hints, both optional; the backend clamps them to its ceilings."""
 
     idle_timeout_seconds: Annotated[int, Field(ge=1)] | None = None
@@ -90,7 +118,7 @@ class TextEditorInput(_Request):
         return self
 
 
-class _ExecBase(_Request):
+class _ExecBase(_TopLevelRequest):
     timeout_seconds: TimeoutSeconds | None = None
     tool_use_id: str | None = None
 
