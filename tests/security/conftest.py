@@ -1,0 +1,32 @@
+"""One real stack for the security tables: Redis, a multi-tenant scheduler with real local
+sandboxes, and `sandpool proxy` with a key of the test's own (tests/reliability/sp_harness.py).
+
+The tables here extend the per-component ones (tests/agent, tests/proxy,
+tests/isolation) by running them through the whole deployed path, and reuse
+those tables rather than copying them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS / "reliability"))
+if str(TESTS) not in sys.path:
+    sys.path.append(str(TESTS))  # `proxy.test_auth`: the proxy's table of bad credentials
+
+from sp_harness import Stack, build_stack  # noqa: E402
+
+POOL = 3
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    built = build_stack(proxy=True, pool_size=POOL, max_sandboxes=POOL + 4,
+                        scheduler_args=["--capacity-wait-seconds", "5", "--max-exec-timeout-seconds", "20"])
+    yield built
+    built.close()
