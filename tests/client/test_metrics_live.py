@@ -1,4 +1,4 @@
-"""The live scheduler's /metrics carries the names and labels the dashboard and alerts query.
+"""The live scheduler's and proxy's /metrics carry the names and labels the dashboard and alerts query.
 
 The static check (tests/unit/test_observability_assets.py) holds the assets to
 docs/architecture.md; this one holds the running scheduler to the same table,
@@ -15,7 +15,7 @@ import pytest
 from client_stack import Stack
 from prometheus_client.parser import text_string_to_metric_families
 
-from sandpool.client import Client
+from sandpool.client import Client, Unauthorized
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_observability_assets import ARCHITECTURE, parse_metrics_table  # noqa: E402
@@ -28,13 +28,26 @@ def test_scheduler_metrics_match_the_architecture_table(stack: Stack) -> None:
         pytest.skip("the stack has a proxy in front: its /metrics is the proxy's, not the scheduler's")
     with Client(stack.url, max_retries=20, max_retry_wait=30) as client, client.session() as s:
         s.run_python("print(1)")  # so the per-call series exist
-    text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    assert problems_of(stack.url, "scheduler") == []
+
+
+def test_proxy_metrics_match_the_architecture_table(auth_stack: Stack) -> None:
+    with Client.from_env(auth_stack.env, max_retries=20) as client, client.session() as s:
+        s.run_python("print(1)")
+    with Client(auth_stack.url, token="not-a-jwt") as stranger, pytest.raises(Unauthorized):
+        stranger.create_session()  # so an auth failure is counted
+    assert problems_of(auth_stack.url, "proxy") == []
+
+
+def problems_of(url: str, service: str) -> list[str]:
+    """What the live /metrics of `service` gets wrong against the table's rows for that service."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
     live = {family.name: family for family in text_string_to_metric_families(text)}
     table = parse_metrics_table(ARCHITECTURE.read_text())
-    scheduler_side = {name: m for name, m in table.items()
-                      if "scheduler" in _where(name)}
+    mine = {name: m for name, m in table.items() if service in _where(name)}
+    assert mine, f"the table names no metric of the {service}"
     problems = []
-    for name, metric in scheduler_side.items():
+    for name, metric in mine.items():
         family = live.get(name.removesuffix("_total"))  # the parser names counters without _total
         if family is None:
             problems.append(f"{name} is not exposed")
@@ -49,9 +62,11 @@ def test_scheduler_metrics_match_the_architecture_table(stack: Stack) -> None:
             for label, closed in metric.labels.items():
                 if closed and label in sample.labels and sample.labels[label] not in closed:
                     problems.append(f"{sample.name}{{{label}={sample.labels[label]!r}}} is outside {sorted(closed)}")
-    assert problems == []
-    requests = live["sandpool_requests"]
-    assert any(smp.labels.get("operation") for smp in requests.samples)
+            if "service" in sample.labels and sample.labels["service"] != service:
+                problems.append(f"{sample.name} says service={sample.labels['service']!r}")
+    if not any(smp.labels.get("operation") for smp in live["sandpool_requests"].samples):
+        problems.append("no request was counted by operation")
+    return problems
 
 
 def _where(name: str) -> str:
