@@ -71,7 +71,7 @@ def stack() -> Iterator[Stack]:
         s.remove()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def auth_stack() -> Iterator[Stack]:
     """`sandpool up` with authentication on (the proxy in front), a pool of 1."""
     try:

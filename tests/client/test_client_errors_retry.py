@@ -7,7 +7,7 @@ from email.utils import format_datetime
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandpool.client import (
@@ -161,6 +161,7 @@ def test_retry_policy_rejects_negative_bounds() -> None:
         RetryPolicy(max_total_wait=-1)
 
 
+@settings(max_examples=60, deadline=None)  # pure arithmetic; no deadline to trip on a loaded CI host
 @given(
     retries=st.integers(0, 8),
     budget=st.floats(0, 60),
