@@ -348,6 +348,9 @@ class StandInApiServer:
             self._end_watches()
         self.call(apply)
 
+    def open_watches(self) -> int:
+        return self.call(lambda: len(self._watchers))
+
     def end_watches(self) -> None:
         """Close every open watch stream (an API server restart, a load balancer timeout)."""
         self.call(self._end_watches)

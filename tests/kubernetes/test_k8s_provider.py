@@ -97,16 +97,27 @@ async def test_watch_resumes_from_its_version_and_relists_after_410(
         provider: KubernetesProvider, apiserver: StandInApiServer) -> None:
     await provider.create(POOL, "sb-w1")
     relists, requests = provider.watcher.relists, provider.watcher.watch_requests
+    await eventually(lambda: apiserver.open_watches() == 1)
     apiserver.end_watches()  # the server ends the stream: resume from the last version, no list
     await eventually(lambda: provider.watcher.watch_requests > requests)
     await provider.create(POOL, "sb-w2")
     assert provider.watcher.relists == relists
 
+    await eventually(lambda: apiserver.open_watches() == 1)
     apiserver.compact()  # the stream drops and the history is gone: resuming gets 410 Expired
     await eventually(lambda: provider.watcher.relists > relists)
     info = await provider.create(POOL, "sb-w3")  # readiness still arrives through the new watch
     assert info.ready
     assert set(provider.watcher.pods) == {"test-sb-w1", "test-sb-w2", "test-sb-w3"}
+
+
+async def test_the_watch_lists_afresh_periodically(make_provider: Any, apiserver: StandInApiServer) -> None:
+    provider = await make_provider(kube_relist_seconds=0.01)
+    relists = provider.watcher.relists
+    await eventually(lambda: apiserver.open_watches() == 1)
+    apiserver.end_watches()  # a request ends; the period has passed: list, then watch again
+    await eventually(lambda: provider.watcher.relists > relists)
+    assert (await provider.create(POOL, "sb-p1")).ready
 
 
 async def test_pod_deleted_behind_our_back_is_forgotten_and_dead_pod_is_not_ready(

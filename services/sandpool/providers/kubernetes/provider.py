@@ -61,7 +61,8 @@ class KubernetesProvider:
         self.api = KubeApi(self.settings)
         self.watcher = PodWatcher(self.api, self.selector,
                                   watch_timeout_seconds=self.settings.kube_watch_timeout_seconds,
-                                  backoff_max_seconds=self.settings.kube_backoff_max_seconds)
+                                  backoff_max_seconds=self.settings.kube_backoff_max_seconds,
+                                  relist_seconds=self.settings.kube_relist_seconds)
         self._create_bucket = TokenBucket(self.settings.kube_create_rate, self.settings.kube_create_burst)
         self._delete_bucket = TokenBucket(self.settings.kube_delete_rate, self.settings.kube_delete_burst)
         self._http: httpx.AsyncClient | None = None

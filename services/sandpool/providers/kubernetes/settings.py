@@ -53,6 +53,9 @@ class KubernetesProviderSettings(ServiceSettings):
     kube_backoff_max_seconds: float = Field(default=8.0, gt=0, description="Longest wait between two retries")
     kube_watch_timeout_seconds: int = Field(default=300, ge=5, description=(
         "Server-side length of one watch request; the watch then resumes from its last resourceVersion"))
+    kube_relist_seconds: float = Field(default=600.0, gt=0, description=(
+        "List all pods afresh at least this often (when a watch request ends), so a missed event "
+        "cannot outlive one period"))
     kube_ready_timeout_seconds: float = Field(default=120.0, gt=0, description=(
         "How long a new pod may take to be Ready and answer /healthz before it is deleted"))
     kube_health_timeout_seconds: float = Field(default=2.0, gt=0, description=(

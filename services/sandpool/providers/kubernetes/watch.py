@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -38,11 +39,13 @@ class PodGone(Exception):
 
 class PodWatcher:
     def __init__(self, api: KubeApi, selector: str, *, watch_timeout_seconds: int,
-                 backoff_max_seconds: float) -> None:
+                 backoff_max_seconds: float, relist_seconds: float = 600.0) -> None:
         self.api = api
         self.selector = selector
         self.watch_timeout_seconds = watch_timeout_seconds
         self.backoff_max_seconds = backoff_max_seconds
+        self.relist_seconds = relist_seconds
+        self._listed_at = 0.0
         self.pods: dict[str, PodState] = {}
         self.relists = 0
         self.watch_requests = 0
@@ -78,6 +81,7 @@ class PodWatcher:
         states = [read_pod(item) for item in data.get("items") or []]
         self._replace(states)
         self._resource_version = str((data.get("metadata") or {}).get("resourceVersion") or "")
+        self._listed_at = time.monotonic()
         self.relists += 1
 
     # --- the watch thread ---------------------------------------------------------------------
@@ -93,6 +97,10 @@ class PodWatcher:
                         return
                     self._on_event(event)
                     failures = 0
+                # The server ended the request. Resume from our version, or list afresh now and then:
+                # a watch is a cache of the truth, and a list bounds how long a missed event can last.
+                if time.monotonic() - self._listed_at >= self.relist_seconds:
+                    self._relist_from_thread()
             except Gone:
                 log.info("pod watch expired (410 Gone); listing again")
                 if not self._relist_from_thread():
