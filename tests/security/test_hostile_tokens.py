@@ -1,0 +1,169 @@
+"""Hostile credentials against the real `sandpool proxy` process in front of a real scheduler.
+
+The proxy suite's own table (tests/proxy/test_auth.py `BAD`: alg confusion, alg
+none, foreign keys, tampered payloads, bad claims...) runs here against the
+deployed process on every contract and admin operation, then the table is
+extended with what only a whole stack can show: a revoked token, a token that
+is too large, duplicated or mixed credentials, the internal credential offered
+to the proxy, the proxy's JWT offered straight to the scheduler. Each is a 401
+(or the stated refusal) with a `cause`, reaches no sandbox, leases nothing,
+meters nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from proxy.conftest import Keys as ProxyKeys  # the proxy suite's key holder (token(), private, public)
+from proxy.test_auth import BAD
+from sp_harness import INTERNAL_TOKEN, Stack, keys_under
+
+from sandpool.proxy.keys_cli import generate_keypair
+
+OPERATIONS: list[tuple[str, str, dict[str, Any]]] = [
+    ("POST", "/sessions", {"json": {}}),
+    ("POST", "/sessions/{sid}/exec", {"json": {"tool": "code_execution", "input": {"code": "print(1)"}}}),
+    ("GET", "/sessions/{sid}/files/list", {}),
+    ("GET", "/sessions/{sid}/files", {"params": {"path": "marker.txt"}}),
+    ("POST", "/sessions/{sid}/files", {"files": {"file": ("x.txt", b"pwned")}}),
+    ("DELETE", "/sessions/{sid}", {}),
+    ("GET", "/v1/usage", {}),
+    ("GET", "/v1/sessions", {}),
+    ("PUT", "/v1/workspaces/acme/policy", {"json": {"max_concurrent_sessions": 1}}),
+    ("POST", "/v1/revocations", {"json": {"jti": "x", "ttl": 60}}),
+]
+
+
+@pytest.fixture(scope="module")
+def keys(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> tuple[ProxyKeys, ProxyKeys]:
+    trusted = ProxyKeys(stack.private_key, stack.public_key)  # type: ignore[arg-type]
+    other = ProxyKeys(*generate_keypair(tmp_path_factory.mktemp("other") / "untrusted.pem"))
+    return trusted, other
+
+
+@pytest.fixture(scope="module")
+def victim(stack: Stack) -> Any:
+    client = stack.client("acme")
+    sid = client.post("/sessions", json={}).json()["session_id"]
+    assert client.post(f"/sessions/{sid}/files", files={"file": ("marker.txt", b"intact")}).status_code == 201
+    yield sid
+    client.delete(f"/sessions/{sid}")
+    client.close()
+
+
+def scheduler_requests(stack: Stack) -> float:
+    text = httpx.get(stack.schedulers[0].url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("sandpool_requests_total{") and 'operation="' in line
+               and "Healthz" not in line and "Readyz" not in line and "Metrics" not in line
+               and "healthz" not in line and "readyz" not in line and "metrics" not in line)
+
+
+def tenant_state(stack: Stack) -> list[str]:
+    """Every key a request could create or change: sessions, usage, rate, policy, revocations."""
+    with stack.rdb() as r:
+        names = keys_under(r, stack.prefix)
+        return [f"{n}={r.hgetall(n) if r.type(n) == 'hash' else r.type(n)}" for n in names
+                if not any(part in n for part in (":sandbox:", ":pool:", ":controller", ":doomed"))]
+
+
+def refuse_everywhere(stack: Stack, sid: str, authorization: list[tuple[str, str]] | str | None,
+                      cause: str | None, name: str) -> None:
+    with httpx.Client(base_url=stack.proxy.url, timeout=30) as client:  # type: ignore[union-attr]
+        for method, template, kwargs in OPERATIONS:
+            headers: Any = [("Authorization", authorization)] if isinstance(authorization, str) \
+                else (authorization or [])
+            response = client.request(method, template.format(sid=sid), headers=headers, **kwargs)
+            check_refusal(response, authorization, cause, name, template)
+
+
+def check_refusal(response: httpx.Response, authorization: Any, cause: str | None, name: str,
+                  template: str) -> None:
+    assert response.status_code == 401, (name, template, response.text)
+    assert response.headers.get("www-authenticate") == "Bearer", name
+    body = response.json()
+    assert body["reason"] == "unauthorized" and body["detail"], (name, body)
+    if cause is not None:
+        assert body["cause"] == cause, (name, body)
+    token = authorization if isinstance(authorization, str) else ""
+    for part in token.split(" ")[-1].split("."):
+        assert len(part) <= 8 or part not in response.text, name  # the token is never echoed
+
+
+def test_the_proxy_suites_bad_credentials_through_the_deployed_stack(
+        stack: Stack, keys: tuple[ProxyKeys, ProxyKeys], victim: str) -> None:
+    trusted, other = keys
+    before_requests, before_state = scheduler_requests(stack), tenant_state(stack)
+    for name, build, cause in BAD:
+        refuse_everywhere(stack, victim, build(trusted, other), cause, name)
+    assert scheduler_requests(stack) == before_requests  # nothing reached the scheduler
+    assert tenant_state(stack) == before_state
+    with stack.client("acme") as owner:
+        assert owner.get(f"/sessions/{victim}/files", params={"path": "marker.txt"}).content == b"intact"
+
+
+EXTRA: list[tuple[str, Callable[[Stack, ProxyKeys], list[tuple[str, str]] | str], str | None]] = [
+    ("internal credential offered to the proxy", lambda s, k: f"Bearer {INTERNAL_TOKEN}", "malformed_token"),
+    ("token twice in one header", lambda s, k: f"Bearer {k.token('acme')} {k.token('acme')}", None),
+    ("bearer with a fourth segment", lambda s, k: f"Bearer {k.token('acme')}.AAAA", "malformed_token"),
+    ("a 12 KiB token", lambda s, k: "Bearer " + "e30." * 3000 + "x", None),
+    ("truncated signature", lambda s, k: f"Bearer {k.token('acme')[:-2]}", "bad_signature"),
+    ("two Authorization headers, a good one second",
+     lambda s, k: [("Authorization", "Bearer nope"), ("Authorization", f"Bearer {k.token('acme')}")], None),
+]
+
+
+@pytest.mark.parametrize(("name", "build", "cause"), EXTRA, ids=[e[0] for e in EXTRA])
+def test_more_hostile_credentials(stack: Stack, keys: tuple[ProxyKeys, ProxyKeys], victim: str, name: str,
+                                  build: Callable[..., Any], cause: str | None) -> None:
+    before_requests, before_state = scheduler_requests(stack), tenant_state(stack)
+    authorization = build(stack, keys[0])
+    if name == "a 12 KiB token":
+        # Either the proxy's 401 or the HTTP server's own refusal of an oversized header: never a pass.
+        response = httpx.get(f"{stack.proxy.url}/sessions/{victim}/files/list",  # type: ignore[union-attr]
+                             headers={"Authorization": authorization}, timeout=30)
+        assert response.status_code in (400, 401, 431), response.text
+    else:
+        refuse_everywhere(stack, victim, authorization, cause, name)
+    assert scheduler_requests(stack) == before_requests
+    assert tenant_state(stack) == before_state
+
+
+def test_a_revoked_token_is_refused_at_once_everywhere(stack: Stack, victim: str) -> None:
+    jti = "revoke-" + uuid.uuid4().hex
+    token = stack.token("acme", jti=jti)
+    with httpx.Client(base_url=stack.proxy.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:  # type: ignore[union-attr]
+        assert c.get(f"/sessions/{victim}/files/list").status_code == 200  # verified and cached
+    with stack.client("ops", admin=True) as admin:
+        assert admin.post("/v1/revocations", json={"jti": jti, "ttl": 600}).status_code == 201
+    before_requests = scheduler_requests(stack)
+    refuse_everywhere(stack, victim, f"Bearer {token}", "revoked", "revoked")
+    assert scheduler_requests(stack) == before_requests
+
+
+def test_the_scheduler_refuses_anything_but_the_internal_credential(stack: Stack, victim: str) -> None:
+    """Bypassing the proxy: a valid JWT, a guessed credential, or the credential without a tenant."""
+    scheduler = stack.schedulers[0].url
+    jwt_token = stack.token("acme")
+    cases = [({"Authorization": f"Bearer {jwt_token}", "X-Sandpool-Workspace": "acme"}, 401),
+             ({"Authorization": f"Bearer {INTERNAL_TOKEN[:-1]}x", "X-Sandpool-Workspace": "acme"}, 401),
+             ({"Authorization": f"Bearer {INTERNAL_TOKEN}"}, 403),
+             ({"Authorization": f"Bearer {INTERNAL_TOKEN}", "X-Sandpool-Workspace": "../acme"}, 403),
+             ({"Authorization": f"Bearer {INTERNAL_TOKEN}", "X-Sandpool-Workspace": "acme",
+               "X-Sandpool-Max-Concurrent-Sessions": "-1"}, 403),
+             ({"X-Sandpool-Workspace": "acme"}, 401)]
+    for headers, status in cases:
+        response = httpx.get(f"{scheduler}/sessions/{victim}/files", params={"path": "marker.txt"},
+                             headers=headers, timeout=30)
+        assert response.status_code == status, (headers, response.text)
+        assert b"intact" not in response.content and response.json()["reason"], response.text
+    # The real credential with the owner's tenant does work: the table can fail.
+    ok = httpx.get(f"{scheduler}/sessions/{victim}/files", params={"path": "marker.txt"}, timeout=30,
+                   headers={"Authorization": f"Bearer {INTERNAL_TOKEN}", "X-Sandpool-Workspace": "acme"})
+    assert ok.status_code == 200 and ok.content == b"intact"
+    time.sleep(0)
