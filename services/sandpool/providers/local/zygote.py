@@ -84,7 +84,8 @@ class ZygoteClient:
             raise ZygoteError("this zygote client was already started")
         loop = asyncio.get_running_loop()
         if self.run_dir is None:
-            self.run_dir = Path(tempfile.mkdtemp(prefix="sandpool-zygote-"))
+            _sweep_run_dirs()
+            self.run_dir = Path(tempfile.mkdtemp(prefix=f"sandpool-zygote-{os.getpid()}-"))
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.run_dir, 0o700)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -266,6 +267,19 @@ class ZygoteClient:
                     child.rmdir()
             with contextlib.suppress(OSError):
                 Path(base).rmdir()
+
+
+def _sweep_run_dirs() -> None:
+    """Remove the (empty) run directories of zygote clients that died without closing: a
+    killed scheduler's zygote dies by PDEATHSIG before it can clean up. rmdir only: a
+    directory with anything in it is left alone."""
+    for path in Path(tempfile.gettempdir()).glob("sandpool-zygote-*-*"):
+        owner = path.name.split("-")[2]
+        if not owner.isdigit() or Path(f"/proc/{owner}").exists():
+            continue
+        for leftover in (path / "root", path):
+            with contextlib.suppress(OSError):
+                leftover.rmdir()
 
 
 def _subdirs(path: Path) -> list[Path]:

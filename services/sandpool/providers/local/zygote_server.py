@@ -249,6 +249,7 @@ class Zygote:
             cgroup = self.cgroups.create(sandbox_id, memory_bytes=memory_bytes, pids_max=pids_max)
         fs = None
         if "filesystem" in self.layers:
+            os.makedirs(self.new_root, mode=0o700, exist_ok=True)  # a stat; recreates it if swept
             fs = mounts.SandboxFs(
                 uid=uid if uid is not None else 0, gid=uid if uid is not None else 0,
                 # The provider's workspace when it is already a (capped) mount or no cap was asked
