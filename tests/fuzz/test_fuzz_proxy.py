@@ -228,7 +228,10 @@ def test_session_calls_through_the_proxy_never_500(edge: Edge, data: Any) -> Non
         url = f"/sessions/{sid}/files/list" if kind == "list" else f"/sessions/{sid}/files"
         response = edge.client.get(f"{url}?{query(params)}")
     elif kind == "put":
-        response = edge.client.post(f"/sessions/{sid}/files", **data.draw(uploads(paths()), label="upload"))
+        try:
+            response = edge.client.post(f"/sessions/{sid}/files", **data.draw(uploads(paths()), label="upload"))
+        except UnicodeEncodeError:
+            return  # httpx cannot put a lone surrogate in a multipart header: nothing was sent
     else:
         other = data.draw(session_ids, label="sid")
         if other == sid:
