@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from client_stack import Stack
+from test_metrics_live import problems_of
 
 from sandpool.client import Client, Unauthorized
 
@@ -29,3 +30,11 @@ def test_a_missing_or_bad_token_is_unauthorized_and_not_retried(auth_stack: Stac
 def test_a_valid_token_cannot_reach_a_session_by_guessing_another_id(auth_stack: Stack) -> None:
     with Client.from_env(auth_stack.env, max_retries=20) as client:
         client.destroy_session("someone-elses-session")  # 204: nothing learned, nothing touched
+
+
+def test_proxy_metrics_match_the_architecture_table(auth_stack: Stack) -> None:
+    with Client.from_env(auth_stack.env, max_retries=20) as client, client.session() as s:
+        s.run_python("print(1)")
+    with Client(auth_stack.url, token="not-a-jwt") as stranger, pytest.raises(Unauthorized):
+        stranger.create_session()  # so an auth failure is counted
+    assert problems_of(auth_stack.url, "proxy") == []

@@ -15,7 +15,7 @@ import pytest
 from client_stack import Stack
 from prometheus_client.parser import text_string_to_metric_families
 
-from sandpool.client import Client, Unauthorized
+from sandpool.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_observability_assets import ARCHITECTURE, parse_metrics_table  # noqa: E402
@@ -29,14 +29,6 @@ def test_scheduler_metrics_match_the_architecture_table(stack: Stack) -> None:
     with Client(stack.url, max_retries=20, max_retry_wait=30) as client, client.session() as s:
         s.run_python("print(1)")  # so the per-call series exist
     assert problems_of(stack.url, "scheduler") == []
-
-
-def test_proxy_metrics_match_the_architecture_table(auth_stack: Stack) -> None:
-    with Client.from_env(auth_stack.env, max_retries=20) as client, client.session() as s:
-        s.run_python("print(1)")
-    with Client(auth_stack.url, token="not-a-jwt") as stranger, pytest.raises(Unauthorized):
-        stranger.create_session()  # so an auth failure is counted
-    assert problems_of(auth_stack.url, "proxy") == []
 
 
 def problems_of(url: str, service: str) -> list[str]:
