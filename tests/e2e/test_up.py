@@ -273,3 +273,26 @@ def test_a_killed_up_takes_its_stack_with_it(up_factory) -> None:
     while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [pid for pid in tree if alive(pid)] == []
+
+
+def test_up_on_a_busy_port_fails_cleanly() -> None:
+    data_dir = Path(tempfile.mkdtemp(prefix="spu", dir="/tmp"))
+    data_dir.chmod(0o711)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        try:
+            result = subprocess.run(
+                [sys.executable, "-m", "sandpool", "up", "--no-auth", "--port", str(busy.getsockname()[1]),
+                 "--data-dir", str(data_dir), "--log-level", "warning"],
+                capture_output=True, text=True, timeout=90)
+            assert result.returncode == 1
+            assert "SANDPOOL_URL" not in result.stdout and "exited" in result.stderr
+            sandboxes = data_dir / "sandboxes"
+            assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
+            # Nothing started for this data dir is still running.
+            leftovers = [p.name for p in PROC.iterdir() if p.name.isdigit() and alive(int(p.name))
+                         and str(data_dir) in (p / "cmdline").read_bytes().decode(errors="replace")]
+            assert leftovers == []
+        finally:
+            shutil.rmtree(data_dir, ignore_errors=True)

@@ -314,3 +314,30 @@ async def test_a_pool_with_a_zero_warm_target_creates_nothing(redis, keys, provi
     await eventually(ticking, what="five ticks")
     assert await redis.scard(keys.pool_members("default")) == 0
     assert await provider.list() == []
+
+
+async def test_cancelling_mid_start_stops_promptly_and_leaves_no_half_made_sandbox(redis, provider):
+    for delay in (0.0, 0.03, 0.15):
+        keys = Keys(prefix=f"cancel{int(delay * 1000)}{os.getpid()}{time.monotonic_ns() % 100000}")
+        c = controller(redis, keys, provider, [pool(warm=6, ceiling=6)])
+        task = asyncio.create_task(c.run())
+
+        async def starting() -> bool:
+            return bool(c._starting)
+
+        await eventually(starting, what="creates in flight")
+        await asyncio.sleep(delay)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=20)
+        assert done, f"the controller ignored its cancellation (delay {delay})"
+        assert not c.running and not c.is_leader
+        assert await redis.get(keys.controller_leader) is None  # released, not left to expire
+        members = sorted(await redis.smembers(keys.pool_members("default")))
+        states = {m: (await redis.hgetall(keys.sandbox(m))).get("state") for m in members}
+        assert set(states.values()) <= {"ready"}, states  # nothing left `starting`
+        listed = {s.sandbox_id for s in await provider.list()}
+        assert set(members) <= listed
+        for sandbox_id in listed - set(members):
+            raise AssertionError(f"half-made sandbox {sandbox_id} left behind (delay {delay})")
+        for sandbox_id in members:  # clean up for the next round
+            await provider.destroy(sandbox_id)

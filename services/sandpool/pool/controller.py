@@ -62,6 +62,28 @@ def new_sandbox_id() -> str:
     return "sb-" + secrets.token_hex(10)
 
 
+async def _cancel_all(tasks: list[asyncio.Task[Any]], *, patience: float = 30.0) -> None:
+    """Cancel tasks and wait until they are done, cancelling again if one swallowed it.
+
+    `asyncio.wait_for` on Python 3.11 (and some client libraries) can lose a cancellation
+    that races with a completion; a controller that kept creating sandboxes after being
+    told to stop would outlive its own shutdown. Bounded: after `patience` seconds the
+    stragglers are left (and logged) rather than hanging the caller.
+    """
+    pending = {t for t in tasks if not t.done()}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while pending and loop.time() < deadline:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.5)
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.debug("task ended with an error while cancelled", exc_info=task.exception())
+    if pending:
+        log.error("pool controller tasks did not stop", extra={"tasks": [t.get_name() for t in pending]})
+
+
 def _text(value: Any) -> str:
     if value is None:
         return ""
@@ -137,12 +159,11 @@ class PoolController:
             await self._hold_lease(work)
         finally:
             self._leader = False
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await work
+            await _cancel_all([work])
             await self._abandon()
-            with contextlib.suppress(RedisError, OSError):
-                await asyncio.wait_for(self.lease.release(), 2.0)
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await self.lease.release()
             log.info("pool controller stepped down", extra={"replica": self.replica_id})
 
     async def _hold_lease(self, work: asyncio.Task[None]) -> None:
@@ -156,7 +177,9 @@ class PoolController:
                     log.error("pool controller leader loop failed", exc_info=exc)
                 return
             try:
-                if not await asyncio.wait_for(self.lease.renew(), interval):
+                async with asyncio.timeout(interval):
+                    renewed = await self.lease.renew()
+                if not renewed:
                     log.warning("pool controller lost its lease", extra={"replica": self.replica_id})
                     return
             except (RedisError, OSError, TimeoutError) as exc:
@@ -171,11 +194,7 @@ class PoolController:
         A create cancelled mid-way leaves a `starting` record; destroying it here is the
         fast path, reconciliation by the next leader the safety net.
         """
-        tasks = list(self._start_tasks) + list(self._destroy_tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel_all(list(self._start_tasks) + list(self._destroy_tasks))
         leftovers = list(self._starting.items())
         self._starting.clear()
         if leftovers:
@@ -195,11 +214,10 @@ class PoolController:
                 if time.monotonic() - self._last_reconcile >= self.timing.reconcile_seconds:
                     await self._step("reconcile", self.reconcile())
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.timing.tick_seconds)
+                    async with asyncio.timeout(self.timing.tick_seconds):
+                        await self._wake.wait()
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await listener
+            await _cancel_all([listener], patience=5.0)
 
     async def _step(self, what: str, coro: Any) -> None:
         """One step of the loop; a failure is logged and the loop carries on next tick."""
@@ -259,10 +277,11 @@ class PoolController:
 
     async def _start(self, pool: PoolSpec, sandbox_id: str) -> None:
         began = time.monotonic()
+        cancelled = False
         try:
             try:
-                info = await asyncio.wait_for(self.provider.create(pool, sandbox_id),
-                                              self.timing.start_timeout_seconds)
+                async with asyncio.timeout(self.timing.start_timeout_seconds):
+                    info = await self.provider.create(pool, sandbox_id)
                 if not info.address or not info.secret:
                     raise ProviderError("provider returned a sandbox without address or secret")
             except (ProviderError, OSError, TimeoutError) as exc:
@@ -291,8 +310,14 @@ class PoolController:
         except (RedisError, OSError) as exc:
             log.warning("sandbox publish failed", extra={"sandbox": sandbox_id, "error": str(exc)})
             await self._destroy_and_forget(sandbox_id, pool.name)
+        except asyncio.CancelledError:
+            # Stepping down: the sandbox stays in `_starting`, so `_abandon` destroys it and
+            # forgets its record once every task has stopped (no cleanup races a re-cancel).
+            cancelled = True
+            raise
         finally:
-            self._starting.pop(sandbox_id, None)
+            if not cancelled:
+                self._starting.pop(sandbox_id, None)
             self._wake.set()
 
     # --- destroying ----------------------------------------------------------------------
@@ -343,7 +368,8 @@ class PoolController:
 
     async def _destroy_quietly(self, sandbox_id: str) -> bool:
         try:
-            await asyncio.wait_for(self.provider.destroy(sandbox_id), self.timing.destroy_timeout_seconds)
+            async with asyncio.timeout(self.timing.destroy_timeout_seconds):
+                await self.provider.destroy(sandbox_id)
             return True
         except (ProviderError, OSError, TimeoutError) as exc:
             self._count_provider_error("destroy")
