@@ -45,9 +45,9 @@ class Stack:
         # lives directly under /tmp (pytest's own tmp dirs are 0700), searchable, not listable.
         self.owns_data_dir = data_dir is None
         self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="spclient", dir="/tmp"))
-        self.auth = auth
         self.args = [sys.executable, "-m", "sandpool", "up", *([] if auth else ["--no-auth"]), "--port", str(port),
-                     "--data-dir", str(data_dir), *extra_args]
+                     "--data-dir", str(self.data_dir), *extra_args]
+        self.auth = auth
         self.stderr_path = self.data_dir.parent / f"{self.data_dir.name}-stderr.log"
         self.proc: subprocess.Popen[str] | None = None
         self.env: dict[str, str] = {}

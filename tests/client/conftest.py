@@ -73,13 +73,7 @@ def stack() -> Iterator[Stack]:
 
 @pytest.fixture(scope="module")
 def auth_stack() -> Iterator[Stack]:
-    """`sandpool up` with authentication on (the proxy in front), a pool of 1.
-
-    Module-scoped, and its module sorts before the no-auth stack's first user, so
-    the two stacks do not run at once: today two stacks on one host interfere (one's
-    pool controller destroys the other's sandboxes as orphans; its clients get 503
-    sandbox_unavailable).
-    """
+    """`sandpool up` with authentication on (the proxy in front), a pool of 1, for one module."""
     try:
         up_help()
     except StackUnavailable as exc:

@@ -342,3 +342,15 @@ def test_public_exports_are_pinned() -> None:
 
     assert public(client.Session) == public(client.AsyncSession)
     assert public(client.Client) - {"close"} == public(client.AsyncClient) - {"aclose"}
+
+
+def test_the_stack_fixture_hands_up_its_own_data_dir() -> None:
+    # A stack started with some other --data-dir would share sandboxes with other stacks.
+    from client_stack import Stack
+
+    stack = Stack(1, ["--pool-size", "1"])
+    try:
+        assert stack.args[stack.args.index("--data-dir") + 1] == str(stack.data_dir)
+        assert stack.data_dir.is_dir() and str(stack.data_dir).startswith("/tmp/spclient")
+    finally:
+        stack.remove()
