@@ -155,11 +155,12 @@ class PoolController:
         log.info("pool controller is leader", extra={"replica": self.replica_id})
         self._leader = True
         work = asyncio.create_task(self._leader_work(), name="pool-controller-leader")
+        listener = asyncio.create_task(self._listen_for_nudges(), name="pool-controller-nudges")
         try:
             await self._hold_lease(work)
         finally:
-            self._leader = False
-            await _cancel_all([work])
+            self._leader = False  # also ends the listener's loop, should it swallow its cancellation
+            await _cancel_all([work, listener])
             await self._abandon()
             with contextlib.suppress(RedisError, OSError, TimeoutError):
                 async with asyncio.timeout(2.0):
@@ -203,21 +204,17 @@ class PoolController:
 
     # --- the leader's loop ---------------------------------------------------------------
     async def _leader_work(self) -> None:
-        listener = asyncio.create_task(self._listen_for_nudges(), name="pool-controller-nudges")
-        try:
-            await self._step("reconcile", self.reconcile())
-            while True:
-                self._wake.clear()
-                self.ticks += 1
-                await self._step("drain", self.drain_doomed())
-                await self._step("top-up", self.top_up())
-                if time.monotonic() - self._last_reconcile >= self.timing.reconcile_seconds:
-                    await self._step("reconcile", self.reconcile())
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.timing.tick_seconds):
-                        await self._wake.wait()
-        finally:
-            await _cancel_all([listener], patience=5.0)
+        await self._step("reconcile", self.reconcile())
+        while self._leader:
+            self._wake.clear()
+            self.ticks += 1
+            await self._step("drain", self.drain_doomed())
+            await self._step("top-up", self.top_up())
+            if time.monotonic() - self._last_reconcile >= self.timing.reconcile_seconds:
+                await self._step("reconcile", self.reconcile())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.timing.tick_seconds):
+                    await self._wake.wait()
 
     async def _step(self, what: str, coro: Any) -> None:
         """One step of the loop; a failure is logged and the loop carries on next tick."""
@@ -231,21 +228,25 @@ class PoolController:
             log.exception("pool controller step crashed", extra={"step": what})
 
     async def _listen_for_nudges(self) -> None:
-        """Wake the loop on every release the scheduler publishes; reconnect with backoff."""
+        """Wake the loop on every release the scheduler publishes; reconnect with backoff.
+
+        Ends when leadership does, even if a client library swallowed its cancellation.
+        """
         delay = 0.2
-        while True:
+        while self._leader:
             pubsub = self.redis.pubsub()
             try:
                 await pubsub.subscribe(self.keys.pool_events)
                 delay = 0.2
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                while self._leader:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is not None:
                         self._wake.set()
             except (RedisError, OSError) as exc:
-                log.warning("pool controller nudge channel failed", extra={"error": str(exc)})
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                if self._leader:
+                    log.warning("pool controller nudge channel failed", extra={"error": str(exc)})
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
