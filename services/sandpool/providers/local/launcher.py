@@ -32,6 +32,7 @@ class SandboxLimits:
     max_file_size_bytes: int | None
     workspace_bytes: int | None
     sandbox_python: str | None = None  # the Python sandboxed code runs with (None: the agent's choice)
+    spare_interpreter: bool | None = None  # None: the agent's default
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def agent_arguments(workspace: Path, socket_path: Path, secret: AgentSecret, lim
         args += ["--sandbox-uid", str(limits.uid), "--sandbox-gid", str(limits.gid or limits.uid)]
         if limits.max_processes:
             args += ["--rlimit-nproc", str(limits.max_processes)]
+    if limits.spare_interpreter is not None:
+        args.append("--spare-interpreter" if limits.spare_interpreter else "--no-spare-interpreter")
     if limits.sandbox_python:
         args += ["--python-executable", limits.sandbox_python]
     if limits.max_open_files:

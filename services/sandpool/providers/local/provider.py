@@ -55,6 +55,9 @@ class LocalProvider:
     def __init__(self, settings: LocalProviderSettings | None = None, *, launcher: Launcher | None = None) -> None:
         self.settings = settings or LocalProviderSettings()
         self.launcher: Launcher = launcher or make_launcher(self.settings)
+        options = getattr(self.launcher, "agent_options", None)  # the zygote's agents take settings directly
+        if isinstance(options, dict):
+            options.setdefault("spare_interpreter", self.settings.spare_interpreter)
         self.root = self.settings.sandboxes_dir()
         self.privileged = self.settings.privileged()
         self.tmpfs_ok = self.privileged and self.settings.workspace_tmpfs
@@ -256,7 +259,7 @@ class LocalProvider:
         return SandboxLimits(uid=uid, gid=gid, memory_bytes=s.memory_mb * MIB, max_processes=s.max_processes,
                              max_open_files=s.max_open_files, max_file_size_bytes=s.max_file_size_mb * MIB,
                              workspace_bytes=s.workspace_size_mb * MIB if self.tmpfs_ok else None,
-                             sandbox_python=self.sandbox_python)
+                             sandbox_python=self.sandbox_python, spare_interpreter=s.spare_interpreter)
 
     def _free_uid(self) -> int:
         """A uid of the range no sandbox on disk holds (chosen and recorded with no await between)."""

@@ -37,6 +37,9 @@ class LocalProviderSettings(ServiceSettings):
         "Workspace size cap (MiB): a tmpfs of this size is mounted as each workspace when root"))
     workspace_tmpfs: bool = Field(default=True, description=(
         "Mount a size-capped tmpfs as each workspace when running as root (memory-backed)"))
+    spare_interpreter: bool = Field(default=False, description=(
+        "Keep a second warm interpreter in each sandbox so a restart after a timeout is instant; "
+        "costs about a third more CPU per sandbox, and sandboxes are single-use"))
     start_timeout_seconds: float = Field(default=30.0, gt=0, description=(
         "How long a new sandbox's agent may take to answer its health check"))
     stop_grace_seconds: float = Field(default=2.0, ge=0, description=(
