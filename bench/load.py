@@ -2,6 +2,7 @@
 
     python bench/load.py --url http://127.0.0.1:8080 [--token T] [--duration 15] [--clients 16,64]
     python bench/load.py --start-up [--pool-size 32 --max-sandboxes 96]   # runs `sandpool up --no-auth` itself
+    python bench/load.py --start-up --auth                                  # ... or with auth (proxy in front)
 
 Phase 1 (one client, sequential): CreateSession, first `print(1)` (time from CreateSession to
 the first result), later `print(1)` and `echo hi`, DestroySession; p50/p99 of each.
@@ -158,17 +159,19 @@ async def concurrent(url: str, token: str | None, clients: int, duration: float,
 
 
 class StartedUp:
-    """`sandpool up --no-auth` in a subprocess for the run (stopped with SIGTERM after)."""
+    """`sandpool up [--no-auth]` in a subprocess for the run (stopped with SIGTERM after)."""
 
-    def __init__(self, pool_size: int, max_sandboxes: int, port: int) -> None:
+    def __init__(self, pool_size: int, max_sandboxes: int, port: int, auth: bool) -> None:
         self.data_dir = Path(tempfile.mkdtemp(prefix="spb", dir="/tmp"))
         self.data_dir.chmod(0o711)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sandpool", "up", "--no-auth", "--port", str(port), "--data-dir",
+            [sys.executable, "-m", "sandpool", "up", "--auth" if auth else "--no-auth", "--port", str(port),
+             "--data-dir",
              str(self.data_dir), "--pool-size", str(pool_size), "--max-sandboxes", str(max_sandboxes),
              "--log-level", "warning"],
             stdout=subprocess.PIPE, stderr=sys.stderr, start_new_session=True)
         self.url: str | None = None
+        self.token: str | None = None
         found = threading.Event()
 
         def read() -> None:
@@ -177,6 +180,10 @@ class StartedUp:
                 line = raw.decode().strip()
                 if line.startswith("SANDPOOL_URL="):
                     self.url = line.split("=", 1)[1]
+                    if not auth:
+                        found.set()
+                elif line.startswith("SANDPOOL_TOKEN="):
+                    self.token = line.split("=", 1)[1]
                     found.set()
 
         threading.Thread(target=read, daemon=True).start()
@@ -196,7 +203,8 @@ class StartedUp:
 
 
 async def main_async(args: argparse.Namespace, url: str) -> dict[str, object]:
-    report: dict[str, object] = {"url": url, "cores": os.cpu_count(), "duration_s": args.duration}
+    report: dict[str, object] = {"url": url, "auth": bool(args.token), "cores": os.cpu_count(),
+                                 "duration_s": args.duration}
     report["latencies"] = await latencies(url, args.token, args.sessions, args.calls)
     print(json.dumps({"latencies": report["latencies"]}, indent=1), flush=True)
     runs = []
@@ -219,6 +227,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=10, help="print(1) and echo hi calls per latency session")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds to let the pool refill between phases")
     parser.add_argument("--start-up", action="store_true", help="run `sandpool up --no-auth` for the run")
+    parser.add_argument("--auth", action="store_true", help="with --start-up: auth on (the proxy in front)")
     parser.add_argument("--pool-size", type=int, default=32, help="with --start-up: warm sandboxes")
     parser.add_argument("--max-sandboxes", type=int, default=96, help="with --start-up: ceiling")
     parser.add_argument("--port", type=int, default=18080, help="with --start-up: port")
@@ -227,9 +236,11 @@ def main() -> int:
     args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
     if not args.url and not args.start_up:
         parser.error("give --url or --start-up")
-    stack = StartedUp(args.pool_size, args.max_sandboxes, args.port) if args.start_up else None
+    stack = StartedUp(args.pool_size, args.max_sandboxes, args.port, args.auth) if args.start_up else None
     try:
         url = stack.url if stack else args.url
+        if stack and stack.token:
+            args.token = stack.token
         assert url
         report = asyncio.run(main_async(args, url))
     finally:
