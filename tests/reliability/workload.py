@@ -35,7 +35,7 @@ class Record:
     destroyed: list[str] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)      # "op status"
     transport_errors: Counter[str] = field(default_factory=Counter)
-    create_transport_errors: int = 0
+    create_transport_errors: int = 0                             # creates whose outcome is unknown
     bad: list[str] = field(default_factory=list)                 # answers no invariant allows
     executions: Counter[str] = field(default_factory=Counter)    # 200s per tool
     gone: set[str] = field(default_factory=set)                  # sessions seen 404 (cleanly gone)
@@ -47,7 +47,7 @@ class Workload:
                  threads: int = 3, sessions: int = 100, calls_per_session: int = 1, deadline_s: float = 600,
                  allowed_5xx: tuple[str, ...] = ("at_capacity", "redis_unavailable", "sandbox_unavailable",
                                                  "sandbox_failed", "unavailable"),
-                 files: bool = True, request_timeout: float = 30) -> None:
+                 files_every: int = 1, request_timeout: float = 30) -> None:
         self.urls = urls
         self.keys = keys
         self.redis_factory = redis_client_factory
@@ -57,7 +57,7 @@ class Workload:
         self.rounds = calls_per_session
         self.deadline = time.monotonic() + deadline_s
         self.allowed_5xx = allowed_5xx
-        self.files = files
+        self.files_every = files_every  # upload/download/list in every n-th session
         self.timeout = request_timeout
         self.record = Record()
         self.stop = threading.Event()
@@ -110,6 +110,9 @@ class Workload:
                     reason = response.json().get("reason")
                 except ValueError:
                     reason = None
+                if op == "create" and reason == "redis_unavailable":
+                    # Redis may have run the lease and died before replying: the session may exist.
+                    self.record.create_transport_errors += 1
                 if reason not in self.allowed_5xx:
                     self.record.bad.append(f"{op} {response.status_code} {response.text[:200]}")
             elif response.status_code >= 400 and response.status_code not in (404, 429):
@@ -125,11 +128,11 @@ class Workload:
             except httpx.TransportError as exc:
                 with self.record.lock:
                     self.record.transport_errors[f"{op} {type(exc).__name__}"] += 1
-                    if op == "create":
+                    if op == "create" and not isinstance(exc, httpx.ConnectError):
                         self.record.create_transport_errors += 1
-                if op == "create":
-                    return None  # a create may have leased before the answer was lost: never retried blindly
-                continue
+                if op == "create" and not isinstance(exc, httpx.ConnectError):
+                    return None  # it may have leased before the answer was lost: never retried blindly
+                continue  # refused before anything was sent: the next address may serve it
             self._note(op, response)
             return response
         return None
@@ -164,7 +167,7 @@ class Workload:
                             self.record.bad.append(f"exec wrong output {content}")
                     with self.record.lock:
                         self.record.executions[body["tool"]] += 1
-            if self.files:
+            if turn % self.files_every == 0:
                 r = self._call(clients, turn, "put", "POST", f"/sessions/{sid}/files",
                                files={"file": ("data.bin", b"x" * 1000)})
                 if r is not None and r.status_code == 404:

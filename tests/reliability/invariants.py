@@ -1,0 +1,139 @@
+"""What must hold after a fault: checked from Redis (the usage stream and counters), the disk and HTTP."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import httpx
+from sp_harness import Stack, wait_for
+from workload import Record
+
+from sandpool.state import usage
+from sandpool.state.keys import Keys
+
+
+def events(stack: Stack, workspace: str) -> list[dict[str, str]]:
+    with stack.rdb() as r:
+        entries = r.xrange(Keys(stack.prefix).usage_events, "-", "+")
+    return [fields for _, fields in entries if fields.get("workspace") == workspace]
+
+
+def totals(stack: Stack, workspace: str) -> dict[str, float]:
+    with stack.rdb() as r:
+        return {k: float(v) for k, v in r.hgetall(Keys(stack.prefix).usage_total(workspace)).items()}
+
+
+def assert_never_leased_twice(stack: Stack, workspace: str, record: Record) -> None:
+    created = [e for e in events(stack, workspace) if e["type"] == "session_created"]
+    sandboxes = Counter(e["sandbox"] for e in created)
+    assert [s for s, n in sandboxes.items() if n > 1] == [], "a sandbox was leased twice"
+    seen = Counter(record.sandboxes.values())
+    assert [s for s, n in seen.items() if n > 1] == [], "two clients were given one sandbox"
+    by_session = {e["session"]: e["sandbox"] for e in created}
+    for sid, sandbox in record.sandboxes.items():
+        assert by_session.get(sid) == sandbox, (sid, sandbox, by_session.get(sid))
+
+
+def assert_usage_exact(stack: Stack, workspace: str, record: Record, *, unmetered_allowed: int = 0) -> None:
+    """Counters equal the event stream to the unit, and both agree with what the clients saw.
+
+    `unmetered_allowed`: calls that were already running at the agent when Redis went away
+    are answered but not metered (the scheduler will not turn a call that ran into a
+    retryable error, and keeps no usage to write later: see docs/reliability.md). At
+    most one per client thread per Redis outage.
+    """
+    evs = events(stack, workspace)
+    total = totals(stack, workspace)
+    created = [e for e in evs if e["type"] == "session_created"]
+    assert total.get(usage.SESSIONS_CREATED, 0) == len(created)
+    # Every 201 a client saw is counted once; a create whose answer was lost may be counted (it leased).
+    sessions = {e["session"] for e in created}
+    assert set(record.created) <= sessions
+    assert len(created) - len(record.created) <= record.create_transport_errors, \
+        (len(created), len(record.created), record.create_transport_errors)
+    released = [e for e in evs if e["type"] == "session_released"]
+    assert len({e["session"] for e in released}) == len(released), "a session was released twice"
+    seconds = sum(float(e["session_seconds"]) for e in released)
+    assert math.isclose(total.get(usage.SESSION_SECONDS, 0.0), seconds, rel_tol=1e-9, abs_tol=1e-6)
+    for tool in {k.split(":", 1)[1] for k in total if k.startswith("executions:")}:
+        counted = sum(int(e.get(usage.executions(tool), 0)) for e in evs if e["type"] == "execution")
+        assert total[usage.executions(tool)] == counted, tool
+        # A call can run and be metered even though its answer never reached the client.
+        assert counted >= record.executions[tool] - unmetered_allowed, (tool, counted, record.executions[tool])
+    assert sum(int(e.get(k, 0)) for e in evs if e["type"] == "execution" for k in e if k.startswith("executions:")) \
+        >= sum(record.executions.values()) - unmetered_allowed
+
+
+def assert_sessions_work_or_are_gone(clients: list[httpx.Client], record: Record) -> dict[str, int]:
+    """Every session a client was given either still answers or is cleanly gone (404)."""
+    outcome: Counter[str] = Counter()
+    open_sessions = [s for s in record.created if s not in set(record.destroyed)]
+    for sid in open_sessions:
+        status = None
+        for attempt in range(3):  # a dead sandbox answers 503/502 once, then the session is gone
+            client = clients[attempt % len(clients)]
+            response = client.get(f"/sessions/{sid}/files/list")
+            status = response.status_code
+            if status in (200, 404):
+                break
+            assert status in (502, 503) and response.json().get("reason"), response.text
+        assert status in (200, 404), (sid, status)
+        outcome["works" if status == 200 else "gone"] += 1
+        if status == 200:
+            assert client.delete(f"/sessions/{sid}").status_code == 204
+    return dict(outcome)
+
+
+def assert_pool_refilled(stack: Stack, pool_size: int, timeout: float = 90,
+                         dead_owners: frozenset[str] = frozenset()) -> None:
+    """After every session is ended (or reaped): the warm target, on disk and in Redis, and no session key.
+
+    `dead_owners`: replicas killed while leading. A `starting` record of theirs is only
+    destroyed once the controller's start timeout (60 s) has passed (reported: see
+    docs/reliability.md); such records are allowed here and counted separately.
+    """
+    keys = Keys(stack.prefix)
+
+    def stuck(r: Any) -> int:
+        count = 0
+        for name in r.smembers(keys.pool_members("default")):
+            fields = r.hgetall(keys.sandbox(name))
+            if fields.get("state") == "starting" and fields.get("owner") in dead_owners:
+                count += 1
+        return count
+
+    def settled() -> bool:
+        with stack.rdb() as r:
+            lingering = stuck(r) if dead_owners else 0
+            return (r.llen(keys.pool_ready("default")) == pool_size
+                    and r.scard(keys.pool_members("default")) == pool_size + lingering
+                    and r.scard(keys.doomed) == 0 and r.zcard(keys.deadlines) == 0
+                    and not list(r.scan_iter(match=keys.session_prefix + "*", count=1000))
+                    and len(stack.sandbox_dirs()) == pool_size + lingering)
+
+    wait_for(settled, timeout=timeout, what=f"the pool refilled to {pool_size} with no session left")
+
+
+def leader_id(stack: Stack) -> str:
+    with stack.rdb() as r:
+        return str(r.get(Keys(stack.prefix).controller_leader) or "")
+
+
+def leader_service(stack: Stack) -> Any:
+    """The scheduler process whose pool controller leads (replica ids are host-pid-random)."""
+    leader = wait_for(lambda: leader_id(stack), timeout=30, what="a leader")
+    pid = int(leader.rsplit("-", 2)[-2])
+    return next(s for s in stack.schedulers if s.running() and s.pid == pid)
+
+
+def leased_sandboxes(stack: Stack) -> list[tuple[str, dict[str, Any]]]:
+    keys = Keys(stack.prefix)
+    out = []
+    with stack.rdb() as r:
+        for name in r.scan_iter(match=keys.sandbox_prefix + "*", count=1000):
+            fields = r.hgetall(name)
+            if fields.get("state") == "leased":
+                out.append((name[len(keys.sandbox_prefix):], fields))
+    return out

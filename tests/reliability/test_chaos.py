@@ -1,0 +1,180 @@
+"""Chaos under load: kill -9 of an agent, of a scheduler replica (two running), of the proxy, and
+Redis restarted gracefully or crashed, each while client threads are working.
+
+After each: every session a client was given either still works or is cleanly
+gone (404); no sandbox was ever leased twice (usage stream and clients agree);
+usage counters equal the event stream to the unit; the pool refills to its warm
+target with nothing left over. CI runs a short form of each; SANDPOOL_LONG=1
+adds longer runs with more faults (`slow`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from invariants import (
+    leader_id,
+    leader_service,
+    assert_never_leased_twice,
+    assert_pool_refilled,
+    assert_sessions_work_or_are_gone,
+    assert_usage_exact,
+    leased_sandboxes,
+)
+from sp_harness import Stack, build_stack, wait_for
+from workload import Workload
+
+from sandpool.state.keys import Keys
+
+POOL = 3
+# Sessions nobody can destroy (their create's answer was lost with a killed process) are reaped quickly.
+CHAOS_ARGS = ["--capacity-wait-seconds", "5", "--exec-grace-seconds", "3", "--default-idle-timeout-seconds", "4",
+               "--reap-interval-seconds", "0.2", "--forward-connect-timeout-seconds", "1"]
+SHORT, LONG_RUN = (45, 1), (400, 4)  # (sessions, faults)
+RUNS = [pytest.param(SHORT, id="short"), pytest.param(LONG_RUN, id="long", marks=pytest.mark.slow)]
+
+
+def standalone_workload(stack: Stack, sessions: int, urls: list[str] | None = None, **kw: object) -> Workload:
+    return Workload(urls or [s.url for s in stack.schedulers], Keys(stack.prefix), stack.rdb,
+                    threads=3, sessions=sessions, calls_per_session=2, **kw)  # type: ignore[arg-type]
+
+
+def wait_progress(workload: Workload, done: int) -> None:
+    wait_for(lambda: workload.done_sessions() >= done or not any(w.is_alive() for w in workload._workers),
+             timeout=120, what=f"{done} sessions done")
+
+
+def settle_and_check(stack: Stack, workspace: str, workload: Workload, clients: list[httpx.Client]) -> dict[str, int]:
+    record = workload.join()
+    assert record.bad == [], record.bad[:10]
+    assert_never_leased_twice(stack, workspace, record)
+    outcome = assert_sessions_work_or_are_gone(clients, record)
+    assert_pool_refilled(stack, POOL)
+    assert_usage_exact(stack, workspace, record)
+    return outcome
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_kill_9_of_agents_under_load(stacks: list[Stack], run: tuple[int, int]) -> None:
+    sessions, faults = run
+    stack = build_stack(pool_size=POOL, max_sandboxes=POOL * 3, scheduler_args=CHAOS_ARGS)
+    stacks.append(stack)
+    workload = standalone_workload(stack, sessions).start()
+    killed = []
+    for fault in range(faults):
+        wait_progress(workload, (fault + 1) * sessions // (faults + 2))
+        leased = wait_for(lambda: leased_sandboxes(stack), timeout=30, what="a leased sandbox")
+        sandbox_id, _ = leased[0]
+        pid = int((stack.root / "sandboxes" / sandbox_id / "agent.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        killed.append(sandbox_id)
+    with stack.client() as client:
+        outcome = settle_and_check(stack, "_standalone", workload, [client])
+    assert set(killed).isdisjoint(stack.sandbox_dirs())  # killed sandboxes were replaced, not reused
+    assert workload.record.created, outcome
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_kill_9_of_a_scheduler_replica_with_two_running(stacks: list[Stack], run: tuple[int, int]) -> None:
+    """The leading replica dies with its pool controller and (local provider) every sandbox it made."""
+    sessions, faults = run
+    stack = build_stack(pool_size=POOL, max_sandboxes=POOL * 3, replicas=2, scheduler_args=CHAOS_ARGS)
+    stacks.append(stack)
+    workload = standalone_workload(stack, sessions)
+    workload.urls = [s.url for s in stack.schedulers]
+    workload.start()
+    dead: set[str] = set()
+    for fault in range(faults):
+        wait_progress(workload, (fault + 1) * sessions // (faults + 2))
+        victim = leader_service(stack)
+        dead.add(leader_id(stack))
+        victim.kill9()
+        if fault + 1 < faults:  # a replacement replica on the dead one's port, for the next fault
+            stack.schedulers.remove(victim)
+            stack.schedulers.append(type(victim)(victim.name, victim.argv, stack.root, port=victim.port).start())
+            stack.schedulers[-1].wait_ready()
+    clients = [httpx.Client(base_url=s.url, timeout=30) for s in stack.schedulers if s.running()]
+    try:
+        record = workload.join()
+        assert record.bad == [], record.bad[:10]
+        assert_never_leased_twice(stack, "_standalone", record)
+        assert_sessions_work_or_are_gone(clients, record)
+        # The long run waits out the start timeout too: then nothing at all may linger.
+        assert_pool_refilled(stack, POOL, timeout=150,
+                             dead_owners=frozenset() if faults > 1 else frozenset(dead))
+        assert_usage_exact(stack, "_standalone", record)
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_kill_9_of_the_proxy_loses_no_session(stacks: list[Stack], run: tuple[int, int]) -> None:
+    sessions, faults = run
+    stack = build_stack(proxy=True, pool_size=POOL, max_sandboxes=POOL * 3, scheduler_args=CHAOS_ARGS)
+    stacks.append(stack)
+    token = stack.token("chaos", ttl_seconds=3600)
+    workload = Workload([stack.proxy.url], Keys(stack.prefix), stack.rdb,  # type: ignore[union-attr]
+                        headers={"Authorization": f"Bearer {token}"}, threads=3, sessions=sessions,
+                        calls_per_session=2).start()
+    for fault in range(faults):
+        wait_progress(workload, (fault + 1) * sessions // (faults + 2))
+        stack.proxy.kill9()  # type: ignore[union-attr]
+        stack.add_proxy()    # same port, same key: it keeps nothing, so it carries on
+    with httpx.Client(base_url=stack.proxy.url, headers={"Authorization": f"Bearer {token}"},  # type: ignore[union-attr]
+                      timeout=30) as client:
+        outcome = settle_and_check(stack, "chaos", workload, [client])
+    # The proxy holds nothing: no session died with it.
+    assert outcome.get("gone", 0) == 0 and not workload.record.gone, outcome
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_redis_restarted_gracefully_then_crashed_under_load(stacks: list[Stack], run: tuple[int, int]) -> None:
+    """As `sandpool up` runs it (AOF, fsync every second): a graceful restart loses nothing. Then,
+    switched to `appendfsync always`, a kill -9 loses no write a client was answered for."""
+    sessions, faults = run
+    stack = build_stack(pool_size=POOL, max_sandboxes=POOL * 3, appendonly=True, appendfsync="everysec",
+                        scheduler_args=[*CHAOS_ARGS, "--redis-timeout-seconds", "2"])
+    stacks.append(stack)
+    with stack.client() as client:
+        keeper = client.post("/sessions", json={"idle_timeout_seconds": 600}).json()["session_id"]  # lives on
+        assert client.post(f"/sessions/{keeper}/files", files={"file": ("k.txt", b"kept")}).status_code == 201
+    workload = standalone_workload(stack, sessions)
+    workload.record.created.append(keeper)  # so the usage check counts it
+    workload.start()
+    # 1. Graceful restarts (SIGTERM: redis-server fsyncs its AOF before it exits; same port, same data).
+    for fault in range(faults):
+        wait_progress(workload, (fault + 1) * sessions // (2 * faults + 2))
+        stack.redis.stop()
+        stack.redis.start()
+    with stack.client() as client:
+        assert client.get(f"/sessions/{keeper}/files", params={"path": "k.txt"}).content == b"kept"
+    assert workload.record.gone == set(), "a graceful restart lost a session"
+    # 2. Crashes with every write fsynced: what a client was answered for survives.
+    with stack.rdb() as r:
+        r.config_set("appendfsync", "always")
+    for fault in range(faults):
+        wait_progress(workload, sessions // 2 + (fault + 1) * sessions // (2 * faults + 2))
+        with workload.record.lock:
+            acknowledged = [s for s in workload.record.created if s not in set(workload.record.destroyed)]
+        stack.redis.kill9()
+        stack.redis.start()
+        with stack.rdb() as r:
+            r.config_set("appendfsync", "always")  # (the command-line setting is everysec)
+            lost = [sid for sid in acknowledged if not r.exists(Keys(stack.prefix).session(sid))
+                    and sid not in workload.record.destroyed and sid not in workload.record.gone]
+        assert lost == [], f"acknowledged sessions lost by a crash with appendfsync always: {lost}"
+    record = workload.join()
+    assert record.bad == [], record.bad[:10]
+    with stack.client() as client:
+        assert client.get(f"/sessions/{keeper}/files", params={"path": "k.txt"}).content == b"kept"
+        assert_never_leased_twice(stack, "_standalone", record)
+        outcome = assert_sessions_work_or_are_gone([client], record)
+        assert outcome.get("gone", 0) == 0, outcome
+    # A doomed sandbox the controller popped while Redis was down waits for reconciliation (30 s).
+    assert_pool_refilled(stack, POOL, timeout=120)
+    assert_usage_exact(stack, "_standalone", record, unmetered_allowed=workload.threads * 2 * faults)
