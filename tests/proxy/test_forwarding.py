@@ -123,9 +123,9 @@ def test_health_readiness_and_metrics(proxy: Proxy, keys: Keys) -> None:
         client.post("/sessions", json={})
         client.get("/nope")
         metrics = client.get("/metrics").text
-    assert 'sandpool_requests_total{operation="create_session",service="proxy",status="201"} 1.0' in metrics
+    assert 'sandpool_requests_total{operation="CreateSession",service="proxy",status="201"} 1.0' in metrics
     assert 'sandpool_requests_total{operation="other",service="proxy",status="404"} 1.0' in metrics
-    assert 'sandpool_request_duration_seconds_count{operation="create_session",service="proxy"} 1.0' in metrics
+    assert 'sandpool_request_duration_seconds_count{operation="CreateSession",service="proxy"} 1.0' in metrics
 
 
 def test_unix_socket_scheduler(make_proxy: Callable[..., Proxy], keys: Keys, tmp_path: os.PathLike[str]) -> None:
@@ -199,7 +199,7 @@ def test_log_lines_carry_the_request_id_and_never_the_token(proxy: Proxy, keys: 
     refused = [line for line in lines if line["msg"] == "credential refused"]
     assert refused and refused[0]["request_id"] == "rid-7" and refused[0]["reason"] == "expired"
     access = [line for line in lines if line["msg"] == "request"]
-    assert access and access[0]["status"] == 401 and access[0]["operation"] == "create_session"
+    assert access and access[0]["status"] == 401 and access[0]["operation"] == "CreateSession"
     assert token.split(".")[1] not in stream.getvalue() and token.split(".")[2] not in stream.getvalue()
 
 

@@ -97,14 +97,14 @@ async def read_small_body(request: Request, cap: int) -> bytes:
 
 
 _SESSION_PATH = re.compile(r"^/sessions/[^/]+(/exec|/files/list|/files)?$")
-_OPERATIONS = {("POST", "/exec"): "execute", ("GET", "/files/list"): "list_files", ("GET", "/files"): "get_file",
-               ("POST", "/files"): "put_file", ("DELETE", ""): "destroy_session"}
+_OPERATIONS = {("POST", "/exec"): "Execute", ("GET", "/files/list"): "ListFiles", ("GET", "/files"): "GetFile",
+               ("POST", "/files"): "PutFile", ("DELETE", ""): "DestroySession"}
 
 
 def operation_of(method: str, path: str) -> str | None:
     """Which of the six contract operations a request is, or None."""
     if path == "/sessions":
-        return "create_session" if method == "POST" else None
+        return "CreateSession" if method == "POST" else None
     match = _SESSION_PATH.match(path)
     if match is None:
         return None
@@ -197,7 +197,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
         principal = await gate.principal(request)
         effective = await gate.admit(principal)
         body = None
-        if operation == "create_session":
+        if operation == "CreateSession":
             body = await read_small_body(request, create_cap)
             check_image(body, effective)
         injected = [("authorization", internal_authorization), (tenancy.WORKSPACE, principal.workspace),
@@ -217,27 +217,27 @@ def create_app(settings: ProxySettings) -> FastAPI:
 
     @app.post("/sessions", tags=contract_tags, responses=contract_errors, status_code=201, summary="CreateSession")
     async def create_session(request: Request) -> Response:
-        return await contract(request, "create_session")
+        return await contract(request, "CreateSession")
 
     @app.delete("/sessions/{session_id}", tags=contract_tags, responses=contract_errors, status_code=204, summary="DestroySession")
     async def destroy_session(request: Request, session_id: str) -> Response:
-        return await contract(request, "destroy_session")
+        return await contract(request, "DestroySession")
 
     @app.post("/sessions/{session_id}/exec", tags=contract_tags, responses=contract_errors, summary="Execute")
     async def execute(request: Request, session_id: str) -> Response:
-        return await contract(request, "execute")
+        return await contract(request, "Execute")
 
     @app.get("/sessions/{session_id}/files/list", tags=contract_tags, responses=contract_errors, summary="ListFiles")
     async def list_files(request: Request, session_id: str) -> Response:
-        return await contract(request, "list_files")
+        return await contract(request, "ListFiles")
 
     @app.get("/sessions/{session_id}/files", tags=contract_tags, responses=contract_errors, summary="GetFile")
     async def get_file(request: Request, session_id: str) -> Response:
-        return await contract(request, "get_file")
+        return await contract(request, "GetFile")
 
     @app.post("/sessions/{session_id}/files", tags=contract_tags, responses=contract_errors, status_code=201, summary="PutFile")
     async def put_file(request: Request, session_id: str) -> Response:
-        return await contract(request, "put_file")
+        return await contract(request, "PutFile")
 
     @app.get("/healthz", tags=["operations"], summary="Alive")
     async def healthz(request: Request) -> dict[str, str]:
