@@ -47,11 +47,21 @@ async def ready_ids(redis, keys: Keys, name: str = "default") -> list[str]:
 async def test_fills_the_pool_to_its_warm_target_with_healthy_published_sandboxes(redis, keys, provider, tasks):
     c = controller(redis, keys, provider, [pool(warm=2, ceiling=4)])
     start(tasks, c)
+    seen: list[int] = []
 
     async def two_ready() -> bool:
+        seen.append(await redis.scard(keys.pool_members("default")))
         return len(await ready_ids(redis, keys)) == 2
 
     await eventually(two_ready, what="two ready sandboxes")
+    ticks = c.ticks
+
+    async def more_ticks() -> bool:
+        seen.append(await redis.scard(keys.pool_members("default")))
+        return c.ticks >= ticks + 5
+
+    await eventually(more_ticks, what="five more ticks")
+    assert max(seen) <= 2  # the warm target, not the ceiling: no create beyond what is missing
     assert c.running and c.is_leader
     assert await redis.get(keys.controller_leader) == "r1"
     ids = await ready_ids(redis, keys)

@@ -256,11 +256,13 @@ class PoolController:
         for pool in self.pools.values():
             if time.monotonic() < self._backoff_until.get(pool.name, 0.0):
                 continue
+            # Counted before reading Redis: a start that publishes meanwhile is then counted
+            # twice (one tick of under-filling), never missed (one sandbox over the target).
+            starting = sum(1 for p in self._starting.values() if p == pool.name)
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.llen(self.keys.pool_ready(pool.name))
                 pipe.scard(self.keys.pool_members(pool.name))
                 ready, members = await pipe.execute()
-            starting = sum(1 for p in self._starting.values() if p == pool.name)
             slots = self.timing.max_concurrent_starts - len(self._starting)
             wanted = min(pool.warm - int(ready) - starting, pool.ceiling - int(members), slots)
             for _ in range(max(0, wanted)):
