@@ -128,6 +128,12 @@ def build_root(plan: RootPlan, fs: SandboxFs, new_root: str) -> None:
     linux.mount("sandpool-root", new_root, "tmpfs", linux.MS_NOSUID | linux.MS_NODEV, "size=1m,mode=0755")
     r = new_root.rstrip("/")
 
+    # /tmp first: sandpool itself may be installed under /tmp (a CI checkout, a venv there),
+    # and its read-only binds must land inside the sandbox's own /tmp, not be hidden by it.
+    _mkdirs(r + "/tmp")
+    linux.mount("sandpool-tmp", r + "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
+                f"size={fs.tmp_bytes},mode=1777")
+
     for path, target in plan.symlinks:
         _mkdirs(os.path.dirname(r + path))
         os.symlink(target, r + path)
@@ -164,9 +170,6 @@ def build_root(plan: RootPlan, fs: SandboxFs, new_root: str) -> None:
     linux.mount(None, dev, None, linux.MS_REMOUNT | linux.MS_NOSUID | linux.MS_NOEXEC | linux.MS_RDONLY,
                 "size=64k,mode=0755")
 
-    _mkdirs(r + "/tmp")
-    linux.mount("sandpool-tmp", r + "/tmp", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV,
-                f"size={fs.tmp_bytes},mode=1777")
     _mkdirs(r + WORKSPACE)
     if fs.workspace_source:
         # The provider's workspace (its own size-capped tmpfs when it runs as root).
