@@ -1,6 +1,6 @@
 """The persistent Python interpreter: a warmed runner process, plus a warmed spare.
 
-Why a separate process started with `python -I -u runner.py` rather than a fork
+Why a separate process started with `python -I -u -c <runner source>` rather than a fork
 of the agent: the runner imports only the standard library, so a cold start
 costs about as much as the interpreter's own start-up (~20-30 ms, measured in
 bench/agent_bench.py), it carries none of the agent's memory (no secret, no
@@ -13,6 +13,7 @@ restart after a timeout costs nothing on the next call.
 from __future__ import annotations
 
 import asyncio
+import functools
 import subprocess
 import json
 import logging
@@ -26,7 +27,17 @@ from sandpool.agent.worker import Worker, WorkerDied
 
 log = logging.getLogger("sandpool.agent.interpreter")
 
-RUNNER = str(Path(__file__).with_name("runner.py"))
+RUNNER = Path(__file__).with_name("runner.py")
+
+
+@functools.cache
+def runner_source() -> str:
+    """The runner's source, handed to the interpreter with `-c`.
+
+    Not its path: the sandbox uid may not be able to traverse to where sandpool is
+    installed (a checkout under a 0700 home), and the source is public anyway.
+    """
+    return RUNNER.read_text()
 _HEADER = struct.Struct(">I")
 START_TIMEOUT_SECONDS = 30.0
 
@@ -59,7 +70,7 @@ class Interpreter(PersistentChild):
         self._spare: asyncio.Task[Worker] | None = None
 
     async def new_worker(self) -> Worker:
-        worker = Worker("interpreter", [self._python, "-I", "-u", RUNNER], cwd=self._workspace, env=self._env,
+        worker = Worker("interpreter", [self._python, "-I", "-u", "-c", runner_source()], cwd=self._workspace, env=self._env,
                         preexec=self._preexec, reaper=self._reaper, parse_event=parse_frame)
         try:
             worker.spawn()

@@ -1,6 +1,6 @@
 """The persistent Python interpreter's worker process (stdlib only).
 
-Started by the agent as `python -I -u runner.py IN_FD OUT_FD`, so it imports
+Started by the agent as `python -I -u -c <this source> IN_FD OUT_FD`, so it imports
 nothing of sandpool and starts in a few tens of milliseconds. Program output
 goes to fds 1 and 2 (pipes the agent reads); requests and completions travel on
 a separate control channel (length-prefixed JSON on IN_FD/OUT_FD), so nothing a
@@ -84,11 +84,17 @@ def _flush_all() -> None:
         pass
 
 
+def _own_filename() -> str:
+    # Run as `python -c <source>` by the agent (no __file__; frames say "<string>"), or as a file.
+    return globals().get("__file__", "<string>")
+
+
 def _print_exception(exc: BaseException) -> None:
     """The cell's traceback without the runner's own frames (they name host paths)."""
     te = traceback.TracebackException.from_exception(exc)
+    own = _own_filename()
     for link in _chain(te):
-        link.stack = traceback.StackSummary.from_list([f for f in link.stack if f.filename != __file__])
+        link.stack = traceback.StackSummary.from_list([f for f in link.stack if f.filename != own])
     sys.stderr.write("".join(te.format()))
 
 
