@@ -320,3 +320,20 @@ def test_workspace_maxima_lower_the_ceilings_a_hint_may_not_raise(tenant_schedul
     # A workspace maximum above the operator's ceiling changes nothing.
     roomy = create(app.url, {"idle_timeout_seconds": 10**5}, headers=tenant_headers("acme", max_idle=10**5)).json()
     assert roomy["idle_timeout_seconds"] == 600
+
+
+def test_a_lease_nudges_the_pool_controller(scheduler, r, keys) -> None:
+    """The refill starts when a sandbox is leased, not at the controller's next tick."""
+    app = scheduler()
+    sandbox = publish(r, keys)
+    nudges = r.pubsub(ignore_subscribe_messages=True)
+    nudges.subscribe(keys.pool_events)
+    try:
+        assert nudges.get_message(timeout=1.0) is None  # the subscribe confirmation is ignored
+        assert create(app.url).status_code == 201
+        message = nudges.get_message(timeout=5.0)
+        assert message is not None and message["data"] == sandbox
+        assert create(app.url).status_code == 503  # a refusal leases nothing and nudges no one
+        assert nudges.get_message(timeout=0.5) is None
+    finally:
+        nudges.close()

@@ -45,6 +45,7 @@ LEASE = _METER + r"""
 -- ARGV[10] exec timeout          ARGV[11] max exec timeout         ARGV[12] max concurrent (0: none)
 -- ARGV[13] daily session-seconds budget (0: none)                 ARGV[14] meter a capacity refusal (1|0; 0 while still waiting)
 -- ARGV[15] usage-day retention (s) ARGV[16] stream maxlen          ARGV[17] key expiry margin (s)
+-- ARGV[18] the controller's nudge channel (a lease starts the refill at once, not at the next tick)
 -- Returns {'ok', sandbox, address, secret} | {'quota', limit} | {'capacity'}.
 local ws_key, sid, ws, now = KEYS[4], ARGV[3], ARGV[4], tonumber(ARGV[7])
 local retention, maxlen = ARGV[15], ARGV[16]
@@ -118,6 +119,7 @@ if redis.call('TTL', ws_key) < expiry then redis.call('EXPIRE', ws_key, expiry) 
 meter(KEYS[5], KEYS[6], KEYS[7], ws, retention, 'sessions_created', 1)
 event(KEYS[8], maxlen, {'type', 'session_created', 'workspace', ws, 'ts', ARGV[7], 'session', sid,
   'pool', ARGV[5], 'image', ARGV[6], 'sandbox', sandbox})
+redis.call('PUBLISH', ARGV[18], sandbox)
 return {'ok', sandbox, found[1], found[2]}
 """
 

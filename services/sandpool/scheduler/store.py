@@ -114,7 +114,7 @@ class SessionStore:
                   limits.idle_timeout_seconds, limits.max_lifetime_seconds, limits.exec_timeout_seconds,
                   limits.max_exec_timeout_seconds, max(0, max_concurrent), max(0, daily_budget),
                   1 if meter_capacity_refusal else 0, _RETENTION_SECONDS, USAGE_STREAM_MAXLEN,
-                  KEY_EXPIRY_MARGIN_SECONDS],
+                  KEY_EXPIRY_MARGIN_SECONDS, k.pool_events],
         )
         if result[0] == "ok":
             return Leased(sandbox=result[1], address=result[2], secret=result[3])
