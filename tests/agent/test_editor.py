@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import Agent, content
+from agent_harness import Agent, content
 
 
 def test_create_view_and_ranges(agent: Agent) -> None:
@@ -102,7 +102,7 @@ def test_unencodable_text_and_paths_fail_cleanly(agent: Agent) -> None:
 
 
 def test_view_output_is_capped(tmp_path_factory: pytest.TempPathFactory) -> None:
-    from conftest import start_agent
+    from agent_harness import start_agent
 
     small = start_agent(tmp_path_factory.mktemp("edcap"), "--max-output-bytes", "2048")
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from conftest import Agent, content, wait_dead
+from agent_harness import Agent, content, wait_dead
 
 
 def test_python_state_persists_and_output_is_captured_at_fd_level(agent: Agent) -> None:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import Agent, content
+from agent_harness import Agent, content
 
 S = "/sessions/any-id"
 
@@ -108,7 +108,7 @@ def test_fifo_and_other_non_regular_files_are_refused(agent: Agent) -> None:
 
 
 def test_upload_over_cap_writes_nothing(tmp_path_factory: pytest.TempPathFactory) -> None:
-    from conftest import start_agent
+    from agent_harness import start_agent
 
     small = start_agent(tmp_path_factory.mktemp("small"), "--max-upload-bytes", "1000",
                         "--max-read-bytes", "2000", "--max-request-bytes", "4096")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import content, start_agent
+from agent_harness import content, start_agent
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Agent, content, start_agent, wait_dead
+from agent_harness import REPO, Agent, content, start_agent, wait_dead
 
 S = "/sessions/whatever"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Agent, content, start_agent
+from agent_harness import Agent, content, start_agent
 
 
 def rss_kib(pid: int) -> int:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import sandpool
+
 from .harness import Harness
 
 pytestmark = pytest.mark.isolation
@@ -131,11 +133,23 @@ def test_host_files_data_dir_and_redis_are_out_of_sight(harness: Harness, redis_
         f"print(json.dumps({{p: os.path.exists(p) for p in {paths!r}}}))")
     seen = json.loads(out["stdout"])
     assert not any(seen.values()), seen
-    # Only what leads to the Python installation is visible on the way to it (pyenv puts it in /root).
-    out = sandbox.python("import os, sys\np = '/'\nfor part in sys.prefix.strip('/').split('/')[:-1]:\n"
-                         "    print(sorted(os.listdir(p)) if p != '/' else '', end='|'); p = os.path.join(p, part)\n")
-    for listing in out["stdout"].split("|")[1:-1]:
-        assert len(eval(listing)) == 1, out["stdout"]  # noqa: S307 - our own print of a list
+    # On the way to the Python installation (pyenv puts it in /root) only what leads to the
+    # bound read-only trees is visible: the Python prefix and sandpool's own source.
+    package_root = str(Path(sandpool.__file__).resolve().parent.parent)
+    out = sandbox.python(
+        "import os, sys, json\n"
+        f"targets = [sys.prefix, sys.base_prefix, {package_root!r}]\n"
+        "seen = {}\n"
+        "for target in targets:\n"
+        "    parts = target.strip('/').split('/')\n"
+        "    for i in range(1, len(parts)):\n"
+        "        d = '/' + '/'.join(parts[:i])\n"
+        "        seen[d] = sorted(os.listdir(d))\n"
+        "print(json.dumps({'seen': seen, 'targets': targets}))")
+    report = json.loads(out["stdout"])
+    for directory, listing in report["seen"].items():
+        leading = {t[len(directory) + 1:].split("/")[0] for t in report["targets"] if t.startswith(directory + "/")}
+        assert set(listing) <= leading, (directory, listing, leading)
     out = sandbox.python(
         "import os, json\n"
         "res = {'shadow': open('/etc/shadow').read(), 'root': sorted(os.listdir('/'))}\n"
