@@ -16,11 +16,32 @@ confinement, not of what a program may do (that is tests/security's job).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from typing import Any
 from urllib.parse import quote
 
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
+
+LONG = os.environ.get("SANDPOOL_LONG") == "1"
+
+
+def fuzz_settings(examples: int) -> settings:
+    """Per test (never a global profile: other suites' hypothesis tests keep theirs). CI runs a
+    derandomised, bounded number of examples so a run is reproducible; SANDPOOL_LONG=1 runs 20x
+    as many, randomised."""
+    return settings(
+        max_examples=examples * 20 if LONG else examples,
+        derandomize=not LONG,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                               HealthCheck.data_too_large, HealthCheck.filter_too_much],
+        print_blob=True,
+        # no explain phase: its report imports a module whose DeprecationWarning the suite turns into an error
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+    )
 
 TOOLS = ["code_execution", "bash_code_execution", "text_editor_code_execution"]
 EDITOR_COMMANDS = ["view", "create", "str_replace", "insert", "undo_edit"]

@@ -15,13 +15,13 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import fuzz_settings
 from fuzz_strategies import (
     check_answer,
     content_types,
     encoded,
     header_texts,
     exec_documents,
+    fuzz_settings,
     operations_of,
     paths,
     query,

@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-from conftest import fuzz_settings
 from fuzz_strategies import (
     check_answer,
     encoded,
     exec_documents,
+    fuzz_settings,
     header_texts,
     near_schema,
     operations_of,

@@ -17,12 +17,12 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import fuzz_settings
 from fuzz_strategies import (
     check_answer,
     content_types,
     encoded,
     exec_documents,
+    fuzz_settings,
     header_texts,
     json_any,
     operations_of,

@@ -6,7 +6,6 @@ by default CI runs the short forms. Tests marked `slow` run only when it is set.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sp_harness import Stack  # noqa: E402
-
-LONG = os.environ.get("SANDPOOL_LONG") == "1"
+from sp_harness import LONG, Stack  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

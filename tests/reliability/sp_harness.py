@@ -29,6 +29,7 @@ import redis
 REPO = Path(__file__).resolve().parents[2]
 PROC = Path("/proc")
 INTERNAL_TOKEN = "resilience-internal-credential-0123456789"
+LONG = os.environ.get("SANDPOOL_LONG") == "1"  # the long versions (make test-long)
 
 EXEC_BODIES: dict[str, dict[str, Any]] = {
     "code_execution": {"tool": "code_execution", "input": {"code": "print(6 * 7)"}},

@@ -35,7 +35,8 @@ POOL = 3
 CHAOS_ARGS = ["--capacity-wait-seconds", "5", "--exec-grace-seconds", "3", "--default-idle-timeout-seconds", "4",
                "--reap-interval-seconds", "0.2", "--forward-connect-timeout-seconds", "1"]
 SHORT, LONG_RUN = (45, 1), (400, 4)  # (sessions, faults)
-RUNS = [pytest.param(SHORT, id="short"), pytest.param(LONG_RUN, id="long", marks=pytest.mark.slow)]
+RUNS = [pytest.param(SHORT, id="short", marks=pytest.mark.timeout(300)),
+        pytest.param(LONG_RUN, id="long", marks=[pytest.mark.slow, pytest.mark.timeout(3600)])]
 
 
 def standalone_workload(stack: Stack, sessions: int, urls: list[str] | None = None, **kw: object) -> Workload:

@@ -20,8 +20,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from conftest import LONG
-from sp_harness import Stack, build_stack, descendants, fd_count, rss_kib, wait_for
+import pytest
+from sp_harness import LONG, Stack, build_stack, descendants, fd_count, rss_kib, wait_for
 from workload import EXECS, Workload
 
 from sandpool.state import usage
@@ -105,6 +105,7 @@ def run(stack: Stack, sessions: int) -> Workload:
     return workload
 
 
+@pytest.mark.timeout(14400 if LONG else 600)
 def test_soak_leaves_nothing_behind_and_memory_returns(stacks: list[Stack]) -> None:
     stack = build_stack(proxy=True, pool_size=POOL, max_sandboxes=POOL * 2,
                         scheduler_args=["--capacity-wait-seconds", "5"])
