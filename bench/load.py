@@ -57,6 +57,7 @@ class Counters:
     execs: int = 0
     refused: int = 0
     errors: int = 0
+    transport_errors: dict[str, int] = field(default_factory=dict)
 
 
 class Client:
@@ -64,11 +65,24 @@ class Client:
         self.http = http
         self.c = counters
 
+    async def send(self, method: str, path: str, **kwargs: object) -> httpx.Response | None:
+        """The response, or None after counting a dropped connection by its kind: a load run
+        reports every failure it met instead of stopping at the first."""
+        try:
+            return await self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            kind = type(exc).__name__
+            self.c.transport_errors[kind] = self.c.transport_errors.get(kind, 0) + 1
+            return None
+
     async def create(self, deadline: float) -> tuple[str, float] | None:
         """A session id and when the attempt that got it started; None past the deadline."""
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            response = await self.http.post("/sessions", json={})
+            response = await self.send("POST", "/sessions", json={})
+            if response is None:
+                await asyncio.sleep(0.05)
+                continue
             if response.status_code == 201:
                 self.c.create.append(time.perf_counter() - started)
                 return response.json()["session_id"], started
@@ -83,9 +97,11 @@ class Client:
 
     async def execute(self, session: str, body: dict, into: list[float]) -> float:
         started = time.perf_counter()
-        response = await self.http.post(f"/sessions/{session}/exec", json=body)
+        response = await self.send("POST", f"/sessions/{session}/exec", json=body)
         done = time.perf_counter()
-        if response.status_code != 200:
+        if response is None:
+            pass
+        elif response.status_code != 200:
             self.c.errors += 1
         else:
             into.append(done - started)
@@ -94,10 +110,10 @@ class Client:
 
     async def destroy(self, session: str) -> None:
         started = time.perf_counter()
-        response = await self.http.delete(f"/sessions/{session}")
-        if response.status_code == 204:
+        response = await self.send("DELETE", f"/sessions/{session}")
+        if response is not None and response.status_code == 204:
             self.c.destroy.append(time.perf_counter() - started)
-        else:
+        elif response is not None:
             self.c.errors += 1
 
 
@@ -126,7 +142,8 @@ async def latencies(url: str, token: str | None, sessions: int, calls: int) -> d
             await asyncio.sleep(0.05)  # idle pacing: measure an idle service, not a drained pool
     return {"create_session": ms(counters.create), "first_result_after_create": ms(counters.first_result),
             "print_1": ms(counters.print1), "echo_hi": ms(counters.echo), "destroy_session": ms(counters.destroy),
-            "capacity_refusals": counters.refused, "errors": counters.errors}
+            "capacity_refusals": counters.refused, "errors": counters.errors,
+            "transport_errors": counters.transport_errors}
 
 
 async def concurrent(url: str, token: str | None, clients: int, duration: float,
@@ -155,7 +172,7 @@ async def concurrent(url: str, token: str | None, clients: int, duration: float,
             "execs_per_s": round(counters.execs / elapsed, 1),
             "create_session": ms(counters.create), "execute": ms(counters.print1),
             "destroy_session": ms(counters.destroy), "capacity_refusals": counters.refused,
-            "errors": counters.errors}
+            "errors": counters.errors, "transport_errors": counters.transport_errors}
 
 
 class StartedUp:
