@@ -67,7 +67,7 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
         finally:
             await runtime.close()
 
-    app = FastAPI(title="sandpool agent", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="sandpool agent", lifespan=lifespan, redirect_slashes=False, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_request_bytes=settings.max_request_bytes,
                        max_upload_bytes=settings.max_upload_bytes)

@@ -185,7 +185,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
                 await jwks_client.aclose()
             await store.close()
 
-    app = FastAPI(title="sandpool proxy", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="sandpool proxy", version=__version__, lifespan=lifespan, redirect_slashes=False,
                   description="Authenticated, multi-tenant edge of sandpool: the code-execution contract v1 "
                               "plus the admin API (usage, policy, sessions, revocation).")
     install_error_handlers(app)

@@ -198,7 +198,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
             await clients.aclose()
             await redis.aclose()
 
-    app = FastAPI(title="sandpool scheduler", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="sandpool scheduler", lifespan=lifespan, redirect_slashes=False, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
 
     async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
