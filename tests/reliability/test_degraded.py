@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from invariants import assert_pool_refilled
+from invariants import assert_pool_refilled, events
 from sp_harness import INTERNAL_TOKEN, Stack, build_stack, wait_for
 
 from sandpool.state.keys import Keys
@@ -164,6 +164,16 @@ def test_an_unreachable_redis_is_a_prompt_503_everywhere_and_nothing_breaks(stac
         assert client.delete(f"/sessions/{other}").status_code == 204
         assert client.delete(f"/sessions/{sid}").status_code == 204
     # A CreateSession answered 503 while Redis was stopped may still lease when Redis resumes (the
-    # script was already sent): that orphan holds a sandbox until its idle timeout reaps it.
-    # Reported; docs/reliability.md. The pool is whole again once it is reaped.
+    # script was already sent). The scheduler releases that id once Redis answers again, long
+    # before the 10 s idle timeout would have reaped it: the reason says which of the two did it.
+    answered = {sid, other}
+
+    def orphans_released() -> bool:
+        evs = events(stack, "redisless")
+        orphans = {e["session"] for e in evs if e["type"] == "session_created"} - answered
+        reasons = {e["session"]: e["reason"] for e in evs if e["type"] == "session_released"}
+        assert all(reasons.get(o, "abandoned") == "abandoned" for o in orphans), reasons
+        return all(o in reasons for o in orphans)
+
+    wait_for(orphans_released, timeout=30, what="a lease run after its caller gave up released")
     assert_pool_refilled(stack, POOL, timeout=60)

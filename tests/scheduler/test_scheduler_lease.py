@@ -286,6 +286,37 @@ def test_redis_down_is_503_not_500(scheduler, redis_prefix) -> None:
     assert json.loads(httpx.get(app.url + "/readyz").text)["checks"]["redis"] == "unreachable"
 
 
+# Holds Redis busy (a script that spins on TIME) for about this long: commands sent meanwhile queue.
+BUSY_SCRIPT = """local s = redis.call('TIME') local t = s
+repeat t = redis.call('TIME') until (t[1] - s[1]) * 1000000 + (t[2] - s[2]) > tonumber(ARGV[1])
+return 1"""
+
+
+def test_a_lease_redis_runs_after_the_caller_gave_up_is_released(scheduler, r, keys, redis_url) -> None:
+    """A slow Redis (not a down one) still runs a lease whose caller timed out and answered 503:
+    the scheduler releases that session once Redis answers, not at its idle timeout (1 h here)."""
+    # (The reaper is kept idle: its calls would otherwise hold the pooled connection the lease needs.)
+    app = scheduler(redis_timeout_seconds=0.3, default_idle_timeout_seconds=3600, reap_interval_seconds=60)
+    assert create(app.url).status_code == 503  # nothing to lease yet (and a Redis connection is pooled)
+    sandbox = publish(r, keys)
+    blocker = redis.Redis.from_url(redis_url)
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(blocker.eval, BUSY_SCRIPT, 0, 1_500_000)
+        time.sleep(0.2)  # the script has reached Redis first: the lease below queues behind it
+        resp = create(app.url)
+        assert busy.result() == 1
+    blocker.close()
+    assert resp.status_code == 503 and resp.json()["reason"] == "redis_unavailable", resp.text
+    events = lambda: [f for _, f in r.xrange(keys.usage_events, "-", "+")]  # noqa: E731
+    created = [e["session"] for e in events() if e["type"] == "session_created"]
+    assert len(created) == 1, "the lease sent before the timeout ran once Redis was free"
+    wait_for(lambda: r.sismember(keys.doomed, sandbox), timeout=10, what="the orphan released")
+    released = [e for e in events() if e["type"] == "session_released"]
+    assert [(e["session"], e["reason"]) for e in released] == [(created[0], "abandoned")]
+    assert not r.exists(keys.session(created[0])) and r.zscore(keys.deadlines, created[0]) is None
+    assert "sandpool_sessions_reaped_total{reason=\"abandoned\"} 1.0" in httpx.get(app.url + "/metrics").text
+
+
 def test_capacity_wait_takes_a_sandbox_that_becomes_ready(scheduler, r, keys) -> None:
     app = scheduler(capacity_wait_seconds=10)
     with ThreadPoolExecutor(1) as pool:

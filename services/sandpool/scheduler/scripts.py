@@ -184,7 +184,7 @@ RELEASE = _METER + r"""
 -- KEYS[1] session hash   KEYS[2] deadlines zset   KEYS[3] doomed set
 -- KEYS[4] usage workspaces set                    KEYS[5] usage event stream
 -- ARGV[1] session id     ARGV[2] required workspace ('' = any: the reaper)
--- ARGV[3] now            ARGV[4] mode: destroy | reap | dead
+-- ARGV[3] now            ARGV[4] mode: destroy | reap | dead | abandoned
 -- ARGV[5] sandbox key prefix
 -- ARGV[6], ARGV[7]  workspace-sessions key = ARGV[6] .. workspace .. ARGV[7]
 -- ARGV[8], ARGV[9]  usage total key        = ARGV[8] .. workspace .. ARGV[9]

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 UNKNOWN_SESSION = "session not found"
 SMALL_ANSWER_BYTES = 256 * 1024
+ABANDON_RETRY_SECONDS = 60.0  # past this, the session's idle timeout reaps an abandoned lease
 """Agent answers up to this size (with a Content-Length) are relayed whole; larger ones stream."""
 
 
@@ -111,6 +112,7 @@ class Scheduler:
             default_exec=settings.default_exec_timeout_seconds, max_exec=settings.max_exec_timeout_seconds,
         )
         self._background: set[asyncio.Task[Any]] = set()
+        self._abandons: set[asyncio.Task[Any]] = set()  # retries that may outlast Redis: not awaited at exit
 
     # --- CreateSession ------------------------------------------------------------------------
 
@@ -125,11 +127,17 @@ class Scheduler:
         while True:
             now = time.time()
             last_try = time.monotonic() >= give_up_at
-            result = await self.store.lease(
-                session_id=session_id, workspace=caller.workspace, pool=pool.name, image=pool.image, now=now,
-                limits=in_force, max_concurrent=caller.policy.max_concurrent_sessions,
-                daily_budget=caller.policy.daily_session_seconds_budget, meter_capacity_refusal=last_try,
-            )
+            try:
+                result = await self.store.lease(
+                    session_id=session_id, workspace=caller.workspace, pool=pool.name, image=pool.image,
+                    now=now, limits=in_force, max_concurrent=caller.policy.max_concurrent_sessions,
+                    daily_budget=caller.policy.daily_session_seconds_budget, meter_capacity_refusal=last_try,
+                )
+            except REDIS_ERRORS:
+                # The script may already be on its way and run once a slow Redis catches up: a
+                # lease nobody was answered for. Release that id as soon as Redis answers again.
+                self._spawn(self._abandon(caller, session_id), cancel_on_drain=True)
+                raise
             if isinstance(result, Leased):
                 break
             if result.kind == "quota":
@@ -415,12 +423,38 @@ class Scheduler:
             log.warning("session released: its sandbox died", extra={"session": session_id,
                                                                      "sandbox": released.sandbox})
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    async def _abandon(self, caller: Caller, session_id: str) -> None:
+        """Release a session whose CreateSession failed on a Redis error (a no-op if it never leased).
+
+        Retried with backoff for a bounded time; a second release after the first one went
+        through covers a lease script that Redis ran only after that release."""
+        pause, give_up_at, releases = 0.2, time.monotonic() + ABANDON_RETRY_SECONDS, 0
+        while releases < 2 and time.monotonic() < give_up_at:
+            await asyncio.sleep(pause)
+            try:
+                released = await self.store.release(session_id=session_id, workspace=caller.workspace,
+                                                    now=time.time(), mode="abandoned")
+            except REDIS_ERRORS:
+                pause = min(pause * 2, 2.0)
+                continue
+            releases += 1
+            pause = max(pause, self.settings.redis_timeout_seconds)
+            if released is not None:
+                self.metrics.reaped.labels(reason="abandoned").inc()
+                log.warning("session released: its CreateSession failed on a Redis error",
+                            extra={"session": session_id, "sandbox": released.sandbox})
+                return
+
+    def _spawn(self, coro: Awaitable[Any], *, cancel_on_drain: bool = False) -> None:
         """Finish bookkeeping off the request's task (it may be cancelled by a client that left)."""
         task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        tasks = self._abandons if cancel_on_drain else self._background
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     async def drain(self) -> None:
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        for task in self._abandons:
+            task.cancel()
+        pending = [*self._background, *self._abandons]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
