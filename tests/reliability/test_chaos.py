@@ -176,6 +176,6 @@ def test_redis_restarted_gracefully_then_crashed_under_load(stacks: list[Stack],
         assert_never_leased_twice(stack, "_standalone", record)
         outcome = assert_sessions_work_or_are_gone([client], record)
         assert outcome.get("gone", 0) == 0, outcome
-    # A doomed sandbox the controller popped while Redis was down waits for reconciliation (30 s).
+    # A doomed sandbox the controller popped as Redis went down is put back once Redis answers.
     assert_pool_refilled(stack, POOL, timeout=120)
     assert_usage_exact(stack, "_standalone", record, unmetered_allowed=workload.threads * 2 * faults)

@@ -358,9 +358,21 @@ class PoolController:
                 self._destroy_failures.pop(sandbox_id, None)
         except (RedisError, OSError) as exc:
             log.warning("doomed sandbox handling failed", extra={"sandbox": sandbox_id, "error": str(exc)})
+            await self._requeue_doomed(sandbox_id)
         finally:
             self._destroying.discard(sandbox_id)
             self._wake.set()
+
+    async def _requeue_doomed(self, sandbox_id: str) -> None:
+        """Put a popped sandbox back on `doomed` once Redis answers, so a Redis outage delays its
+        destruction by the outage, not by a whole reconciliation interval."""
+        for attempt in range(self.timing.destroy_attempts):
+            await asyncio.sleep(min(self.timing.retry_base_seconds * 2 ** attempt, self.timing.retry_max_seconds))
+            try:
+                await self.redis.sadd(self.keys.doomed, sandbox_id)
+                return
+            except (RedisError, OSError):
+                continue
 
     async def _destroy_and_forget(self, sandbox_id: str, pool: str) -> bool:
         """Destroy through the provider, then drop the record. False if the provider failed."""
