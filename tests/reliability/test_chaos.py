@@ -167,7 +167,7 @@ def test_redis_restarted_gracefully_then_crashed_under_load(stacks: list[Stack],
         with stack.rdb() as r:
             r.config_set("appendfsync", "always")  # (the command-line setting is everysec)
             lost = [sid for sid in acknowledged if not r.exists(Keys(stack.prefix).session(sid))
-                    and sid not in workload.record.destroyed and sid not in workload.record.gone]
+                    and sid not in workload.record.destroy_sent and sid not in workload.record.gone]
         assert lost == [], f"acknowledged sessions lost by a crash with appendfsync always: {lost}"
     record = workload.join()
     assert record.bad == [], record.bad[:10]

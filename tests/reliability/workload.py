@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import redis
 
 from sandpool.state.keys import Keys
 
@@ -39,6 +40,7 @@ class Record:
     bad: list[str] = field(default_factory=list)                 # answers no invariant allows
     executions: Counter[str] = field(default_factory=Counter)    # 200s per tool
     gone: set[str] = field(default_factory=set)                  # sessions seen 404 (cleanly gone)
+    destroy_sent: set[str] = field(default_factory=set)          # DELETE sent (204 or not: see `destroyed`)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -147,10 +149,14 @@ class Workload:
         if response is None or response.status_code != 201:
             return
         sid = response.json()["session_id"]
-        sandbox = rdb.hget(self.keys.session(sid), "sandbox")
         with self.record.lock:
             self.record.created.append(sid)
-            if sandbox:
+        try:  # which sandbox it got, for the leased-twice check (Redis may be the fault right now)
+            sandbox = rdb.hget(self.keys.session(sid), "sandbox")
+        except redis.RedisError:
+            sandbox = None
+        if sandbox:
+            with self.record.lock:
                 self.record.sandboxes[sid] = sandbox
         for _ in range(self.rounds):
             for i, body in enumerate(EXECS):
@@ -178,6 +184,8 @@ class Workload:
                     with self.record.lock:
                         self.record.bad.append(f"get wrong content {r.content[:100]!r}")
                 r = self._call(clients, turn, "list", "GET", f"/sessions/{sid}/files/list")
+        with self.record.lock:  # from here on a fault may end it with its answer lost: gone is fine
+            self.record.destroy_sent.add(sid)
         r = self._call(clients, turn, "destroy", "DELETE", f"/sessions/{sid}")
         if r is not None and r.status_code == 204:
             with self.record.lock:
