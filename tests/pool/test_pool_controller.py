@@ -351,3 +351,32 @@ async def test_cancelling_mid_start_stops_promptly_and_leaves_no_half_made_sandb
             raise AssertionError(f"half-made sandbox {sandbox_id} left behind (delay {delay})")
         for sandbox_id in members:  # clean up for the next round
             await provider.destroy(sandbox_id)
+
+
+async def test_a_lowered_warm_target_retires_the_surplus_and_destroys_it(redis, keys, provider, tasks):
+    """Restarted with a lower warm target (or after two leaders' starts overlapped), the pool shrinks
+    to the target: the surplus is doomed atomically (never a sandbox a lease took) and destroyed."""
+    first = controller(redis, keys, provider, [pool(warm=3, ceiling=4)])
+    task = start(tasks, first)
+
+    async def three_ready() -> bool:
+        return len(await ready_ids(redis, keys)) == 3
+
+    await eventually(three_ready, what="three ready sandboxes")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    store = SessionStore(redis, keys)
+    leased = await store.lease(session_id="kept", workspace="_standalone", pool="default", image="python",
+                               now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+    assert isinstance(leased, Leased)
+    second = controller(redis, keys, provider, [pool(warm=1, ceiling=4)])
+    start(tasks, second)
+
+    async def shrunk() -> bool:
+        return (len(await ready_ids(redis, keys)) == 1 and await redis.scard(keys.pool_members("default")) == 2
+                and len(await provider.list()) == 2)
+
+    await eventually(shrunk, what="the pool down to one warm sandbox and the leased one")
+    assert (await redis.hgetall(keys.sandbox(leased.sandbox)))["state"] == "leased"
+    assert {s.sandbox_id for s in await provider.list()} == {leased.sandbox, *await ready_ids(redis, keys)}
+    assert second.metrics.reconciled.labels(kind="surplus_ready")._value.get() == 1

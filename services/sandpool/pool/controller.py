@@ -263,6 +263,9 @@ class PoolController:
                 pipe.llen(self.keys.pool_ready(pool.name))
                 pipe.scard(self.keys.pool_members(pool.name))
                 ready, members = await pipe.execute()
+            if starting == 0 and int(ready) > pool.warm:
+                await self._retire_surplus(pool, int(ready) - pool.warm)
+                continue
             slots = self.timing.max_concurrent_starts - len(self._starting)
             wanted = min(pool.warm - int(ready) - starting, pool.ceiling - int(members), slots)
             for _ in range(max(0, wanted)):
@@ -277,6 +280,16 @@ class PoolController:
                 task = asyncio.create_task(self._start(pool, sandbox_id), name=f"start-{sandbox_id}")
                 self._start_tasks.add(task)
                 task.add_done_callback(self._start_tasks.discard)
+
+    async def _retire_surplus(self, pool: PoolSpec, surplus: int) -> None:
+        """Doom warm sandboxes above the target: it was lowered, or a replaced leader's starts
+        landed on top of the new leader's. Never while this controller is starting any."""
+        retired = int(await self.scripts.retire_surplus(
+            keys=[self.keys.pool_ready(pool.name), self.keys.doomed], args=[self.keys.sandbox_prefix, surplus]))
+        if retired:
+            self.metrics.reconciled.labels(kind="surplus_ready").inc(retired)
+            log.info("retired warm sandboxes above the target", extra={"pool": pool.name, "count": retired})
+            self._wake.set()
 
     async def _start(self, pool: PoolSpec, sandbox_id: str) -> None:
         began = time.monotonic()

@@ -53,6 +53,25 @@ redis.call('SREM', KEYS[4], ARGV[1])
 return 1
 """
 
+# KEYS[1] pool ready list, KEYS[2] doomed set
+# ARGV: sandbox key prefix, how many
+# -> how many ready sandboxes were doomed. The newest go (leases take the oldest); a listed id
+#    that is no longer `ready` is only dropped from the list. Atomic with the lease script.
+RETIRE_SURPLUS = """
+local retired = 0
+for _ = 1, tonumber(ARGV[2]) do
+  local id = redis.call('RPOP', KEYS[1])
+  if not id then break end
+  local key = ARGV[1] .. id
+  if redis.call('HGET', key, 'state') == 'ready' then
+    redis.call('HSET', key, 'state', 'doomed')
+    redis.call('SADD', KEYS[2], id)
+    retired = retired + 1
+  end
+end
+return retired
+"""
+
 # Leader lease: compare-and-renew and compare-and-release of `keys.controller_leader`.
 # KEYS[1] leader key; ARGV: replica_id, lease_ms -> 1 still ours, 0 lost.
 RENEW_LEASE = """
@@ -79,5 +98,6 @@ class Scripts:
         self.register_starting = redis.register_script(REGISTER_STARTING)
         self.publish_ready = redis.register_script(PUBLISH_READY)
         self.forget = redis.register_script(FORGET)
+        self.retire_surplus = redis.register_script(RETIRE_SURPLUS)
         self.renew_lease = redis.register_script(RENEW_LEASE)
         self.release_lease = redis.register_script(RELEASE_LEASE)
