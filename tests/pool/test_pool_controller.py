@@ -380,3 +380,26 @@ async def test_a_lowered_warm_target_retires_the_surplus_and_destroys_it(redis, 
     assert (await redis.hgetall(keys.sandbox(leased.sandbox)))["state"] == "leased"
     assert {s.sandbox_id for s in await provider.list()} == {leased.sandbox, *await ready_ids(redis, keys)}
     assert second.metrics.reconciled.labels(kind="surplus_ready")._value.get() == 1
+
+
+async def test_a_former_leaders_starts_are_forgotten_after_one_lease_not_the_start_timeout(redis, keys, provider,
+                                                                                          tasks):
+    """A leader killed mid-create leaves `starting` records nobody will publish. Once the new leader
+    has led for a lease period (the old one has stopped its creates by then), they are dropped;
+    waiting for the 60 s start timeout would hold pool slots that long."""
+    now = f"{time.time():.3f}"
+    for sandbox_id, owner in (("sb-of-the-dead", "dead-replica"), ("sb-of-mine", "r1")):
+        await redis.hset(keys.sandbox(sandbox_id), mapping={"state": "starting", "pool": "default",
+                                                            "image": "python", "created_at": now, "owner": owner})
+        await redis.sadd(keys.pool_members("default"), sandbox_id)
+    c = controller(redis, keys, provider, [pool(warm=1, ceiling=4)], lease_ms=1000)
+    start(tasks, c)
+
+    async def dead_ones_gone() -> bool:
+        return not await redis.sismember(keys.pool_members("default"), "sb-of-the-dead")
+
+    await eventually(dead_ones_gone, timeout=15, what="the former leader's start forgotten")
+    assert not await redis.exists(keys.sandbox("sb-of-the-dead"))
+    # Its own record (a restart with the same replica id) still gets the whole start timeout.
+    assert (await redis.hgetall(keys.sandbox("sb-of-mine")))["state"] == "starting"
+    assert c.metrics.reconciled.labels(kind="stuck_starting")._value.get() == 1

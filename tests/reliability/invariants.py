@@ -89,32 +89,21 @@ def assert_sessions_work_or_are_gone(clients: list[httpx.Client], record: Record
     return dict(outcome)
 
 
-def assert_pool_refilled(stack: Stack, pool_size: int, timeout: float = 90,
-                         dead_owners: frozenset[str] = frozenset()) -> None:
+def assert_pool_refilled(stack: Stack, pool_size: int, timeout: float = 90) -> None:
     """After every session is ended (or reaped): the warm target, on disk and in Redis, and no session key.
 
-    `dead_owners`: replicas killed while leading. A `starting` record of theirs is only
-    destroyed once the controller's start timeout (60 s) has passed (reported: see
-    docs/reliability.md); such records are allowed here and counted separately.
+    Nothing a killed leader was starting may linger either: the next leader drops those records
+    once it has led for a lease period (5 s), long before this gives up.
     """
     keys = Keys(stack.prefix)
 
-    def stuck(r: Any) -> int:
-        count = 0
-        for name in r.smembers(keys.pool_members("default")):
-            fields = r.hgetall(keys.sandbox(name))
-            if fields.get("state") == "starting" and fields.get("owner") in dead_owners:
-                count += 1
-        return count
-
     def settled() -> bool:
         with stack.rdb() as r:
-            lingering = stuck(r) if dead_owners else 0
             return (r.llen(keys.pool_ready("default")) == pool_size
-                    and r.scard(keys.pool_members("default")) == pool_size + lingering
+                    and r.scard(keys.pool_members("default")) == pool_size
                     and r.scard(keys.doomed) == 0 and r.zcard(keys.deadlines) == 0
                     and not list(r.scan_iter(match=keys.session_prefix + "*", count=1000))
-                    and len(stack.sandbox_dirs()) == pool_size + lingering)
+                    and len(stack.sandbox_dirs()) == pool_size)
 
     wait_for(settled, timeout=timeout, what=f"the pool refilled to {pool_size} with no session left")
 

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import secrets
 import time
 from collections.abc import Iterable
@@ -108,6 +109,8 @@ class PoolController:
                                  lease_ms=self.timing.lease_ms)
         self._running = False
         self._leader = False
+        self._leading_since = math.inf  # monotonic time this replica's leadership began
+        self._recheck_at = math.inf  # an early reconciliation, for a former leader's starts
         self._wake = asyncio.Event()
         self._starting: dict[str, str] = {}  # sandbox id -> pool, this leader's creates in flight
         self._start_tasks: set[asyncio.Task[None]] = set()
@@ -204,13 +207,16 @@ class PoolController:
 
     # --- the leader's loop ---------------------------------------------------------------
     async def _leader_work(self) -> None:
+        self._leading_since = time.monotonic()
         await self._step("reconcile", self.reconcile())
         while self._leader:
             self._wake.clear()
             self.ticks += 1
             await self._step("drain", self.drain_doomed())
             await self._step("top-up", self.top_up())
-            if time.monotonic() - self._last_reconcile >= self.timing.reconcile_seconds:
+            now = time.monotonic()
+            if now - self._last_reconcile >= self.timing.reconcile_seconds or now >= self._recheck_at:
+                self._recheck_at = math.inf
                 await self._step("reconcile", self.reconcile())
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.timing.tick_seconds):
@@ -451,8 +457,7 @@ class PoolController:
             state = fields.get("state", "")
             if sandbox_id in running:
                 if state == "starting":
-                    created = float(fields.get("created_at") or 0)
-                    if now - created > self.timing.start_timeout_seconds:
+                    if self._start_abandoned(fields, now):
                         log.warning("destroying sandbox stuck starting", extra={"sandbox": sandbox_id})
                         self.metrics.reconciled.labels(kind="stuck_starting").inc()
                         await self._destroy_and_forget(sandbox_id, pool)
@@ -472,8 +477,7 @@ class PoolController:
                 continue
             # Redis knows it, the provider does not run it.
             if state == "starting":
-                created = float(fields.get("created_at") or 0)
-                if now - created <= self.timing.start_timeout_seconds:
+                if not self._start_abandoned(fields, now):
                     continue  # another (old) leader may still be creating it
                 self.metrics.reconciled.labels(kind="stuck_starting").inc()
             elif state != "doomed":
@@ -481,6 +485,23 @@ class PoolController:
             log.info("forgetting sandbox the provider does not run",
                      extra={"sandbox": sandbox_id, "pool": pool, "state": state or "missing"})
             await self._forget_and_release(sandbox_id, pool, fields.get("session", ""))
+
+    def _start_abandoned(self, fields: dict[str, str], now: float) -> bool:
+        """Whether a `starting` record will never be published: past the start timeout, or made
+        by another replica while it led. A leader stops its creates when it loses the lease
+        (within one lease period), so once this one has led that long they are dead; until
+        then an early reconciliation is booked for them."""
+        age = now - float(fields.get("created_at") or 0)
+        if age > self.timing.start_timeout_seconds:
+            return True
+        if fields.get("owner") in ("", self.replica_id):
+            return False
+        lease = self.timing.lease_ms / 1000
+        led_for = time.monotonic() - self._leading_since
+        if led_for >= lease:
+            return True
+        self._recheck_at = min(self._recheck_at, time.monotonic() + lease - led_for)
+        return False
 
     async def _forget_and_release(self, sandbox_id: str, pool: str, session_id: str) -> None:
         """Forget a sandbox the provider no longer runs, releasing its session first.
