@@ -7,7 +7,6 @@ runner inside its sandboxes and no sandbox ever became ready.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
