@@ -7,6 +7,7 @@ directory is left.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -203,6 +204,41 @@ def test_up_with_auth_prints_a_token_and_a_working_curl_line(up_factory) -> None
         result = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60)
         assert '"stdout":"1\\n"' in result.stdout.replace(" ", ""), (result.stdout, result.stderr)
     assert_stopped_clean(up, signal.SIGINT)  # what Ctrl-C sends
+
+
+def json_lines(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # (redis-server's own lines are not JSON)
+    return out
+
+
+def test_a_request_is_followed_through_proxy_scheduler_and_agent_logs_by_its_id(up_factory) -> None:
+    up = up_factory("--log-level", "info")
+    url, token = up.wait_for("SANDPOOL_URL="), up.wait_for("SANDPOOL_TOKEN=")
+    with httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"}) as client:
+        sid = client.post("/sessions", json={}).json()["session_id"]
+        answer = client.post(f"/sessions/{sid}/exec", headers={"X-Request-Id": "follow-me-42"},
+                             json={"tool": "bash_code_execution", "input": {"command": "echo traced"}})
+        assert answer.status_code == 200 and answer.headers["x-request-id"] == "follow-me-42", answer.text
+        generated = client.get(f"/sessions/{sid}/files/list").headers["x-request-id"]
+        # The agent's log is in its sandbox's directory (the control plane's, mode 0600) until it goes.
+        agent_logs = list((up.data_dir / "sandboxes").glob("*/agent.log"))
+        agent_lines = [line for path in agent_logs for line in json_lines(path.read_text(errors="replace"))]
+        assert client.delete(f"/sessions/{sid}").status_code == 204
+    assert_stopped_clean(up)
+    control_plane = json_lines((up.data_dir.parent / f"{up.data_dir.name}.log").read_text(errors="replace"))
+    followed = [line for line in control_plane + agent_lines if line.get("request_id") == "follow-me-42"]
+    assert {line["service"] for line in followed} == {"proxy", "scheduler", "agent"}, followed
+    at_agent = [line for line in followed if line["service"] == "agent"]
+    assert at_agent[0]["tool"] == "bash_code_execution" and at_agent[0]["outcome"] == "ok", at_agent
+    # An id the proxy generated is followed the same way; the token is in no line at all.
+    assert {line["service"] for line in control_plane + agent_lines if line.get("request_id") == generated} \
+        == {"proxy", "scheduler", "agent"}
+    assert token.split(".")[2] not in json.dumps(control_plane + agent_lines)
 
 
 @pytest.mark.parametrize(("args", "named"), [

@@ -184,10 +184,10 @@ def test_log_lines_carry_the_request_id_and_never_the_token(proxy: Proxy, keys: 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter("proxy"))
-    logger = logging.getLogger("sandpool.proxy")
+    logger = logging.getLogger("sandpool")  # the proxy's own lines and the access lines
     logger.addHandler(handler)
     previous = logger.level
-    logger.setLevel(logging.DEBUG)
+    logger.setLevel(logging.INFO)
     token = keys.token(now=0, ttl_seconds=60)  # long expired
     try:
         with proxy.client() as client:
@@ -200,6 +200,7 @@ def test_log_lines_carry_the_request_id_and_never_the_token(proxy: Proxy, keys: 
     assert refused and refused[0]["request_id"] == "rid-7" and refused[0]["reason"] == "expired"
     access = [line for line in lines if line["msg"] == "request"]
     assert access and access[0]["status"] == 401 and access[0]["operation"] == "CreateSession"
+    assert access[0]["request_id"] == "rid-7" and access[0]["path"] == "/sessions"
     assert token.split(".")[1] not in stream.getvalue() and token.split(".")[2] not in stream.getvalue()
 
 

@@ -42,6 +42,7 @@ from sandpool.contract.models import (
     result_type_for,
 )
 from sandpool.core.errors import Invalid, NotFound, Unavailable, UnknownToolKind, install_error_handlers
+from sandpool.core.request_ids import ACCESS_EXTRA_KEY, RequestIdMiddleware
 
 OUTCOME_HEADER = "X-Sandpool-Outcome"
 _LIST_LIMIT = 10_000
@@ -72,6 +73,7 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
     app.add_middleware(BodyLimitMiddleware, max_request_bytes=settings.max_request_bytes,
                        max_upload_bytes=settings.max_upload_bytes)
     app.add_middleware(BearerSecretMiddleware, secret=secret)
+    app.add_middleware(RequestIdMiddleware)  # outermost: a refused request has its id and access line too
 
     def rt(request: Request) -> Runtime:
         return request.app.state.runtime
@@ -132,6 +134,8 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
             outcome_label = "limit"
         else:
             outcome_label = "ok" if outcome.return_code == 0 else "failed"
+        request.scope[ACCESS_EXTRA_KEY] = {"tool": call.tool, "outcome": outcome_label,
+                                           "return_code": outcome.return_code}
         payload = {
             "tool_use_id": tool_use_id,
             "execution_time_ms": elapsed_ms,

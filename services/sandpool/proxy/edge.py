@@ -10,32 +10,17 @@ labels (unmatched paths count as `other`).
 
 from __future__ import annotations
 
-import logging
-import re
 import time
-import uuid
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandpool.core.logs import request_id_var
+from sandpool.core.request_ids import log_access, request_id_from, with_request_id
 from sandpool.proxy.metrics import ProxyMetrics
 
-log = logging.getLogger(__name__)
-
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPERATION_KEY = "sandpool.operation"
 REQUEST_ID_KEY = "sandpool.request_id"
-
-
-def request_id_from(scope: Scope) -> str:
-    for name, value in scope["headers"]:
-        if name == b"x-request-id":
-            candidate = value.decode("latin-1")
-            if _REQUEST_ID.fullmatch(candidate):
-                return candidate
-            break
-    return uuid.uuid4().hex
 
 
 class EdgeMiddleware:
@@ -52,13 +37,10 @@ class EdgeMiddleware:
         scope[REQUEST_ID_KEY] = request_id
         token = request_id_var.set(request_id)
         status: dict[str, Any] = {"code": 500, "observed": False}
-        rid_header = (b"x-request-id", request_id.encode("latin-1"))
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
-                headers.append(rid_header)
-                message["headers"] = headers
+                with_request_id(message, request_id)
                 status["code"] = message["status"]
                 self._observe(scope, status, started)
             await send(message)
@@ -75,6 +57,4 @@ class EdgeMiddleware:
         status["observed"] = True
         operation, seconds = scope.get(OPERATION_KEY, "other"), time.perf_counter() - started
         self.metrics.observe(operation, status["code"], seconds)
-        if log.isEnabledFor(logging.DEBUG):  # an access line per request only when asked: it costs
-            log.debug("request", extra={"operation": operation, "status": status["code"],
-                                        "ms": round(seconds * 1000, 3)})
+        log_access(scope, status["code"], started, operation=operation)

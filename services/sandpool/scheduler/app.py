@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandpool.core.errors import Unavailable, error_response, install_error_handlers
 from sandpool.core.logs import request_id_var
+from sandpool.core.request_ids import log_access, request_id_from, with_request_id
 from sandpool.pool.provider import PoolSpec, Provider
 from sandpool.scheduler.caller import CallerResolver
 from sandpool.scheduler.forward import AgentClients
@@ -44,7 +45,6 @@ ControllerFactory = Callable[..., Any]
 
 CREATE_BODY_CAP = 64 * 1024
 """A CreateSession body carries two hints; anything near this size is not one."""
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _SESSIONS = re.compile(r"^/sessions/[^/]+(/exec|/files|/files/list)?$")
 _OPERATIONS = {
     ("POST", "/exec"): "Execute", ("GET", "/files/list"): "ListFiles", ("GET", "/files"): "GetFile",
@@ -77,13 +77,7 @@ class RequestContext:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = None
-        for name, value in scope["headers"]:
-            if name == b"x-request-id":
-                candidate = value.decode("latin-1")
-                request_id = candidate if _REQUEST_ID.fullmatch(candidate) else None
-                break
-        request_id = request_id or uuid.uuid4().hex
+        request_id = request_id_from(scope)
         token = request_id_var.set(request_id)
         operation = operation_of(scope["method"], scope["path"])
         started = time.perf_counter()
@@ -93,12 +87,13 @@ class RequestContext:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                with_request_id(message, request_id)
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            log_access(scope, status, started)
             request_id_var.reset(token)
             if operation is not None:
                 self.metrics.requests.labels(service=SERVICE, operation=operation, status=str(status)).inc()

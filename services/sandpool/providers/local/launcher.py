@@ -33,6 +33,7 @@ class SandboxLimits:
     workspace_bytes: int | None
     sandbox_python: str | None = None  # the Python sandboxed code runs with (None: the agent's choice)
     spare_interpreter: bool | None = None  # None: the agent's default
+    agent_log_level: str = "warning"
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Launcher(Protocol):
 def agent_arguments(workspace: Path, socket_path: Path, secret: AgentSecret, limits: SandboxLimits) -> list[str]:
     """`sandpool agent` flags for a sandbox (the secret by file, never as a flag value)."""
     args = ["agent", "--uds", str(socket_path), "--workspace", str(workspace),
-            "--secret-file", str(secret.file), "--log-level", "warning"]
+            "--secret-file", str(secret.file), "--log-level", limits.agent_log_level]
     if limits.uid is not None:
         args += ["--sandbox-uid", str(limits.uid), "--sandbox-gid", str(limits.gid or limits.uid)]
         if limits.max_processes:

@@ -58,6 +58,7 @@ class LocalProvider:
         options = getattr(self.launcher, "agent_options", None)  # the zygote's agents take settings directly
         if isinstance(options, dict):
             options.setdefault("spare_interpreter", self.settings.spare_interpreter)
+            options.setdefault("log_level", self.settings.agent_log_level)
         self.root = self.settings.sandboxes_dir()
         self.privileged = self.settings.privileged()
         self.tmpfs_ok = self.privileged and self.settings.workspace_tmpfs
@@ -259,7 +260,8 @@ class LocalProvider:
         return SandboxLimits(uid=uid, gid=gid, memory_bytes=s.memory_mb * MIB, max_processes=s.max_processes,
                              max_open_files=s.max_open_files, max_file_size_bytes=s.max_file_size_mb * MIB,
                              workspace_bytes=s.workspace_size_mb * MIB if self.tmpfs_ok else None,
-                             sandbox_python=self.sandbox_python, spare_interpreter=s.spare_interpreter)
+                             sandbox_python=self.sandbox_python, spare_interpreter=s.spare_interpreter,
+                             agent_log_level=s.agent_log_level)
 
     def _free_uid(self) -> int:
         """A uid of the range no sandbox on disk holds (chosen and recorded with no await between)."""

@@ -40,6 +40,9 @@ class LocalProviderSettings(ServiceSettings):
     spare_interpreter: bool = Field(default=False, description=(
         "Keep a second warm interpreter in each sandbox so a restart after a timeout is instant; "
         "costs about a third more CPU per sandbox, and sandboxes are single-use"))
+    agent_log_level: str = Field(default="info", pattern=r"^(debug|info|warning|error)$", description=(
+        "Log level of each sandbox's agent (JSON lines in its sandbox directory's agent.log; "
+        "info: one line per call, with the caller's request id)"))
     start_timeout_seconds: float = Field(default=30.0, gt=0, description=(
         "How long a new sandbox's agent may take to answer its health check"))
     stop_grace_seconds: float = Field(default=2.0, ge=0, description=(

@@ -1,0 +1,80 @@
+"""Request ids: the one a caller sent in `X-Request-Id` when it is short and printable,
+else a fresh one. Each service sets it in `core.logs.request_id_var` (so every log line
+of the request carries it), passes it on to the next hop and returns it on the response.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from sandpool.core.logs import request_id_var
+
+HEADER = "X-Request-Id"
+_HEADER_KEY = HEADER.lower().encode()
+_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+access_log = logging.getLogger("sandpool.access")
+ACCESS_EXTRA_KEY = "sandpool.access"  # a route may add fields (closed-set values) to its access line here
+_QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: no access line
+
+
+def request_id_from(scope: dict[str, Any]) -> str:
+    for name, value in scope["headers"]:
+        if name == _HEADER_KEY:
+            candidate = value.decode("latin-1")
+            if _PATTERN.fullmatch(candidate):
+                return candidate
+            break
+    return uuid.uuid4().hex
+
+
+def with_request_id(message: dict[str, Any], request_id: str) -> dict[str, Any]:
+    """An `http.response.start` message carrying exactly one `X-Request-Id`: ours."""
+    headers = [h for h in message.get("headers", []) if h[0].lower() != _HEADER_KEY]
+    headers.append((_HEADER_KEY, request_id.encode("latin-1")))
+    message["headers"] = headers
+    return message
+
+
+class RequestIdMiddleware:
+    """Pure ASGI: request id in and out, and one access line per request (at info).
+
+    For a service without request metrics of its own (the agent); the proxy and the
+    scheduler do the same in their edge middleware, next to their metrics.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = request_id_from(scope)
+        token = request_id_var.set(request_id)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                with_request_id(message, request_id)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            log_access(scope, status, started, **scope.get(ACCESS_EXTRA_KEY, {}))
+            request_id_var.reset(token)
+
+
+def log_access(scope: dict[str, Any], status: int, started: float, **extra: Any) -> None:
+    """One line per request served, with the request id (from the context) like every other line."""
+    if scope["path"] not in _QUIET_PATHS and access_log.isEnabledFor(logging.INFO):
+        access_log.info("request", extra={"method": scope["method"], "path": scope["path"], "status": status,
+                                          "ms": round((time.perf_counter() - started) * 1000, 3), **extra})
