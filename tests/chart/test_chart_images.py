@@ -57,7 +57,7 @@ def _requirements(*groups: str) -> list[Requirement]:
             and (r.marker is None or r.marker.evaluate(IMAGE_ENV))]
 
 
-@pytest.mark.parametrize(("image", "groups"), [("control-plane", ("server", "kubernetes")), ("sandbox", ())])
+@pytest.mark.parametrize(("image", "groups"), [("control-plane", ("server", "kubernetes", "tracing")), ("sandbox", ())])
 def test_lock_file_satisfies_pyproject(image: str, groups: tuple[str, ...]) -> None:
     pins = _pins(LOCKS[image])
     for req in _requirements(*groups):

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sandpool import __version__
 from sandpool.contract import tenancy
 from sandpool.contract.models import ErrorBody
+from sandpool.core import tracing
 from sandpool.core.errors import Forbidden, Invalid, SandpoolError, error_response, install_error_handlers
 from sandpool.proxy.admin import router as admin_router
 from sandpool.proxy.auth import TokenVerifier
@@ -184,6 +185,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
             if jwks_client is not None:
                 await jwks_client.aclose()
             await store.close()
+            await tracing.shutdown(app.state.tracer_provider)
 
     app = FastAPI(title="sandpool proxy", version=__version__, lifespan=lifespan, redirect_slashes=False,
                   description="Authenticated, multi-tenant edge of sandpool: the code-execution contract v1 "
@@ -265,4 +267,5 @@ def create_app(settings: ProxySettings) -> FastAPI:
         request.scope[OPERATION_KEY] = "metrics"
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.state.tracer_provider = tracing.instrument(app, "proxy") if settings.tracing else None
     return app

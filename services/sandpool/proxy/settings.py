@@ -21,6 +21,8 @@ class ProxySettings(ServiceSettings):
     host: str = Field(default="127.0.0.1", description="Address to listen on")
     port: int = Field(default=8080, ge=0, le=65535, description="Port to listen on")
     log_level: str = Field(default="info", description="Log level (debug, info, warning, error)")
+    tracing: bool = Field(default=False, description=(
+        "Export OpenTelemetry traces over OTLP/HTTP (the tracing extra; endpoint from OTEL_EXPORTER_OTLP_*)"))
     tls_cert: Path | None = Field(default=None, description="PEM certificate: serve HTTPS when given (with --tls-key)")
     tls_key: Path | None = Field(default=None, description="PEM private key of --tls-cert")
 

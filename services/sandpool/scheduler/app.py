@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sandpool.core import tracing
 from sandpool.core.errors import Unavailable, error_response, install_error_handlers
 from sandpool.core.logs import request_id_var
 from sandpool.core.request_ids import log_access, request_id_from, with_request_id
@@ -192,6 +193,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
             await scheduler.drain()
             await clients.aclose()
             await redis.aclose()
+            await tracing.shutdown(app.state.tracer_provider)
 
     app = FastAPI(title="sandpool scheduler", lifespan=lifespan, redirect_slashes=False, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
@@ -279,6 +281,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
     app.add_middleware(RequestContext, metrics=metrics)
     app.state.metrics = metrics
     app.state.settings = settings
+    app.state.tracer_provider = tracing.instrument(app, "scheduler") if settings.tracing else None
     return app
 
 

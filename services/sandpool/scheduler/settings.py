@@ -19,6 +19,8 @@ class SchedulerSettings(ServiceSettings):
     host: str = Field(default="127.0.0.1", description="Address to listen on")
     port: int = Field(default=8081, ge=0, le=65535, description="Port to listen on")
     log_level: str = Field(default="info", description="Log level (debug, info, warning, error)")
+    tracing: bool = Field(default=False, description=(
+        "Export OpenTelemetry traces over OTLP/HTTP (the tracing extra; endpoint from OTEL_EXPORTER_OTLP_*)"))
 
     # --- mode and credentials -----------------------------------------------------------
     standalone: bool = Field(default=False, description=(

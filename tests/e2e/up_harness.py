@@ -1,0 +1,138 @@
+"""`sandpool up` in a subprocess for the end-to-end tests, and what they check after it stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+PROC = Path("/proc")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rfind(")") + 2:].split()[1])
+            tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def descendants(pid: int) -> set[int]:
+    tree = _children()
+    found, todo = set(), [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+class Up:
+    """`sandpool up` in a subprocess, its stdout lines collected by a thread."""
+
+    def __init__(self, *args: str) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix="spu", dir="/tmp"))
+        self.data_dir.chmod(0o711)
+        self.port = free_port()
+        self.stderr = open(self.data_dir.parent / f"{self.data_dir.name}.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sandpool", "up", "--port", str(self.port), "--data-dir", str(self.data_dir),
+             "--pool-size", "2", "--max-sandboxes", "6", "--log-level", "warning", *args],
+            stdout=subprocess.PIPE, stderr=self.stderr, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.append(raw.decode().rstrip("\n"))
+
+    def wait_for(self, prefix: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                if line.startswith(prefix):
+                    return line[len(prefix):]
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {prefix} line; stdout={self.lines}; stderr tail={self.log_tail()}")
+
+    def log_tail(self) -> str:
+        self.stderr.flush()
+        return (self.data_dir.parent / f"{self.data_dir.name}.log").read_text(errors="replace")[-3000:]
+
+    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, set[int]]:
+        """Signal up; return its exit code and every process of its tree seen just before."""
+        tree = descendants(self.proc.pid)
+        self.proc.send_signal(sig)
+        code = self.proc.wait(60)
+        return code, tree
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.stderr.close()
+        (self.data_dir.parent / f"{self.data_dir.name}.log").unlink(missing_ok=True)
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def exec_code(client: httpx.Client, session: str, code: str) -> dict:
+    response = client.post(f"/sessions/{session}/exec", json={"tool": "code_execution", "input": {"code": code}})
+    assert response.status_code == 200, response.text
+    return response.json()["result_block"]["content"]
+
+
+def assert_stopped_clean(up: Up, sig: int = signal.SIGTERM) -> None:
+    code, tree = up.stop(sig)
+    assert code == 0, up.log_tail()
+    assert tree, "the stack had no processes?"
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    survivors = [pid for pid in tree if alive(pid)]
+    assert survivors == [], f"processes survived sandpool up: {survivors}"
+    sandboxes = up.data_dir / "sandboxes"
+    assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
+
+
+def json_lines(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # (redis-server's own lines are not JSON)
+    return out
