@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
@@ -143,12 +144,14 @@ class Stack:
         self.redis_url = settings.redis_url
         self.prefix = settings.redis_prefix
         self._stopped = False
+        self._lock_fd: int | None = None
 
     # --- start -----------------------------------------------------------------------
     def run(self, stopping: threading.Event) -> int:
         s = self.settings
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o711)  # sandboxed uids traverse it to reach their workspace, never list it
+        self._lock_data_dir()
         if self.redis_url is None:
             self.redis_url = self._start_redis(stopping)
         auth = s.auth
@@ -285,6 +288,19 @@ class Stack:
         return False
 
     # --- stop ------------------------------------------------------------------------
+    def _lock_data_dir(self) -> None:
+        """One `up` per data dir: a second one would take the first's Redis files and, on its
+        way out, destroy the first's sandboxes. The lock goes with the process, however it ends."""
+        fd = os.open(self.data_dir / "up.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            self._stopped = True  # nothing here is ours to stop or clean up
+            raise ConfigurationError(f"another sandpool up is using {self.data_dir}: "
+                                     "stop it, or give this one another --data-dir") from None
+        self._lock_fd = fd  # held open (never inherited: O_CLOEXEC is Python's default) until exit
+
     def stop(self) -> None:
         """Stop the children in reverse order, then destroy every sandbox. Safe to call twice."""
         if self._stopped:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from up_harness import PROC, alive, assert_stopped_clean, descendants, exec_code, json_lines
+from up_harness import PROC, alive, assert_stopped_clean, descendants, exec_code, free_port, json_lines
 
 
 def test_up_no_auth_serves_the_contract_and_stops_clean(up_factory) -> None:
@@ -173,6 +173,24 @@ def test_a_killed_up_takes_its_stack_with_it(up_factory) -> None:
     while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [pid for pid in tree if alive(pid)] == []
+
+
+def test_a_second_up_on_the_same_data_dir_is_refused_and_touches_nothing(up_factory) -> None:
+    first = up_factory("--no-auth")
+    url = first.wait_for("SANDPOOL_URL=")
+    sandboxes_before = sorted(p.name for p in (first.data_dir / "sandboxes").iterdir())
+    result = subprocess.run(
+        [sys.executable, "-m", "sandpool", "up", "--no-auth", "--port", str(free_port()),
+         "--data-dir", str(first.data_dir), "--pool-size", "1", "--max-sandboxes", "2", "--log-level", "warning"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "another sandpool up is using" in result.stderr, result.stderr
+    assert "SANDPOOL_URL" not in result.stdout
+    # The first one lost nothing: its sandboxes are all there and it still serves.
+    assert sorted(p.name for p in (first.data_dir / "sandboxes").iterdir()) == sandboxes_before
+    with httpx.Client(base_url=url, timeout=30) as client:
+        sid = client.post("/sessions", json={}).json()["session_id"]
+        assert exec_code(client, sid, "print(6 * 7)")["stdout"] == "42\n"
+    assert_stopped_clean(first)
 
 
 def test_up_on_a_busy_port_fails_cleanly() -> None:
