@@ -9,6 +9,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sandpool.core.logs import request_id_var
@@ -40,15 +41,21 @@ def with_request_id(message: dict[str, Any], request_id: str) -> dict[str, Any]:
     return message
 
 
-class RequestIdMiddleware:
-    """Pure ASGI: request id in and out, and one access line per request (at info).
+RequestDone = Callable[[dict[str, Any], int, float], None]
+"""Called with (scope, status, seconds) once a request is answered: a service's request metrics."""
 
-    For a service without request metrics of its own (the agent); the proxy and the
-    scheduler do the same in their edge middleware, next to their metrics.
+
+class RequestIdMiddleware:
+    """Pure ASGI: request id in and out, one access line per request (at info), then `on_done`.
+
+    The agent and the scheduler use it as it is (the scheduler's `on_done` counts its
+    requests); the proxy's edge does the same next to its metrics, observed at the
+    first byte of the answer.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, on_done: RequestDone | None = None) -> None:
         self.app = app
+        self.on_done = on_done
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -71,6 +78,8 @@ class RequestIdMiddleware:
         finally:
             log_access(scope, status, started, **scope.get(ACCESS_EXTRA_KEY, {}))
             request_id_var.reset(token)
+            if self.on_done is not None:
+                self.on_done(scope, status, time.perf_counter() - started)
 
 
 def log_access(scope: dict[str, Any], status: int, started: float, **extra: Any) -> None:

@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import socket
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,8 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandpool.core import tracing
 from sandpool.core.errors import Unavailable, error_response, install_error_handlers
-from sandpool.core.logs import request_id_var
-from sandpool.core.request_ids import log_access, request_id_from, with_request_id
+from sandpool.core.request_ids import RequestDone, RequestIdMiddleware
 from sandpool.pool.provider import PoolSpec, Provider
 from sandpool.scheduler.caller import CallerResolver
 from sandpool.scheduler.forward import AgentClients
@@ -67,39 +65,16 @@ def operation_of(method: str, path: str) -> str | None:
     return _OPERATIONS.get((method, match.group(1) or ""))
 
 
-class RequestContext:
-    """Request id in and out (and on every log line), plus the request metrics; pure ASGI."""
+def request_metrics(metrics: SchedulerMetrics) -> RequestDone:
+    """Request count and latency per contract operation (a closed label set); other paths uncounted."""
 
-    def __init__(self, app: Any, metrics: SchedulerMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = request_id_from(scope)
-        token = request_id_var.set(request_id)
+    def record(scope: dict[str, Any], status: int, seconds: float) -> None:
         operation = operation_of(scope["method"], scope["path"])
-        started = time.perf_counter()
-        status = 500
+        if operation is not None:
+            metrics.requests.labels(service=SERVICE, operation=operation, status=str(status)).inc()
+            metrics.request_duration.labels(service=SERVICE, operation=operation).observe(seconds)
 
-        async def send_with_id(message: dict[str, Any]) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                with_request_id(message, request_id)
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            log_access(scope, status, started)
-            request_id_var.reset(token)
-            if operation is not None:
-                self.metrics.requests.labels(service=SERVICE, operation=operation, status=str(status)).inc()
-                self.metrics.request_duration.labels(service=SERVICE, operation=operation).observe(
-                    time.perf_counter() - started)
+    return record
 
 
 def _default_controller_factory(*, redis: Any, keys: Keys, provider: Provider, pools: list[PoolSpec],
@@ -278,7 +253,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
                 metrics.pool_sandboxes.labels(pool=spec.name, state=state).set(getattr(counts, state))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(RequestContext, metrics=metrics)
+    app.add_middleware(RequestIdMiddleware, on_done=request_metrics(metrics))
     app.state.metrics = metrics
     app.state.settings = settings
     app.state.tracer_provider = tracing.instrument(app, "scheduler") if settings.tracing else None
