@@ -50,8 +50,9 @@ log = logging.getLogger(__name__)
 SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 UNKNOWN_SESSION = "session not found"
 SMALL_ANSWER_BYTES = 256 * 1024
-ABANDON_RETRY_SECONDS = 60.0  # past this, the session's idle timeout reaps an abandoned lease
 """Agent answers up to this size (with a Content-Length) are relayed whole; larger ones stream."""
+ABANDON_RETRY_SECONDS = 60.0
+"""How long an abandoned lease's release is retried; past it, the session's idle timeout reaps it."""
 
 
 class SandboxUnavailable(Unavailable):
