@@ -14,14 +14,17 @@ import asyncio
 import logging
 from typing import Any
 
+from sandpool.core.settings import ConfigurationError
+
 log = logging.getLogger(__name__)
 
 EXTRA_HINT = "tracing needs the tracing extra: pip install 'sandpool[tracing]'"
 UNTRACED_PATHS = "healthz,readyz,metrics"
 
 
-class TracingUnavailable(RuntimeError):
-    """`--tracing` was asked for but the OpenTelemetry packages are not installed."""
+class TracingUnavailable(ConfigurationError):
+    """`--tracing` was asked for but the OpenTelemetry packages are not installed: the command
+    stops with this message (exit 2), not a traceback."""
 
 
 def instrument(app: Any, service: str, *, exporter: Any = None) -> Any:
