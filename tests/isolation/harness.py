@@ -68,7 +68,6 @@ class Harness:
     def __init__(self, *, disabled: frozenset[str] = frozenset(), restart_interval: float = 5.0) -> None:
         # Under /tmp and traversable by every uid (not pytest's 0700 tmp dir): with the
         # filesystem layer off, sandboxed code reaches its workspace by its host path.
-        # Short, too: agent socket paths must fit in sun_path.
         self.base = Path(tempfile.mkdtemp(prefix="spiso", dir="/tmp"))
         self.base.chmod(0o711)
         self.sandboxes_dir = self.base / "sandboxes"
@@ -102,9 +101,12 @@ class Harness:
         limits = SandboxLimits(uid=sandbox_uid, gid=sandbox_uid, memory_bytes=memory_mb * MIB,
                                max_processes=max_processes, max_open_files=256,
                                max_file_size_bytes=workspace_mb * 4 * MIB, workspace_bytes=workspace_mb * MIB)
-        socket_path = directory / "agent.sock"
+        # The socket in a directory of its own: the one host directory a sandbox sees.
+        (directory / "sock").mkdir(mode=0o700)
+        socket_path = directory / "sock" / "agent.sock"
         handle = self.run(self.launcher.launch(sandbox_id, workspace, socket_path,
-                                               AgentSecret(secret, secret_file), limits))
+                                               AgentSecret(secret, secret_file), limits,
+                                               log_path=directory / "agent.log"))
         client = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)), base_url="http://sandbox")
         sandbox = Sandbox(sandbox_id, directory, socket_path, workspace, secret, handle, sandbox_uid, client)
         self.live.append(sandbox)

@@ -101,7 +101,7 @@ def test_a_sandbox_reaches_nothing_of_the_installation(stack: Stack) -> None:
         assert proxy is not None and stack.private_key is not None
         targets = {
             "ports": {"scheduler": scheduler.port, "proxy": proxy.port, "redis": stack.redis.port},
-            "other_socket": str(victim_dir / "agent.sock"),
+            "other_socket": json.loads((victim_dir / "meta.json").read_text())["socket"],
             "files": {"other_secret": str(victim_dir / "secret"), "other_meta": str(victim_dir / "meta.json"),
                       "other_workspace_file": str(victim_dir / "workspace" / "secret.txt"),
                       "internal_token": str(stack.token_file), "signing_key": str(stack.private_key),

@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from redis.exceptions import RedisError
 
 from sandpool.pool.metrics import ControllerMetrics
 from sandpool.pool.leader import LeaderLease
-from sandpool.pool.provider import PoolSpec, Provider, ProviderError, SandboxInfo
+from sandpool.pool.provider import PoolSpec, Provider, ProviderError, SandboxInfo, new_sandbox_id
 from sandpool.pool.scripts import Scripts
 from sandpool.state.keys import Keys
 
@@ -56,11 +55,6 @@ class ControllerTiming:
     retry_max_seconds: float = 15.0  # ... capped here
     destroy_attempts: int = 5  # then the sandbox is left to reconciliation
     record_ttl_seconds: int = 7 * 86400  # safety-net expiry of sandbox hashes
-
-
-def new_sandbox_id() -> str:
-    """Unguessable, and valid as a directory name and a Kubernetes object name."""
-    return "sb-" + secrets.token_hex(10)
 
 
 async def _cancel_all(tasks: list[asyncio.Task[Any]], *, patience: float = 30.0) -> None:

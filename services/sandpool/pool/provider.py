@@ -9,8 +9,17 @@ and destroys sandboxes with everything they started.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+SANDBOX_ID_LENGTH = 23
+"""Length of every id `new_sandbox_id` makes (providers size paths and names by it)."""
+
+
+def new_sandbox_id() -> str:
+    """Unguessable, and valid as a directory name and a Kubernetes object name."""
+    return "sb-" + secrets.token_hex(10)
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,9 @@ class AgentSecret:
 @runtime_checkable
 class Launcher(Protocol):
     async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
-                     limits: SandboxLimits) -> ProcessHandle:
-        """Start the agent listening on `socket_path`; return as soon as it runs (not when healthy)."""
+                     limits: SandboxLimits, *, log_path: Path) -> ProcessHandle:
+        """Start the agent listening on `socket_path`, its output appended to `log_path` (0600);
+        return as soon as it runs (not when healthy)."""
 
     async def kill(self, handle: ProcessHandle) -> None:
         """Kill the agent and every process it started. Idempotent."""
@@ -99,14 +100,13 @@ class SubprocessLauncher:
         self.stop_grace_seconds = stop_grace_seconds
 
     async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
-                     limits: SandboxLimits) -> ProcessHandle:
-        log_path = socket_path.parent / "agent.log"
+                     limits: SandboxLimits, *, log_path: Path) -> ProcessHandle:
         # 0600: the agent's log is the control plane's, not the sandboxed code's, to read.
         with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab", buffering=0) as log_file:
             proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "sandpool", *agent_arguments(workspace, socket_path, secret, limits),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                cwd=str(socket_path.parent), env=agent_environment(workspace),
+                cwd=str(log_path.parent), env=agent_environment(workspace),
                 start_new_session=True, close_fds=True)
         return ProcessHandle(pid=proc.pid, pgid=proc.pid, start_time=start_time(proc.pid))
 

@@ -7,9 +7,10 @@ provider lists and destroys what an earlier one started):
         meta.json                       pool, uid, gid, created_at
         secret                          0600: the agent's per-sandbox secret
         agent.pid                       "pid pgid start_time" of the agent
-        agent.sock                      the agent's socket (address unix://...)
         agent.log                       0600: the agent's stderr
         workspace/                      0700, owned by the sandbox uid; a size-capped tmpfs when root
+    <socket dir>/<id>/agent.sock        the agent's socket (address unix://...), in a short private
+                                        directory of its own (`sockets.py`): any data dir path works
 
 When sandpool runs as root, sandboxed code runs as an unprivileged uid: by
 default one of its own per sandbox (so sandboxes cannot signal each other's
@@ -36,8 +37,9 @@ from pathlib import Path
 
 import httpx
 
-from sandpool.pool.provider import PoolSpec, ProviderError, SandboxInfo
+from sandpool.pool.provider import SANDBOX_ID_LENGTH, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.local import fsmount
+from sandpool.providers.local.sockets import SocketDir, SocketDirError
 from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits
 from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
 from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, default_sandbox_python
@@ -46,7 +48,6 @@ from sandpool.providers.local.zygote import make_launcher
 log = logging.getLogger("sandpool.providers.local")
 
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
-SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with its terminating NUL
 
 
 class LocalProvider:
@@ -60,6 +61,7 @@ class LocalProvider:
             options.setdefault("spare_interpreter", self.settings.spare_interpreter)
             options.setdefault("log_level", self.settings.agent_log_level)
         self.root = self.settings.sandboxes_dir()
+        self.sockets = SocketDir(self.root.parent)
         self.privileged = self.settings.privileged()
         self.tmpfs_ok = self.privileged and self.settings.workspace_tmpfs
         self.host_tmpfs = self.tmpfs_ok  # False when the launcher mounts the capped tmpfs itself
@@ -70,16 +72,18 @@ class LocalProvider:
 
     # --- lifecycle of the provider itself ------------------------------------------------
     async def start(self) -> None:
-        longest = self.root / ("x" * 63) / "agent.sock"
-        if len(os.fsencode(longest)) > SOCKET_PATH_MAX:
-            raise ProviderError(f"data dir path too long for agent sockets ({len(str(longest))} > "
-                                f"{SOCKET_PATH_MAX} bytes): choose a shorter --data-dir", transient=False)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             os.chmod(self.root.parent, 0o711)
             os.chmod(self.root, 0o711)
         except OSError as exc:
-            raise ProviderError(f"cannot use --data-dir {self.root.parent}: {exc.strerror}", transient=False) from None
+            raise ProviderError(f"cannot use --data-dir {self.root.parent}: {exc.strerror} "
+                                f"(it must be a directory uid {os.geteuid()} can create and write)",
+                                transient=False) from None
+        try:
+            self.sockets.open(SANDBOX_ID_LENGTH)
+        except OSError as exc:
+            raise ProviderError(f"cannot make a directory for agent sockets: {exc}", transient=False) from None
         starter = getattr(self.launcher, "start", None)  # the zygote: detects and logs its isolation
         if starter is not None:
             await starter()
@@ -100,6 +104,7 @@ class LocalProvider:
         closer = getattr(self.launcher, "aclose", None)
         if closer is not None:
             await closer()
+        self.sockets.close_if_empty()
 
     def _missing_isolation(self) -> list[str]:
         missing = []
@@ -154,9 +159,14 @@ class LocalProvider:
     async def _create_in(self, pool: PoolSpec, sandbox_id: str, sandbox_dir: Path) -> SandboxInfo:
         os.chmod(sandbox_dir, 0o711)
         limits = self._limits(sandbox_id)
+        try:
+            socket_path = self.sockets.path_for(sandbox_id)
+        except OSError as exc:
+            raise ProviderError(f"cannot make the socket directory of sandbox {sandbox_id}: {exc}",
+                                transient=False) from None
         (sandbox_dir / "meta.json").write_text(json.dumps({
             "pool": pool.name, "uid": limits.uid, "gid": limits.gid, "created_at": time.time(),
-            "dedicated_uid": self._dedicated(limits.uid)}))
+            "dedicated_uid": self._dedicated(limits.uid), "socket": str(socket_path)}))
         secret = AgentSecret(value=secrets.token_urlsafe(32), file=sandbox_dir / "secret")
         fd = os.open(secret.file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -164,8 +174,8 @@ class LocalProvider:
         workspace = sandbox_dir / "workspace"
         workspace.mkdir(mode=0o700)
         self._prepare_workspace(workspace, limits)
-        socket_path = sandbox_dir / "agent.sock"
-        handle = await self.launcher.launch(sandbox_id, workspace, socket_path, secret, limits)
+        handle = await self.launcher.launch(sandbox_id, workspace, socket_path, secret, limits,
+                                            log_path=sandbox_dir / "agent.log")
         (sandbox_dir / "agent.pid").write_text(handle.to_line())
         await self._wait_healthy(sandbox_id, socket_path, handle)
         return SandboxInfo(sandbox_id=sandbox_id, pool=pool.name, address=f"unix://{socket_path}",
@@ -184,6 +194,9 @@ class LocalProvider:
             if meta.get("dedicated_uid") and isinstance(uid, int) and self._dedicated(uid):
                 if not await kill_uid(uid, gid if isinstance(gid, int) else uid):
                     raise ProviderError(f"processes of sandbox {sandbox_id} survived SIGKILL")
+            socket_path = self._socket(sandbox_dir, meta)
+            if socket_path is not None:
+                SocketDir.remove(socket_path)
             fsmount.unmount_under(sandbox_dir)
             await asyncio.to_thread(shutil.rmtree, sandbox_dir, ignore_errors=False)
         except FileNotFoundError:
@@ -206,9 +219,10 @@ class LocalProvider:
                 secret = (sandbox_dir / "secret").read_text().strip() or None
             except OSError:
                 secret = None
+            socket_path = self._socket(sandbox_dir, meta)
             found.append(SandboxInfo(
                 sandbox_id=sandbox_dir.name, pool=str(meta.get("pool") or ""),
-                address=f"unix://{sandbox_dir / 'agent.sock'}", secret=secret,
+                address=f"unix://{socket_path}" if socket_path else None, secret=secret,
                 ready=handle is not None and is_alive(handle)))
         return found
 
@@ -216,6 +230,7 @@ class LocalProvider:
         """Destroy every sandbox under the data dir (`sandpool up` on its way out)."""
         sandboxes = await self.list()
         await asyncio.gather(*(self.destroy(s.sandbox_id) for s in sandboxes))
+        self.sockets.close_if_empty()
         return len(sandboxes)
 
     # --- helpers -------------------------------------------------------------------------
@@ -231,6 +246,12 @@ class LocalProvider:
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
+
+    @staticmethod
+    def _socket(sandbox_dir: Path, meta: dict[str, object]) -> Path | None:
+        """The agent's socket as recorded at create (never derived from a path the sandbox controls)."""
+        recorded = meta.get("socket")
+        return Path(recorded) if isinstance(recorded, str) and recorded.startswith("/") else None
 
     @staticmethod
     def _handle(sandbox_dir: Path) -> ProcessHandle | None:
@@ -310,7 +331,7 @@ class LocalProvider:
                         pass
                 if not is_alive(handle):
                     raise ProviderError(f"agent of sandbox {sandbox_id} exited while starting: "
-                                        f"{self._log_tail(socket_path.parent)}")
+                                        f"{self._log_tail(self._dir(sandbox_id))}")
                 if loop.time() > deadline:
                     raise ProviderError(f"agent of sandbox {sandbox_id} did not answer its health check "
                                         f"within {self.settings.start_timeout_seconds:g}s")

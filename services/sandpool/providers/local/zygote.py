@@ -42,7 +42,6 @@ log = logging.getLogger("sandpool.providers.local.zygote")
 # Headroom in the pids cgroup over the sandbox uid's process limit: the agent, its
 # threads and its interpreter workers are tasks too.
 AGENT_TASKS = 64
-SOCKET_SUBDIR = "s"
 
 
 class ZygoteError(Exception):
@@ -352,25 +351,15 @@ class ZygoteLauncher:
         await self.client.close()
 
     async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
-                     limits: SandboxLimits) -> ProcessHandle:
+                     limits: SandboxLimits, *, log_path: Path) -> ProcessHandle:
         if self.using_fallback and self.fallback is not None:
-            return await self.fallback.launch(sandbox_id, workspace, socket_path, secret, limits)
+            return await self.fallback.launch(sandbox_id, workspace, socket_path, secret, limits, log_path=log_path)
         await self._ensure_running()
         if self.using_fallback and self.fallback is not None:
-            return await self.fallback.launch(sandbox_id, workspace, socket_path, secret, limits)
+            return await self.fallback.launch(sandbox_id, workspace, socket_path, secret, limits, log_path=log_path)
         assert self.report is not None
-        filesystem = self.report.is_active("filesystem")
-        if filesystem:
-            # The sandbox sees one host directory: this one, holding nothing but its socket.
-            # `socket_path` becomes a link to the socket inside it.
-            socket_dir = socket_path.parent / SOCKET_SUBDIR
-            socket_dir.mkdir(mode=0o711, exist_ok=True)
-            real_socket = socket_dir / socket_path.name
-            with contextlib.suppress(FileNotFoundError):
-                socket_path.unlink()
-            socket_path.symlink_to(Path(SOCKET_SUBDIR) / socket_path.name)
-        else:
-            real_socket = socket_path
+        # With the filesystem layer, the socket's directory (holding nothing but the socket) is the
+        # one host directory the sandbox sees.
         agent = {"log_level": "warning", **self.agent_options}
         if limits.max_processes and limits.uid is not None:
             agent["rlimit_nproc"] = limits.max_processes
@@ -385,11 +374,11 @@ class ZygoteLauncher:
             agent["python_executable"] = sandbox_python
         uid = limits.uid if self.report.is_active("unprivileged_uid") else None
         reply = await self.client.launch(
-            sandbox_id, socket_path=str(real_socket), workspace=str(workspace), uid=uid, secret=secret.value,
+            sandbox_id, socket_path=str(socket_path), workspace=str(workspace), uid=uid, secret=secret.value,
             limits={"memory_bytes": limits.memory_bytes,
                     "pids_max": (limits.max_processes + AGENT_TASKS) if limits.max_processes else None,
                     "workspace_bytes": limits.workspace_bytes},
-            agent=agent, log_path=str(socket_path.parent / "agent.log"))
+            agent=agent, log_path=str(log_path))
         pid = int(reply["pid"])
         return ProcessHandle(pid=pid, pgid=pid, start_time=start_time(pid))
 
