@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from up_harness import Up
 
@@ -10,8 +12,8 @@ from up_harness import Up
 def up_factory():
     started: list[Up] = []
 
-    def start(*args: str) -> Up:
-        up = Up(*args)
+    def start(*args: str, **kwargs: Any) -> Up:
+        up = Up(*args, **kwargs)
         started.append(up)
         return up
 

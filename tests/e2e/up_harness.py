@@ -60,9 +60,9 @@ def alive(pid: int) -> bool:
 class Up:
     """`sandpool up` in a subprocess, its stdout lines collected by a thread."""
 
-    def __init__(self, *args: str) -> None:
-        self.data_dir = Path(tempfile.mkdtemp(prefix="spu", dir="/tmp"))
-        self.data_dir.chmod(0o711)
+    def __init__(self, *args: str, data_dir: Path | None = None) -> None:
+        self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="spu"))
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.stderr = open(self.data_dir.parent / f"{self.data_dir.name}.log", "wb")
         self.proc = subprocess.Popen(

@@ -114,11 +114,16 @@ def settings_from_args(settings_cls: type[ServiceSettings], args: argparse.Names
 
 
 def describe_validation_error(exc: ValidationError) -> str:
-    lines = []
+    """One line naming each bad setting by its flag and variable (a check across settings by its text)."""
+    problems = []
     for err in exc.errors():
-        field = str(err["loc"][0]) if err["loc"] else "?"
-        lines.append(f"{flag_name(field)} / {env_name(field)}: {err['msg']}")
-    return "invalid configuration:\n  " + "\n  ".join(lines)
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if err["loc"]:
+            field = str(err["loc"][0])
+            problems.append(f"{flag_name(field)} / {env_name(field)}: {message}")
+        else:
+            problems.append(message)
+    return "invalid configuration: " + "; ".join(problems)
 
 
 def read_secret(value: str | None, file: Path | None, *, what: str) -> str | None:

@@ -268,7 +268,7 @@ def parse_pools(data: Any, *, source: str = "pools file") -> list[PoolSpec]:
         for err in exc.errors():
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"{_where(err['loc'])}: {msg}")
-        raise ConfigurationError(f"{source}: invalid pools:\n  " + "\n  ".join(lines)) from None
+        raise ConfigurationError(f"{source}: invalid pools: " + "; ".join(lines)) from None
     return [pool.to_spec() for pool in parsed.pools]
 
 

@@ -22,29 +22,25 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings: ProxySettings = settings_from_args(ProxySettings, args)
-    serve(settings)
-    return 0
+    return serve(settings)
 
 
-def serve(settings: ProxySettings) -> None:
-    """Run the proxy in this process until interrupted (also used by `sandpool up`)."""
+def serve(settings: ProxySettings) -> int:
+    """Run the proxy in this process until interrupted; the exit status (2: it could not start)."""
     import logging
 
-    import uvicorn
-
+    from sandpool.core import serve as server
     from sandpool.proxy.app import create_app
 
     configure_logging("proxy", settings.log_level)
-    app = create_app(settings)  # refuses to build without a trusted key or the internal credential
-    logging.getLogger(__name__).info("configuration", extra={"settings": dump_settings(settings)})
-    config: dict[str, Any] = {"host": settings.host, "port": settings.port, "log_config": None,
-                              "access_log": False, "lifespan": "on", "server_header": False}
-    if settings.tls_cert is not None:
-        config.update(ssl_certfile=str(settings.tls_cert), ssl_keyfile=str(settings.tls_key))
-    try:
-        import uvloop  # noqa: F401
 
-        config["loop"] = "uvloop"
-    except ImportError:
-        pass
-    uvicorn.run(app, **config)
+    def build() -> Any:
+        app = create_app(settings)  # refuses to build without a trusted key or the internal credential
+        logging.getLogger(__name__).info("configuration", extra={"settings": dump_settings(settings)})
+        return app
+
+    tls: dict[str, Any] = {}
+    if settings.tls_cert is not None:
+        tls = {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)}
+    return server.serve("proxy", build, host=settings.host, port=settings.port,
+                        failure_file=settings.start_failure_file, **tls)

@@ -94,9 +94,12 @@ def load_pem_public_key(path: str | Path) -> TrustedKey:
         raise ConfigurationError(f"--auth-public-key {path}: holds a private key; give the public key (.pub)")
     try:
         key = serialization.load_pem_public_key(data)
+    except ValueError:
+        raise ConfigurationError(f"--auth-public-key {path}: not a PEM public key") from None
+    try:
         algorithm = algorithm_for(key)
     except ValueError as exc:
-        raise ConfigurationError(f"--auth-public-key {path}: not a usable public key PEM ({exc})") from None
+        raise ConfigurationError(f"--auth-public-key {path}: not a usable public key ({exc})") from None
     return TrustedKey(kid=thumbprint(key), algorithm=algorithm, key=key, source=str(path))  # type: ignore[arg-type]
 
 

@@ -23,6 +23,9 @@ class ProxySettings(ServiceSettings):
     log_level: str = Field(default="info", description="Log level (debug, info, warning, error)")
     tracing: bool = Field(default=False, description=(
         "Export OpenTelemetry traces over OTLP/HTTP (the tracing extra; endpoint from OTEL_EXPORTER_OTLP_*)"))
+    start_failure_file: Path | None = Field(default=None, description=(
+        "Where a failed start writes its one-line reason (a supervisor's termination message; "
+        "sandpool up reads it)"))
     tls_cert: Path | None = Field(default=None, description="PEM certificate: serve HTTPS when given (with --tls-key)")
     tls_key: Path | None = Field(default=None, description="PEM private key of --tls-cert")
 

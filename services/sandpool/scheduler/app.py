@@ -24,7 +24,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sandpool.core import tracing
 from sandpool.core.errors import Unavailable, error_response, install_error_handlers
 from sandpool.core.request_ids import RequestDone, RequestIdMiddleware
-from sandpool.pool.provider import PoolSpec, Provider
+from sandpool.core.serve import StartFailed
+from sandpool.pool.provider import PoolSpec, Provider, ProviderError
 from sandpool.scheduler.caller import CallerResolver
 from sandpool.scheduler.forward import AgentClients
 from sandpool.scheduler.metrics import SERVICE, SchedulerMetrics
@@ -147,7 +148,10 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         try:
             if settings.controller:
                 the_provider = provider if provider is not None else _build_provider(settings)
-                await the_provider.start()
+                try:
+                    await the_provider.start()
+                except ProviderError as exc:
+                    raise StartFailed(f"{the_provider.name} provider: {exc}") from exc
                 factory = controller_factory or _default_controller_factory
                 controller = factory(settings=settings, redis=redis, keys=keys, provider=the_provider,
                                      pools=pool_specs, metrics=metrics, replica_id=replica_id())

@@ -49,21 +49,21 @@ def build_settings(args: argparse.Namespace) -> SchedulerSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from sandpool.core.logs import configure_logging
+    from sandpool.core.serve import serve
     from sandpool.scheduler.app import create_app
 
     settings = build_settings(args)
     configure_logging("scheduler", settings.log_level)
-    provider = None
-    if settings.controller:
-        provider = build_provider(settings, args)
-    app = create_app(settings, provider=provider)
-    log.info("starting scheduler", extra={"settings": dump_settings(settings)})
-    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-                log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=10)
-    return 0
+
+    def build() -> Any:
+        provider = build_provider(settings, args) if settings.controller else None
+        app = create_app(settings, provider=provider)
+        log.info("starting scheduler", extra={"settings": dump_settings(settings)})
+        return app
+
+    return serve("scheduler", build, host=settings.host, port=settings.port,
+                 failure_file=settings.start_failure_file, http="httptools", timeout_graceful_shutdown=10)
 
 
 def build_provider(settings: SchedulerSettings, args: argparse.Namespace) -> Any:

@@ -21,6 +21,9 @@ class SchedulerSettings(ServiceSettings):
     log_level: str = Field(default="info", description="Log level (debug, info, warning, error)")
     tracing: bool = Field(default=False, description=(
         "Export OpenTelemetry traces over OTLP/HTTP (the tracing extra; endpoint from OTEL_EXPORTER_OTLP_*)"))
+    start_failure_file: Path | None = Field(default=None, description=(
+        "Where a failed start writes its one-line reason (a supervisor's termination message; "
+        "sandpool up reads it)"))
 
     # --- mode and credentials -----------------------------------------------------------
     standalone: bool = Field(default=False, description=(

@@ -39,11 +39,12 @@ import httpx
 
 from sandpool.pool.provider import SANDBOX_ID_LENGTH, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.local import fsmount
+from sandpool.providers.local.isolation.detect import required_missing
 from sandpool.providers.local.sockets import SocketDir, SocketDirError
 from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits
 from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
 from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, default_sandbox_python
-from sandpool.providers.local.zygote import make_launcher
+from sandpool.providers.local.zygote import ZygoteError, make_launcher
 
 log = logging.getLogger("sandpool.providers.local")
 
@@ -86,7 +87,10 @@ class LocalProvider:
             raise ProviderError(f"cannot make a directory for agent sockets: {exc}", transient=False) from None
         starter = getattr(self.launcher, "start", None)  # the zygote: detects and logs its isolation
         if starter is not None:
-            await starter()
+            try:
+                await starter()
+            except ZygoteError as exc:
+                raise ProviderError(str(exc), transient=False) from None
         # A launcher that mounts the capped workspace in the sandbox's own mount namespace (the
         # zygote) spares the host a mount and an unmount per sandbox, both on this event loop.
         self.host_tmpfs = self.tmpfs_ok and not self.launcher.describe().get("caps_workspace")
@@ -97,6 +101,8 @@ class LocalProvider:
                                     "(an unprivileged uid) could not reach its workspace: choose a --data-dir "
                                     "under world-searchable directories", transient=False)
         self.warnings = self._missing_isolation()
+        if self.settings.isolation_required:
+            self._require_isolation()
         for warning in self.warnings:
             log.warning("local sandboxes are weakly isolated: %s", warning)
 
@@ -105,6 +111,17 @@ class LocalProvider:
         if closer is not None:
             await closer()
         self.sockets.close_if_empty()
+
+    def _require_isolation(self) -> None:
+        """--isolation-required: refuse to serve with less than every layer not turned off."""
+        report = getattr(self.launcher, "report", None)
+        if report is None:
+            raise ProviderError("isolation is required but sandboxes would be plain subprocesses "
+                                f"({self.launcher.describe().get('launcher')} launcher)", transient=False)
+        missing = required_missing(report, frozenset(self.settings.isolation_disable))
+        if missing:
+            raise ProviderError("isolation is required but this host lacks " + "; ".join(missing),
+                                transient=False)
 
     def _missing_isolation(self) -> list[str]:
         missing = []

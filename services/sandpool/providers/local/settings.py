@@ -56,6 +56,9 @@ class LocalProviderSettings(ServiceSettings):
     isolation_disable: CommaList = Field(default_factory=list, description=(
         "Isolation layers the zygote leaves off (namespaces, filesystem, network, cgroups, "
         "unprivileged_uid, seccomp), e.g. to simulate a host without them; each is named in a warning"))
+    isolation_required: bool = Field(default=False, description=(
+        "Refuse to start unless every isolation layer not turned off with --isolation-disable is in "
+        "force (by default sandboxes start with what the host offers, and a warning names the rest)"))
     sandbox_python: str | None = Field(default=None, description=(
         "Python that runs sandboxed code, as the sandbox uid (default: sandpool's own when other "
         "users may run it, else /usr/bin/python3)"))

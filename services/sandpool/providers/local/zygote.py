@@ -103,7 +103,7 @@ class ZygoteClient:
         except OSError as exc:
             parent.close()
             await self.close()
-            raise ZygoteError(f"the zygote did not start: {exc.strerror or exc}") from None
+            raise ZygoteError(f"the zygote did not start: {self.python}: {exc.strerror or exc}") from None
         finally:
             child.close()
         self.sock = parent

