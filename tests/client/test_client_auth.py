@@ -66,7 +66,7 @@ def test_workspace_policy_refusals_map_to_forbidden_and_quota(auth_stack: Stack)
                 with pytest.raises(QuotaExceeded) as quota:
                     client.create_session()
                 err = quota.value
-                assert (err.status, err.retryable, err.limit, err.attempts) == (429, True, "concurrent_sessions", 2)
+                assert (err.status, err.retryable, err.limit, err.attempts) == (429, True, "max_concurrent_sessions", 2)
                 assert err.retry_after is not None
                 assert held.run_python("print('the held session is untouched')").ok
     finally:

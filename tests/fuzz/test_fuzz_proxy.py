@@ -46,7 +46,8 @@ FUZZED = {("GET", "/v1/usage"), ("GET", "/v1/sessions"), ("GET", "/v1/workspaces
           ("PUT", "/v1/workspaces/{workspace}/policy"), ("POST", "/v1/revocations"), ("POST", "/sessions"),
           ("DELETE", "/sessions/{session_id}"), ("POST", "/sessions/{session_id}/exec"),
           ("GET", "/sessions/{session_id}/files/list"), ("GET", "/sessions/{session_id}/files"),
-          ("POST", "/sessions/{session_id}/files"), ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
+          ("POST", "/sessions/{session_id}/files"), ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"),
+          ("GET", "/sessions/{session_id}"), ("DELETE", "/v1/sessions/{session_id}")}
 TENANT = "acme"
 
 
@@ -219,8 +220,11 @@ def test_create_through_the_proxy_never_500s_and_injection_never_moves_the_tenan
 @fuzz_settings(50)
 def test_session_calls_through_the_proxy_never_500(edge: Edge, data: Any) -> None:
     sid = edge.ensure()
-    kind = data.draw(st.sampled_from(["exec", "list", "get", "put", "other-id"]), label="kind")
-    if kind == "exec":
+    kind = data.draw(st.sampled_from(["exec", "list", "get", "put", "handle", "other-id"]), label="kind")
+    if kind == "handle":
+        response = edge.client.get(f"/sessions/{sid}")
+        assert response.status_code == 200 and response.json()["session_id"] == sid, response.text
+    elif kind == "exec":
         response = edge.client.post(f"/sessions/{sid}/exec", content=data.draw(encoded(exec_documents(paths()))),
                                     headers={"Content-Type": "application/json"})
     elif kind in ("list", "get"):
@@ -262,8 +266,14 @@ def test_admin_api_never_500s(edge: Edge, data: Any, workspace: str, as_admin: b
                  ("GET", "/v1/usage?from=2026-13-01", {}), ("GET", "/v1/usage?from=9999-12-31&to=0001-01-01", {}),
                  ("GET", "/v1/sessions?limit=-1", {}), ("POST", "/v1/revocations", {"json": {"jti": "j", "exp": 2**63}})]
     else:
-        op = data.draw(st.sampled_from(["put-policy", "get-policy", "usage", "sessions", "revoke"]), label="op")
-        if op == "put-policy":
+        op = data.draw(st.sampled_from(["put-policy", "get-policy", "usage", "sessions", "revoke", "end-session"]),
+                       label="op")
+        if op == "end-session":
+            other = data.draw(session_ids, label="session")
+            if other == edge.sid:
+                return
+            calls = [("DELETE", f"/v1/sessions/{pct(other)}", {})]
+        elif op == "put-policy":
             body = data.draw(near_schema(edge.schema("PUT", "/v1/workspaces/{workspace}/policy"), components))
             calls = [("PUT", f"/v1/workspaces/{pct(workspace).replace('.', '%2E')}/policy", {"json": body})]
         elif op == "get-policy":

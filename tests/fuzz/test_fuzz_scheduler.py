@@ -39,6 +39,7 @@ from sp_harness import Stack, build_stack, wait_for
 from sandpool.state.keys import Keys
 
 FUZZED = {("POST", "/sessions"), ("DELETE", "/sessions/{session_id}"), ("POST", "/sessions/{session_id}/exec"),
+          ("GET", "/sessions/{session_id}"),
           ("GET", "/sessions/{session_id}/files/list"), ("GET", "/sessions/{session_id}/files"),
           ("POST", "/sessions/{session_id}/files"), ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
 POOL = 2
@@ -181,7 +182,7 @@ def test_uploads_on_a_live_session_never_500(live: Live, data: Any) -> None:
     assert response.status_code in (201, 400, 403, 404, 413, 422), (kwargs, response.text[:300])
 
 
-@given(sid=session_ids, method=st.sampled_from(["DELETE", "POST exec", "GET list", "GET file", "POST file"]),
+@given(sid=session_ids, method=st.sampled_from(["DELETE", "GET ", "POST exec", "GET list", "GET file", "POST file"]),
        headers=st.dictionaries(st.sampled_from(["X-Sandpool-Workspace", "X-Sandpool-Max-Concurrent-Sessions",
                                                 "Authorization", "X-Request-Id", "X-Sandpool-Outcome"]),
                                header_texts, max_size=3))

@@ -21,8 +21,8 @@ from apiserver import StandInApiServer
 
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
-from sandpool.scheduler.limits import SessionLimits
-from sandpool.scheduler.store import Leased, SessionStore
+from sandpool.state.sessions import SessionLimits
+from sandpool.state.sessions import Leased, SessionStore
 from sandpool.state.keys import Keys
 
 NS = "sandboxes"
@@ -81,7 +81,7 @@ async def burst(redis: Any, keys: Keys, provider: Any, apiserver: StandInApiServ
         sessions = []
         for i in range(WARM):
             leased = await store.lease(session_id=f"s{i}", workspace="ws", pool="default", image="python",
-                                       now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+                                       now=time.time(), limits=LIMITS, workspace_limits={})
             assert isinstance(leased, Leased)
             sessions.append(leased)
         await wait_for(lambda: ready(WARM), timeout=30, what="50 replacements after 50 leases", state=state)

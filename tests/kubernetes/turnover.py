@@ -34,8 +34,8 @@ from conftest import RedisServer  # noqa: E402  (the suite's own redis-server la
 from sandpool.pool.controller import PoolController  # noqa: E402
 from sandpool.pool.provider import PoolSpec  # noqa: E402
 from sandpool.providers.kubernetes import KubernetesProvider, KubernetesProviderSettings  # noqa: E402
-from sandpool.scheduler.limits import SessionLimits  # noqa: E402
-from sandpool.scheduler.store import Leased, SessionStore  # noqa: E402
+from sandpool.state.sessions import SessionLimits  # noqa: E402
+from sandpool.state.sessions import Leased, SessionStore  # noqa: E402
 from sandpool.state.keys import Keys  # noqa: E402
 
 LIMITS = SessionLimits(idle_timeout_seconds=300, max_lifetime_seconds=3600, exec_timeout_seconds=30,
@@ -78,7 +78,7 @@ async def measure(args: argparse.Namespace) -> dict[str, object]:
                 session = f"c{n}-{i}"
                 i += 1
                 got = await store.lease(session_id=session, workspace=f"w{n}", pool="default", image="python",
-                                        now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+                                        now=time.time(), limits=LIMITS, workspace_limits={})
                 if isinstance(got, Leased):
                     leases += 1
                     await store.release(session_id=session, workspace=f"w{n}", now=time.time(), mode="destroy")

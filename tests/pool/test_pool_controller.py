@@ -15,8 +15,8 @@ from pool_helpers import eventually
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
 from sandpool.providers.local import procs
-from sandpool.scheduler.limits import SessionLimits
-from sandpool.scheduler.store import Leased, SessionStore
+from sandpool.state.sessions import SessionLimits
+from sandpool.state.sessions import Leased, SessionStore
 from sandpool.state.keys import Keys
 
 HERE = Path(__file__).resolve().parent
@@ -109,7 +109,7 @@ async def test_replaces_released_sandboxes_promptly_on_the_nudge(redis, keys, pr
     await eventually(two_ready, what="two ready sandboxes")
     store = SessionStore(redis, keys)
     leased = await store.lease(session_id="sess-1", workspace="ws", pool="default", image="python",
-                               now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+                               now=time.time(), limits=LIMITS, workspace_limits={})
     assert isinstance(leased, Leased)
     handle = procs.ProcessHandle.from_line(
         (provider.root / leased.sandbox / "agent.pid").read_text())
@@ -162,7 +162,7 @@ async def test_reconciles_orphans_stale_records_and_stuck_starts_after_a_restart
     await redis.lpush(keys.pool_ready("default"), "sb-lost")
     store = SessionStore(redis, keys)
     leased = await store.lease(session_id="sess-lost", workspace="ws", pool="default", image="python",
-                               now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+                               now=time.time(), limits=LIMITS, workspace_limits={})
     assert isinstance(leased, Leased) and leased.sandbox == "sb-lost"
     assert orphan.ready
 
@@ -202,7 +202,7 @@ async def test_a_dead_agent_under_a_session_is_released_and_replaced(redis, keys
     await eventually(one_ready, what="a ready sandbox")
     store = SessionStore(redis, keys)
     leased = await store.lease(session_id="sess-d", workspace="ws", pool="default", image="python",
-                               now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+                               now=time.time(), limits=LIMITS, workspace_limits={})
     assert isinstance(leased, Leased)
     handle = procs.ProcessHandle.from_line((provider.root / leased.sandbox / "agent.pid").read_text())
     os.killpg(handle.pgid, signal.SIGKILL)
@@ -367,7 +367,7 @@ async def test_a_lowered_warm_target_retires_the_surplus_and_destroys_it(redis, 
     await asyncio.gather(task, return_exceptions=True)
     store = SessionStore(redis, keys)
     leased = await store.lease(session_id="kept", workspace="_standalone", pool="default", image="python",
-                               now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+                               now=time.time(), limits=LIMITS, workspace_limits={})
     assert isinstance(leased, Leased)
     second = controller(redis, keys, provider, [pool(warm=1, ceiling=4)])
     start(tasks, second)

@@ -28,6 +28,11 @@ from starlette.routing import Route
 from sandpool.proxy.app import create_app
 from sandpool.proxy.keys_cli import generate_keypair, mint_token
 from sandpool.proxy.settings import ProxySettings
+from sandpool.scheduler import app as scheduler_app
+from sandpool.scheduler import settings as scheduler_settings
+from sandpool.state.keys import Keys as RedisKeys
+
+from .stack import Sandboxes, Stack
 
 INTERNAL_TOKEN = "internal-credential-for-tests"
 
@@ -203,3 +208,36 @@ def rdb(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
 
 def keys_under(rdb: redis.Redis, prefix: str) -> list[str]:
     return sorted(rdb.scan_iter(match="{" + prefix + "}:*", count=1000))
+
+
+@pytest.fixture
+def stack_factory(redis_url: str, redis_prefix: str, keys: Keys, rdb: redis.Redis) -> Iterator[Callable[[], Stack]]:
+    rkeys = RedisKeys(redis_prefix)
+    sandboxes = Sandboxes(rdb, rkeys)
+    servers: list[ThreadServer] = []
+
+    def start() -> Stack:
+        """A fresh proxy and scheduler on the same Redis (call again to 'restart' both)."""
+        for server in reversed(servers):  # the proxy first: it holds connections to the scheduler
+            server.stop()
+        servers.clear()
+        sched = scheduler_app.create_app(scheduler_settings.SchedulerSettings(
+            standalone=False, internal_token=INTERNAL_TOKEN, controller=False, redis_url=redis_url,
+            redis_prefix=redis_prefix, reap_interval_seconds=0.2))
+        scheduler = ThreadServer(sched).start()
+        servers.append(scheduler)
+        proxy = ThreadServer(create_app(ProxySettings(
+            redis_url=redis_url, redis_prefix=redis_prefix, scheduler_url=scheduler.url,
+            auth_public_keys=[str(keys.public)], internal_token=INTERNAL_TOKEN))).start()
+        servers.append(proxy)
+        return Stack(proxy, scheduler, keys, sandboxes, rdb, rkeys)
+
+    yield start
+    for server in reversed(servers):
+        server.stop()
+    sandboxes.stop()
+
+
+@pytest.fixture
+def stack(stack_factory: Callable[[], Stack]) -> Stack:
+    return stack_factory()

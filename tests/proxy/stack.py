@@ -18,12 +18,17 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 import httpx
 import redis
 
 from sandpool.state.keys import Keys
+
+if TYPE_CHECKING:
+    from .conftest import Keys as SigningKeys
+    from .conftest import ThreadServer
 
 
 def wait_for(predicate, *, timeout: float = 20.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
@@ -113,3 +118,25 @@ class Sandboxes:
                     pass
                 agent.proc.wait(10)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
+
+
+@dataclass
+class Stack:
+    """A proxy and a multi-tenant scheduler in threads of the test process, real agents, one Redis."""
+
+    proxy: ThreadServer
+    scheduler: ThreadServer
+    keys: SigningKeys
+    sandboxes: Sandboxes
+    rdb: redis.Redis
+    rkeys: Keys
+
+    def client(self, workspace: str, *, admin: bool = False) -> httpx.Client:
+        token = self.keys.token(workspace, admin=admin)
+        return httpx.Client(base_url=self.proxy.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+    def ready(self, pool: str = "default") -> int:
+        return int(self.rdb.llen(self.rkeys.pool_ready(pool)))

@@ -16,9 +16,15 @@ from sandpool.state.keys import Keys as RedisKeys
 from .conftest import Echo, Keys, Proxy, keys_under
 
 
+def publish_ceilings(rdb: redis.Redis, prefix: str, **ceilings: int) -> None:
+    """What a scheduler publishes at start: the ceilings it enforces."""
+    rdb.set(RedisKeys(prefix).ceilings, json.dumps(ceilings))
+
+
 def test_policy_put_replaces_whole_and_get_shows_effective(make_proxy: Callable[..., Proxy], keys: Keys,
                                                           rdb: redis.Redis, redis_prefix: str) -> None:
-    proxy = make_proxy(ceiling_max_lifetime_seconds=3600, ceiling_requests_per_minute=600)
+    proxy = make_proxy(ceiling_requests_per_minute=600)
+    publish_ceilings(rdb, redis_prefix, max_lifetime_seconds=3600, max_exec_timeout_seconds=300)
     with proxy.client(keys.token("ops", admin=True)) as admin:
         first = admin.put("/v1/workspaces/acme/policy", json={"allowed_images": ["python"],
                                                               "max_lifetime_seconds": 600,
@@ -28,10 +34,11 @@ def test_policy_put_replaces_whole_and_get_shows_effective(make_proxy: Callable[
         got = admin.get("/v1/workspaces/acme/policy").json()
     assert second.json() == got
     assert got["policy"]["allowed_images"] is None and got["policy"]["max_lifetime_seconds"] is None  # replaced
+    # In force: what the enforcing settings say (the scheduler's 300 s exec ceiling, not "0").
     assert got["effective"]["limits"] == {"max_concurrent_sessions": 0, "max_idle_timeout_seconds": 0,
-                                          "max_lifetime_seconds": 3600, "max_exec_timeout_seconds": 0,
+                                          "max_lifetime_seconds": 3600, "max_exec_timeout_seconds": 300,
                                           "daily_session_seconds_budget": 0, "requests_per_minute": 100}
-    assert got["ceilings"]["max_lifetime_seconds"] == 3600
+    assert got["ceilings"]["max_lifetime_seconds"] == 3600 and got["ceilings"]["requests_per_minute"] == 600
     stored = json.loads(rdb.get(RedisKeys(redis_prefix).workspace_policy("acme")))
     assert stored["requests_per_minute"] == 100
 
@@ -39,7 +46,8 @@ def test_policy_put_replaces_whole_and_get_shows_effective(make_proxy: Callable[
 def test_policy_above_ceiling_or_malformed_is_422_and_keeps_the_old_one(make_proxy: Callable[..., Proxy],
                                                                         keys: Keys, rdb: redis.Redis,
                                                                         redis_prefix: str) -> None:
-    proxy = make_proxy(ceiling_max_concurrent_sessions=10, ceiling_daily_session_seconds_budget=3600)
+    proxy = make_proxy()
+    publish_ceilings(rdb, redis_prefix, max_concurrent_sessions=10, daily_session_seconds_budget=3600)
     key = RedisKeys(redis_prefix).workspace_policy("acme")
     with proxy.client(keys.token("ops", admin=True)) as admin:
         assert admin.put("/v1/workspaces/acme/policy", json={"max_concurrent_sessions": 5}).status_code == 200
@@ -111,7 +119,10 @@ def test_usage_totals_and_days_read_what_the_scheduler_wrote(proxy: Proxy, keys:
                                                              redis_prefix: str) -> None:
     k = RedisKeys(redis_prefix)
     rdb.hset(k.usage_total("acme"), mapping={usage.SESSIONS_CREATED: 7, usage.SESSION_SECONDS: "123.5",
-                                             usage.executions("code_execution"): 40})
+                                             usage.EXECUTIONS: 41, usage.EXECUTION_SECONDS: "2.5",
+                                             "executions:code_execution": 40, "execution_seconds:code_execution": "2",
+                                             "executions:bash_code_execution": 1,
+                                             "execution_seconds:bash_code_execution": "0.5"})
     rdb.hset(k.usage_day("acme", "2026-11-30"), mapping={usage.SESSIONS_CREATED: 3})
     rdb.hset(k.usage_day("acme", "2026-12-01"), mapping={usage.SESSIONS_CREATED: 4, usage.BYTES_UPLOADED: 10})
     rdb.hset(k.usage_total("globex"), mapping={usage.SESSIONS_CREATED: 99})
@@ -122,11 +133,14 @@ def test_usage_totals_and_days_read_what_the_scheduler_wrote(proxy: Proxy, keys:
         reversed_range = client.get("/v1/usage", params={"from": "2026-12-02", "to": "2026-12-01"})
         not_a_date = client.get("/v1/usage", params={"from": "yesterday"})
         only_from = client.get("/v1/usage", params={"from": dt.datetime.now(dt.timezone.utc).date().isoformat()})
-    assert plain == {"workspace": "acme", "total": {"sessions_created": 7, "session_seconds": 123.5,
-                                                    "executions:code_execution": 40}, "days": []}
-    assert ranged["days"] == [{"day": "2026-11-29", "counters": {}},
-                              {"day": "2026-11-30", "counters": {"sessions_created": 3}},
-                              {"day": "2026-12-01", "counters": {"sessions_created": 4, "bytes_uploaded": 10}}]
+    assert plain == {"workspace": "acme", "days": [], "total": {
+        "sessions_created": 7, "session_seconds": 123.5, "executions": 41, "execution_seconds": 2.5,
+        "by_tool": {"code_execution": {"executions": 40, "execution_seconds": 2},
+                    "bash_code_execution": {"executions": 1, "execution_seconds": 0.5}}}}
+    empty = {"executions": 0, "execution_seconds": 0, "by_tool": {}}
+    assert ranged["days"] == [{"day": "2026-11-29", "counters": empty},
+                              {"day": "2026-11-30", "counters": {"sessions_created": 3, **empty}},
+                              {"day": "2026-12-01", "counters": {"sessions_created": 4, "bytes_uploaded": 10, **empty}}]
     for response in (too_long, reversed_range, not_a_date):
         assert response.status_code == 422, response.text
     assert len(only_from.json()["days"]) == 1

@@ -17,67 +17,8 @@ import httpx
 import pytest
 import redis
 
-from sandpool.proxy.app import create_app as create_proxy
-from sandpool.proxy.settings import ProxySettings
-from sandpool.state.keys import Keys as RedisKeys
-
-from .conftest import INTERNAL_TOKEN, Keys, ThreadServer
-from .stack import Sandboxes, wait_for
-
-scheduler_app = pytest.importorskip("sandpool.scheduler.app")
-scheduler_settings = pytest.importorskip("sandpool.scheduler.settings")
-
-PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
-
-
-@dataclass
-class Stack:
-    proxy: ThreadServer
-    scheduler: ThreadServer
-    keys: Keys
-    sandboxes: Sandboxes
-    rdb: redis.Redis
-    rkeys: RedisKeys
-
-    def client(self, workspace: str, *, admin: bool = False) -> httpx.Client:
-        token = self.keys.token(workspace, admin=admin)
-        return httpx.Client(base_url=self.proxy.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
-
-    def ready(self, pool: str = "default") -> int:
-        return int(self.rdb.llen(self.rkeys.pool_ready(pool)))
-
-
-@pytest.fixture
-def stack_factory(redis_url: str, redis_prefix: str, keys: Keys, rdb: redis.Redis) -> Iterator[Callable[[], Stack]]:
-    rkeys = RedisKeys(redis_prefix)
-    sandboxes = Sandboxes(rdb, rkeys)
-    servers: list[ThreadServer] = []
-
-    def start() -> Stack:
-        """A fresh proxy and scheduler on the same Redis (call again to 'restart' both)."""
-        for server in reversed(servers):  # the proxy first: it holds connections to the scheduler
-            server.stop()
-        servers.clear()
-        sched = scheduler_app.create_app(scheduler_settings.SchedulerSettings(
-            standalone=False, internal_token=INTERNAL_TOKEN, controller=False, redis_url=redis_url,
-            redis_prefix=redis_prefix, reap_interval_seconds=0.2))
-        scheduler = ThreadServer(sched).start()
-        servers.append(scheduler)
-        proxy = ThreadServer(create_proxy(ProxySettings(
-            redis_url=redis_url, redis_prefix=redis_prefix, scheduler_url=scheduler.url,
-            auth_public_keys=[str(keys.public)], internal_token=INTERNAL_TOKEN))).start()
-        servers.append(proxy)
-        return Stack(proxy, scheduler, keys, sandboxes, rdb, rkeys)
-
-    yield start
-    for server in reversed(servers):
-        server.stop()
-    sandboxes.stop()
-
-
-@pytest.fixture
-def stack(stack_factory: Callable[[], Stack]) -> Stack:
-    return stack_factory()
+from .conftest import INTERNAL_TOKEN
+from .stack import PRINT_1, Stack, wait_for
 
 
 def upload(client: httpx.Client, session_id: str, path: str, data: bytes) -> tuple[httpx.Response, int]:
@@ -135,7 +76,7 @@ def test_concurrent_session_quota_is_exact_under_20_concurrent_creates(stack: St
     refused = [r for r in responses if r.status_code == 429]
     assert len(created) == 5 and len(refused) == 15, [r.status_code for r in responses]
     for response in refused:
-        assert response.json()["limit"] == "concurrent_sessions" and "retry-after" in response.headers
+        assert response.json()["limit"] == "max_concurrent_sessions" and "retry-after" in response.headers
     assert stack.ready() == 7  # nothing leased beyond the quota
     with stack.client("acme") as acme:
         assert len(acme.get("/v1/sessions").json()["sessions"]) == 5
@@ -161,7 +102,7 @@ def test_daily_budget_exhaustion_is_a_429_until_midnight(stack: Stack) -> None:
         assert acme.delete(f"/sessions/{first.json()['session_id']}").status_code == 204
         refused = acme.post("/sessions", json={})
         assert refused.status_code == 429, refused.text
-        assert refused.json()["limit"] == "daily_session_seconds"
+        assert refused.json()["limit"] == "daily_session_seconds_budget"
         assert 1 <= int(refused.headers["retry-after"]) <= 86400
         total = acme.get("/v1/usage").json()["total"]
         assert total["session_seconds"] >= 1 and total["quota_refusals"] == 1
@@ -200,8 +141,8 @@ def _workload(stack: Stack) -> dict[str, Any]:
                                                          "input": {"command": "echo hi"}}).status_code == 200
         assert acme.post(f"/sessions/{second}/exec", json=PRINT_1).status_code == 200
         response, sent = upload(acme, first, "data.bin", b"x" * 1000)
-        assert response.status_code == 201
-        moved["up"] += sent
+        assert response.status_code == 201 and sent > 1000  # the multipart framing is not the file
+        moved["up"] += 1000
         download = acme.get(f"/sessions/{first}/files", params={"path": "data.bin"})
         assert download.content == b"x" * 1000
         moved["down"] += len(download.content)
@@ -217,13 +158,22 @@ def test_usage_is_exact_after_a_workload_and_across_a_restart(stack_factory: Cal
     with stack.client("acme") as acme:
         before = acme.get("/v1/usage", params={"from": time.strftime("%Y-%m-%d", time.gmtime())}).json()
     total = before["total"]
-    assert total["sessions_created"] == 2
-    assert total["executions:code_execution"] == 3 and total["executions:bash_code_execution"] == 1
-    assert total["bytes_uploaded"] == moved["up"] and total["bytes_downloaded"] == moved["down"]
-    assert total["session_seconds"] > 0 and total["execution_seconds:code_execution"] > 0
+    # Counts exactly; times exactly as the scheduler's clock metered them (the event stream).
+    events = [e for _, e in stack.rdb.xrange(stack.rkeys.usage_events) if e.get("workspace") == "acme"]
+    executions = [e for e in events if e["type"] == "execution"]
+    seconds_of = {tool: round(sum(float(e["execution_seconds"]) for e in executions if e["tool"] == tool), 3)
+                  for tool in ("code_execution", "bash_code_execution")}
+    session_seconds = round(sum(float(e["session_seconds"]) for e in events if e["type"] == "session_released"), 3)
+    assert {k: v for k, v in total.items() if k not in ("by_tool", "execution_seconds", "session_seconds")} == {
+        "sessions_created": 2, "executions": 4, "bytes_uploaded": moved["up"], "bytes_downloaded": moved["down"]}
+    assert moved == {"up": 1000, "down": 1000}  # file bytes only
+    assert {tool: figures["executions"] for tool, figures in total["by_tool"].items()} == {
+        "code_execution": 3, "bash_code_execution": 1}
+    assert {tool: round(figures["execution_seconds"], 3) for tool, figures in total["by_tool"].items()} == seconds_of
+    assert round(total["execution_seconds"], 3) == round(sum(seconds_of.values()), 3) > 0
+    assert round(total["session_seconds"], 3) == session_seconds > 0
     assert before["days"][0]["counters"] == total  # everything happened today (UTC)
-    events = stack.rdb.xrange(stack.rkeys.usage_events)
-    assert sum(1 for _, e in events if e.get("type") == "session_created" and e.get("workspace") == "acme") == 2
+    assert sum(1 for e in events if e["type"] == "session_created") == 2
 
     restarted = stack_factory()  # a new proxy and a new scheduler on the same Redis
     with restarted.client("acme") as acme:
@@ -231,9 +181,10 @@ def test_usage_is_exact_after_a_workload_and_across_a_restart(stack_factory: Cal
     moved_again = _workload(restarted)
     with restarted.client("acme") as acme:
         after = acme.get("/v1/usage").json()["total"]
-    assert after["sessions_created"] == 4
-    assert after["executions:code_execution"] == 6 and after["executions:bash_code_execution"] == 2
+    assert after["sessions_created"] == 4 and after["executions"] == 8
+    assert after["by_tool"]["code_execution"]["executions"] == 6
+    assert after["by_tool"]["bash_code_execution"]["executions"] == 2
     assert after["bytes_uploaded"] == moved["up"] + moved_again["up"]
     assert after["bytes_downloaded"] == moved["down"] + moved_again["down"]
     with restarted.client("globex") as globex:
-        assert globex.get("/v1/usage").json()["total"] == {}
+        assert globex.get("/v1/usage").json()["total"] == {"executions": 0, "execution_seconds": 0, "by_tool": {}}

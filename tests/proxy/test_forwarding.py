@@ -13,6 +13,7 @@ import httpx
 import pytest
 import redis
 
+from sandpool.contract import limits as catalogue
 from sandpool.contract import tenancy
 
 from .conftest import INTERNAL_TOKEN, Echo, Keys, Proxy, free_port
@@ -37,20 +38,22 @@ def test_inbound_tenancy_headers_are_stripped_and_injected_from_the_token(proxy:
     [seen] = echo.seen
     sandpool_headers = {k: v for k, v in seen.headers if k.startswith("x-sandpool-")}
     assert sandpool_headers == {"x-sandpool-workspace": "acme", "x-sandpool-max-concurrent-sessions": "3",
-                                "x-sandpool-daily-session-seconds-budget": "600"}
+                                "x-sandpool-daily-session-seconds-budget": "600",
+                                "x-sandpool-max-idle-timeout-seconds": "0", "x-sandpool-max-lifetime-seconds": "0",
+                                "x-sandpool-max-exec-timeout-seconds": "0"}
     assert seen.header("authorization") == [f"Bearer {INTERNAL_TOKEN}"]
     assert seen.header("x-request-id") == ["req-42"]
     assert seen.header("proxy-authorization") == [] and seen.header("keep-alive") == []
 
 
-def test_no_policy_means_only_the_workspace_and_the_ceilings(make_proxy: Callable[..., Proxy], keys: Keys,
-                                                             echo: Echo) -> None:
-    proxy = make_proxy(ceiling_max_lifetime_seconds=900)
+def test_no_policy_sends_every_forwarded_limit_as_none_of_its_own(proxy: Proxy, keys: Keys, echo: Echo) -> None:
+    """The scheduler's own ceilings then apply; a limit is never left out (the scheduler refuses that)."""
     with proxy.client(keys.token("beta")) as client:
         assert client.delete("/sessions/s9", headers=FORGED).status_code == 200
     [seen] = echo.seen
-    assert {k: v for k, v in seen.headers if k.startswith("x-sandpool-")} == {
-        "x-sandpool-workspace": "beta", tenancy.MAX_LIFETIME.lower(): "900"}
+    expected = {"x-sandpool-workspace": "beta"} | {
+        limit.header.lower(): "0" for limit in catalogue.forwarded() if limit.header is not None}
+    assert {k: v for k, v in seen.headers if k.startswith("x-sandpool-")} == expected
     assert seen.method == "DELETE" and seen.path == "/sessions/s9"
 
 

@@ -23,6 +23,7 @@ import httpx
 import redis
 import uvicorn
 
+from sandpool.contract import limits as catalogue
 from sandpool.contract import tenancy
 from sandpool.state.keys import Keys
 
@@ -202,10 +203,16 @@ class SchedulerProcess:
         Path(self.log.name).unlink(missing_ok=True)
 
 
+SHORT = {"max_concurrent": "max_concurrent_sessions", "max_idle": "max_idle_timeout_seconds",
+         "max_lifetime": "max_lifetime_seconds", "max_exec": "max_exec_timeout_seconds",
+         "budget": "daily_session_seconds_budget"}
+
+
 def tenant_headers(workspace: str, **policy: int) -> dict[str, str]:
-    names = {"max_concurrent": tenancy.MAX_CONCURRENT_SESSIONS, "max_idle": tenancy.MAX_IDLE_TIMEOUT,
-             "max_lifetime": tenancy.MAX_LIFETIME, "max_exec": tenancy.MAX_EXEC_TIMEOUT,
-             "budget": tenancy.DAILY_SESSION_SECONDS_BUDGET}
+    """What the proxy injects: the workspace and every forwarded limit (0: none of its own)."""
+    values = {SHORT.get(k, k): v for k, v in policy.items()}
     out = {"Authorization": f"Bearer {INTERNAL_TOKEN}", tenancy.WORKSPACE: workspace}
-    out.update({names[k]: str(v) for k, v in policy.items()})
+    for limit in catalogue.forwarded():
+        assert limit.header is not None
+        out[limit.header] = str(values.get(limit.name, 0))
     return out

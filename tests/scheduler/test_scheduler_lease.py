@@ -15,7 +15,7 @@ import redis
 from sched_harness import INTERNAL_TOKEN, publish, tenant_headers, wait_for
 
 from sandpool.contract import tenancy
-from sandpool.scheduler.limits import utc_day
+from sandpool.state.keys import utc_day
 from sandpool.state.keys import Keys
 
 
@@ -190,7 +190,7 @@ def test_concurrent_session_quota_is_exact_under_20_concurrent_creates(tenant_sc
     assert statuses == [201] * 5 + [429] * 15
     for a in answers:
         if a.status_code == 429:
-            assert a.json()["limit"] == "concurrent_sessions" and int(a.headers["retry-after"]) >= 1
+            assert a.json()["limit"] == "max_concurrent_sessions" and int(a.headers["retry-after"]) >= 1
     assert r.scard(keys.workspace_sessions("acme")) == 5
     assert r.hget(keys.usage_total("acme"), "quota_refusals") == "15"
     assert r.llen(keys.pool_ready("default")) == 20
@@ -212,7 +212,7 @@ def test_daily_budget_refuses_once_spent(tenant_scheduler, r, keys) -> None:
     wait_for(lambda: time.time() > created + 1.05, what="a second of session time")
     # The live session has used the budget already.
     refused = create(app.url, headers=headers)
-    assert refused.status_code == 429 and refused.json()["limit"] == "daily_session_seconds"
+    assert refused.status_code == 429 and refused.json()["limit"] == "daily_session_seconds_budget"
     assert int(refused.headers["retry-after"]) >= 1
     assert httpx.delete(f"{app.url}/sessions/{sid}", headers=headers).status_code == 204
     assert create(app.url, headers=headers).status_code == 429  # released: metered into today

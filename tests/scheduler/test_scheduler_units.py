@@ -7,12 +7,14 @@ import argparse
 import pytest
 from starlette.datastructures import Headers
 
+from sandpool.contract import limits as catalogue
 from sandpool.contract import tenancy
 from sandpool.core.errors import Forbidden, Unauthorized
 from sandpool.core.settings import ConfigurationError, add_settings_arguments, settings_from_args
 from sandpool.pool.provider import PoolSpec
 from sandpool.scheduler import limits
-from sandpool.scheduler.app import operation_of
+from sandpool.state.keys import utc_day
+from sandpool.contract.operations import operation_of
 from sandpool.scheduler.caller import STANDALONE, CallerResolver
 from sandpool.scheduler.forward import request_headers
 from sandpool.scheduler.pools import PoolDirectory
@@ -87,7 +89,7 @@ def test_budget_retry_after_points_at_utc_midnight() -> None:
     midnight = 86400 * 20000
     assert limits.seconds_until_utc_midnight(midnight - 10) == 11
     assert 1 <= limits.seconds_until_utc_midnight(midnight) <= 86401
-    assert limits.utc_day(midnight - 1) != limits.utc_day(midnight)
+    assert utc_day(midnight - 1) != utc_day(midnight)
     assert limits.utc_day(0) == "1970-01-01"
 
 
@@ -99,18 +101,37 @@ def headers(**values: str) -> Headers:
 
 def test_standalone_has_one_workspace_and_ignores_injected_headers() -> None:
     resolve = CallerResolver(None)
-    got = resolve(Headers({tenancy.WORKSPACE: "evil", tenancy.MAX_CONCURRENT_SESSIONS: "1"}))
+    got = resolve(Headers({tenancy.WORKSPACE: "evil", "X-Sandpool-Max-Concurrent-Sessions": "1"}))
     assert got == STANDALONE
     assert got.workspace == tenancy.STANDALONE_WORKSPACE
 
 
+def injected(workspace: str = "acme", **values: str) -> dict[str, str]:
+    """The headers the proxy sends: the credential, the workspace, and every forwarded limit."""
+    out = {"authorization": f"Bearer {TOKEN}", tenancy.WORKSPACE: workspace}
+    for limit in catalogue.forwarded():
+        assert limit.header is not None
+        out[limit.header] = values.get(limit.name, "0")
+    return out
+
+
 def test_multi_tenant_reads_workspace_and_policy() -> None:
     resolve = CallerResolver(TOKEN)
-    got = resolve(Headers({"authorization": f"Bearer {TOKEN}", tenancy.WORKSPACE: "acme",
-                           tenancy.MAX_CONCURRENT_SESSIONS: "3", tenancy.DAILY_SESSION_SECONDS_BUDGET: "0",
-                           tenancy.MAX_EXEC_TIMEOUT: " 20 "}))
+    got = resolve(Headers(injected(max_concurrent_sessions="3", max_exec_timeout_seconds=" 20 ")))
     assert got.workspace == "acme"
-    assert got.policy == limits.WorkspacePolicy(max_concurrent_sessions=3, max_exec_timeout_seconds=20)
+    assert got.policy == limits.WorkspacePolicy(max_concurrent_sessions=3, max_exec_timeout_seconds=20,
+                                                max_idle_timeout_seconds=0, max_lifetime_seconds=0,
+                                                daily_session_seconds_budget=0)
+
+
+@pytest.mark.parametrize("limit", [limit.name for limit in catalogue.forwarded()])
+def test_a_limit_header_the_scheduler_expects_but_does_not_get_is_refused_never_unlimited(limit: str) -> None:
+    resolve = CallerResolver(TOKEN)
+    raw = injected()
+    del raw[catalogue.by_name()[limit].header]
+    with pytest.raises(Forbidden) as refused:
+        resolve(Headers(raw))
+    assert refused.value.reason == "tenancy_missing" and limit.replace("_", "-") in str(refused.value).lower()
 
 
 @pytest.mark.parametrize("auth", [None, "", "Bearer", f"Bearer {TOKEN}x", f"bearer {TOKEN}", TOKEN,
@@ -138,8 +159,7 @@ def test_multi_tenant_fails_closed_without_a_valid_workspace(workspace: str | No
 def test_multi_tenant_refuses_malformed_policy_values(value: str) -> None:
     resolve = CallerResolver(TOKEN)
     with pytest.raises(Forbidden):
-        resolve(Headers({"authorization": f"Bearer {TOKEN}", tenancy.WORKSPACE: "acme",
-                         tenancy.MAX_CONCURRENT_SESSIONS: value}))
+        resolve(Headers(injected(max_concurrent_sessions=value)))
 
 
 # --- forwarding headers ------------------------------------------------------------------------

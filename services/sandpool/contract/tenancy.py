@@ -1,8 +1,9 @@
 """The internal interface between the proxy and a multi-tenant scheduler.
 
 The proxy strips every inbound header starting with `X-Sandpool-` and injects
-these from a verified token and the workspace's policy; the scheduler trusts
-them only when the request also carries the internal credential.
+the workspace (from a verified token) and one header per limit the scheduler
+enforces (named in `contract/limits.py`); the scheduler trusts them only when
+the request also carries the internal credential.
 """
 
 from __future__ import annotations
@@ -12,11 +13,6 @@ import re
 HEADER_PREFIX = "x-sandpool-"
 
 WORKSPACE = "X-Sandpool-Workspace"
-MAX_CONCURRENT_SESSIONS = "X-Sandpool-Max-Concurrent-Sessions"
-MAX_IDLE_TIMEOUT = "X-Sandpool-Max-Idle-Timeout-Seconds"
-MAX_LIFETIME = "X-Sandpool-Max-Lifetime-Seconds"
-MAX_EXEC_TIMEOUT = "X-Sandpool-Max-Exec-Timeout-Seconds"
-DAILY_SESSION_SECONDS_BUDGET = "X-Sandpool-Daily-Session-Seconds-Budget"
 REQUEST_ID = "X-Request-Id"
 
 WORKSPACE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")

@@ -28,13 +28,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from sandpool.pool.metrics import ControllerMetrics
-from sandpool.pool.leader import LeaderLease
 from sandpool.pool.provider import PoolSpec, Provider, ProviderError, SandboxInfo, new_sandbox_id
-from sandpool.pool.scripts import Scripts
+from sandpool.state import channels
+from sandpool.state.client import Client
+from sandpool.state.errors import StateError
 from sandpool.state.keys import Keys
+from sandpool.state.leader import Leadership
+from sandpool.state.sandboxes import SandboxRecord, SandboxStore
+from sandpool.state.sessions import SessionStore
 
 log = logging.getLogger("sandpool.pool.controller")
 
@@ -43,9 +45,9 @@ log = logging.getLogger("sandpool.pool.controller")
 class ControllerTiming:
     """How often and how patiently the controller acts. Defaults suit production and tests."""
 
-    lease_ms: int = 5000  # a dead leader is replaced within about this long
-    tick_seconds: float = 0.1  # top-up/drain cadence without a nudge (leases publish none): 3 cheap
-    # Redis calls per pool and tick, so a drained pool starts refilling within 100 ms
+    lease_ms: int = 5000  # leadership: a dead leader is replaced within about this long
+    tick_seconds: float = 0.1  # top-up/drain cadence when no lease or release nudges it sooner: a
+    # few cheap Redis calls per pool and tick
     reconcile_seconds: float = 30.0
     start_timeout_seconds: float = 60.0  # a create slower than this is abandoned and destroyed
     destroy_timeout_seconds: float = 30.0
@@ -79,16 +81,8 @@ async def _cancel_all(tasks: list[asyncio.Task[Any]], *, patience: float = 30.0)
         log.error("pool controller tasks did not stop", extra={"tasks": [t.get_name() for t in pending]})
 
 
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bytes):
-        return value.decode()
-    return str(value)
-
-
 class PoolController:
-    def __init__(self, redis: Any, keys: Keys, provider: Provider, pools: Iterable[PoolSpec], *,
+    def __init__(self, redis: Client, keys: Keys, provider: Provider, pools: Iterable[PoolSpec], *,
                  replica_id: str, timing: ControllerTiming | None = None,
                  metrics: ControllerMetrics | None = None, **timing_overrides: Any) -> None:
         self.redis = redis
@@ -98,9 +92,9 @@ class PoolController:
         self.replica_id = replica_id
         self.timing = dataclasses.replace(timing or ControllerTiming(), **timing_overrides)
         self.metrics = metrics or ControllerMetrics.create()
-        self.scripts = Scripts(redis)
-        self.lease = LeaderLease(redis, keys.controller_leader, replica_id, self.scripts,
-                                 lease_ms=self.timing.lease_ms)
+        self.sandboxes = SandboxStore(redis, keys, record_ttl_seconds=self.timing.record_ttl_seconds)
+        self.sessions = SessionStore(redis, keys)
+        self.leadership = Leadership(redis, keys.controller_leader, replica_id, lease_ms=self.timing.lease_ms)
         self._running = False
         self._leader = False
         self._leading_since = math.inf  # monotonic time this replica's leadership began
@@ -124,7 +118,7 @@ class PoolController:
 
     @property
     def is_leader(self) -> bool:
-        return self._leader and self.lease.still_valid()
+        return self._leader and self.leadership.still_valid()
 
     def nudge(self) -> None:
         """Re-evaluate now (a sandbox was released, a create finished)."""
@@ -138,8 +132,8 @@ class PoolController:
         try:
             while True:
                 try:
-                    acquired = await self.lease.try_acquire()
-                except RedisError as exc:
+                    acquired = await self.leadership.try_acquire()
+                except StateError as exc:
                     log.warning("controller cannot reach redis", extra={"error": str(exc)})
                     acquired = False
                 if acquired:
@@ -159,9 +153,9 @@ class PoolController:
             self._leader = False  # also ends the listener's loop, should it swallow its cancellation
             await _cancel_all([work, listener])
             await self._abandon()
-            with contextlib.suppress(RedisError, OSError, TimeoutError):
+            with contextlib.suppress(StateError, TimeoutError):
                 async with asyncio.timeout(2.0):
-                    await self.lease.release()
+                    await self.leadership.release()
             log.info("pool controller stepped down", extra={"replica": self.replica_id})
 
     async def _hold_lease(self, work: asyncio.Task[None]) -> None:
@@ -176,13 +170,13 @@ class PoolController:
                 return
             try:
                 async with asyncio.timeout(interval):
-                    renewed = await self.lease.renew()
+                    renewed = await self.leadership.renew()
                 if not renewed:
-                    log.warning("pool controller lost its lease", extra={"replica": self.replica_id})
+                    log.warning("pool controller lost its leadership", extra={"replica": self.replica_id})
                     return
-            except (RedisError, OSError, TimeoutError) as exc:
-                if not self.lease.still_valid():
-                    log.warning("pool controller could not renew its lease in time",
+            except (StateError, TimeoutError) as exc:
+                if not self.leadership.still_valid():
+                    log.warning("pool controller could not renew its leadership in time",
                                 extra={"error": str(exc)})
                     return
 
@@ -220,7 +214,7 @@ class PoolController:
         """One step of the loop; a failure is logged and the loop carries on next tick."""
         try:
             await coro
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (StateError, OSError, TimeoutError) as exc:
             log.warning("pool controller step failed", extra={"step": what, "error": str(exc)})
         except ProviderError as exc:
             log.warning("pool controller step failed", extra={"step": what, "error": str(exc)})
@@ -228,28 +222,9 @@ class PoolController:
             log.exception("pool controller step crashed", extra={"step": what})
 
     async def _listen_for_nudges(self) -> None:
-        """Wake the loop on every release the scheduler publishes; reconnect with backoff.
-
-        Ends when leadership does, even if a client library swallowed its cancellation.
-        """
-        delay = 0.2
-        while self._leader:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(self.keys.pool_events)
-                delay = 0.2
-                while self._leader:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is not None:
-                        self._wake.set()
-            except (RedisError, OSError) as exc:
-                if self._leader:
-                    log.warning("pool controller nudge channel failed", extra={"error": str(exc)})
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+        """Wake the loop on every lease and release the scheduler publishes, while leading."""
+        await channels.listen(self.redis, self.keys.pool_events, lambda _: self._wake.set(),
+                              while_=lambda: self._leader)
 
     # --- keeping pools warm --------------------------------------------------------------
     async def top_up(self) -> None:
@@ -259,21 +234,17 @@ class PoolController:
             # Counted before reading Redis: a start that publishes meanwhile is then counted
             # twice (one tick of under-filling), never missed (one sandbox over the target).
             starting = sum(1 for p in self._starting.values() if p == pool.name)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.llen(self.keys.pool_ready(pool.name))
-                pipe.scard(self.keys.pool_members(pool.name))
-                ready, members = await pipe.execute()
-            if starting == 0 and int(ready) > pool.warm:
-                await self._retire_surplus(pool, int(ready) - pool.warm)
+            fill = await self.sandboxes.fill(pool.name)
+            if starting == 0 and fill.ready > pool.warm:
+                await self._retire_surplus(pool, fill.ready - pool.warm)
                 continue
             slots = self.timing.max_concurrent_starts - len(self._starting)
-            wanted = min(pool.warm - int(ready) - starting, pool.ceiling - int(members), slots)
+            wanted = min(pool.warm - fill.ready - starting, pool.ceiling - fill.members, slots)
             for _ in range(max(0, wanted)):
                 sandbox_id = new_sandbox_id()
-                registered = await self.scripts.register_starting(
-                    keys=[self.keys.sandbox(sandbox_id), self.keys.pool_members(pool.name)],
-                    args=[sandbox_id, pool.ceiling, pool.name, pool.image, f"{time.time():.3f}",
-                          self.replica_id, self.timing.record_ttl_seconds * 1000])
+                registered = await self.sandboxes.register_starting(
+                    sandbox_id, pool=pool.name, image=pool.image, ceiling=pool.ceiling, now=time.time(),
+                    owner=self.replica_id)
                 if not registered:
                     break
                 self._starting[sandbox_id] = pool.name
@@ -284,8 +255,7 @@ class PoolController:
     async def _retire_surplus(self, pool: PoolSpec, surplus: int) -> None:
         """Doom warm sandboxes above the target: it was lowered, or a replaced leader's starts
         landed on top of the new leader's. Never while this controller is starting any."""
-        retired = int(await self.scripts.retire_surplus(
-            keys=[self.keys.pool_ready(pool.name), self.keys.doomed], args=[self.keys.sandbox_prefix, surplus]))
+        retired = await self.sandboxes.retire_surplus(pool.name, surplus)
         if retired:
             self.metrics.reconciled.labels(kind="surplus_ready").inc(retired)
             log.info("retired warm sandboxes above the target", extra={"pool": pool.name, "count": retired})
@@ -311,11 +281,8 @@ class PoolController:
                                                             "retry_in_seconds": delay})
                 await self._destroy_and_forget(sandbox_id, pool.name)
                 return
-            published = await self.scripts.publish_ready(
-                keys=[self.keys.sandbox(sandbox_id), self.keys.pool_ready(pool.name),
-                      self.keys.pool_members(pool.name)],
-                args=[sandbox_id, info.address, info.secret, f"{time.time():.3f}",
-                      self.timing.record_ttl_seconds * 1000])
+            published = await self.sandboxes.publish_ready(sandbox_id, pool=pool.name, address=info.address,
+                                                           secret=info.secret, now=time.time())
             if not published:
                 log.info("sandbox was forgotten while starting; destroying it",
                          extra={"pool": pool.name, "sandbox": sandbox_id})
@@ -323,7 +290,7 @@ class PoolController:
                 return
             self._create_failures.pop(pool.name, None)
             self.metrics.sandbox_start.labels(pool=pool.name).observe(time.monotonic() - began)
-        except (RedisError, OSError) as exc:
+        except (StateError, OSError) as exc:
             log.warning("sandbox publish failed", extra={"sandbox": sandbox_id, "error": str(exc)})
             await self._destroy_and_forget(sandbox_id, pool.name)
         except asyncio.CancelledError:
@@ -341,11 +308,10 @@ class PoolController:
         """Start destroying every doomed sandbox (bounded concurrency, one task each)."""
         while len(self._destroying) < self.timing.max_concurrent_destroys:
             batch = self.timing.max_concurrent_destroys - len(self._destroying)
-            popped = await self.redis.spop(self.keys.doomed, batch)
+            popped = await self.sandboxes.pop_doomed(batch)
             if not popped:
                 return
-            for raw in popped:
-                sandbox_id = _text(raw)
+            for sandbox_id in popped:
                 if sandbox_id in self._destroying:
                     continue
                 self._destroying.add(sandbox_id)
@@ -355,21 +321,21 @@ class PoolController:
 
     async def _destroy_doomed(self, sandbox_id: str) -> None:
         try:
-            pool = _text(await self.redis.hget(self.keys.sandbox(sandbox_id), "pool"))
+            pool = await self.sandboxes.pool_of(sandbox_id)
             if not await self._destroy_and_forget(sandbox_id, pool):
                 attempts = self._destroy_failures.get(sandbox_id, 0) + 1
                 self._destroy_failures[sandbox_id] = attempts
                 if attempts < self.timing.destroy_attempts:
                     await asyncio.sleep(min(self.timing.retry_base_seconds * 2 ** attempts,
                                             self.timing.retry_max_seconds))
-                    await self.redis.sadd(self.keys.doomed, sandbox_id)
+                    await self.sandboxes.doom_again(sandbox_id)
                 else:
                     log.error("giving up destroying sandbox; reconciliation will retry",
                               extra={"sandbox": sandbox_id})
                     self._destroy_failures.pop(sandbox_id, None)
             else:
                 self._destroy_failures.pop(sandbox_id, None)
-        except (RedisError, OSError) as exc:
+        except (StateError, OSError) as exc:
             log.warning("doomed sandbox handling failed", extra={"sandbox": sandbox_id, "error": str(exc)})
             await self._requeue_doomed(sandbox_id)
         finally:
@@ -382,9 +348,9 @@ class PoolController:
         for attempt in range(self.timing.destroy_attempts):
             await asyncio.sleep(min(self.timing.retry_base_seconds * 2 ** attempt, self.timing.retry_max_seconds))
             try:
-                await self.redis.sadd(self.keys.doomed, sandbox_id)
+                await self.sandboxes.doom_again(sandbox_id)
                 return
-            except (RedisError, OSError):
+            except StateError:
                 continue
 
     async def _destroy_and_forget(self, sandbox_id: str, pool: str) -> bool:
@@ -405,10 +371,7 @@ class PoolController:
             return False
 
     async def _forget(self, sandbox_id: str, pool: str) -> None:
-        await self.scripts.forget(
-            keys=[self.keys.sandbox(sandbox_id), self.keys.pool_members(pool),
-                  self.keys.pool_ready(pool), self.keys.doomed],
-            args=[sandbox_id])
+        await self.sandboxes.forget(sandbox_id, pool)
 
     # --- reconciliation ------------------------------------------------------------------
     async def reconcile(self) -> None:
@@ -426,10 +389,7 @@ class PoolController:
         # Members are read after the provider's list: a sandbox the provider runs was
         # registered before it was created, so it is in its pool's members by now.
         pool_names = set(self.pools) | {info.pool for info in running.values() if info.pool}
-        members: dict[str, str] = {}
-        for pool in sorted(pool_names):
-            for raw in await self.redis.smembers(self.keys.pool_members(pool)):
-                members[_text(raw)] = pool
+        members = await self.sandboxes.members(pool_names)
 
         for sandbox_id, info in running.items():
             if sandbox_id not in members and sandbox_id not in self._starting:
@@ -440,30 +400,27 @@ class PoolController:
         now = time.time()
         checked = [(sid, pool) for sid, pool in members.items()
                    if sid not in in_flight and sid not in self._starting and sid not in self._destroying]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for sandbox_id, _ in checked:
-                pipe.hgetall(self.keys.sandbox(sandbox_id))
-            records = await pipe.execute() if checked else []
-        for (sandbox_id, pool), record in zip(checked, records):
+        records = await self.sandboxes.records([sid for sid, _ in checked])
+        for sandbox_id, pool in checked:
             if sandbox_id in self._starting or sandbox_id in self._destroying:
                 continue
-            fields = {_text(k): _text(v) for k, v in record.items()}
-            state = fields.get("state", "")
+            record = records[sandbox_id]
+            state = record.state
             if sandbox_id in running:
                 if state == "starting":
-                    if self._start_abandoned(fields, now):
+                    if self._start_abandoned(record, now):
                         log.warning("destroying sandbox stuck starting", extra={"sandbox": sandbox_id})
                         self.metrics.reconciled.labels(kind="stuck_starting").inc()
                         await self._destroy_and_forget(sandbox_id, pool)
                 elif state == "doomed":
-                    await self.redis.sadd(self.keys.doomed, sandbox_id)
+                    await self.sandboxes.doom_again(sandbox_id)
                 elif state in ("ready", "leased") and not running[sandbox_id].ready:
                     # Its agent is gone for good: the session on it is lost, replace it.
                     log.warning("sandbox agent is gone; releasing and destroying",
                                 extra={"sandbox": sandbox_id, "state": state})
                     self.metrics.reconciled.labels(kind="stale_record").inc()
                     if await self._destroy_quietly(sandbox_id):
-                        await self._forget_and_release(sandbox_id, pool, fields.get("session", ""))
+                        await self._forget_and_release(sandbox_id, pool, record.session)
                 elif not state:
                     # Its record expired or vanished: nobody can lease it any more.
                     self.metrics.reconciled.labels(kind="orphan_sandbox").inc()
@@ -471,24 +428,24 @@ class PoolController:
                 continue
             # Redis knows it, the provider does not run it.
             if state == "starting":
-                if not self._start_abandoned(fields, now):
+                if not self._start_abandoned(record, now):
                     continue  # another (old) leader may still be creating it
                 self.metrics.reconciled.labels(kind="stuck_starting").inc()
             elif state != "doomed":
                 self.metrics.reconciled.labels(kind="stale_record").inc()
             log.info("forgetting sandbox the provider does not run",
                      extra={"sandbox": sandbox_id, "pool": pool, "state": state or "missing"})
-            await self._forget_and_release(sandbox_id, pool, fields.get("session", ""))
+            await self._forget_and_release(sandbox_id, pool, record.session)
 
-    def _start_abandoned(self, fields: dict[str, str], now: float) -> bool:
+    def _start_abandoned(self, record: SandboxRecord, now: float) -> bool:
         """Whether a `starting` record will never be published: past the start timeout, or made
         by another replica while it led. A leader stops its creates when it loses the lease
         (within one lease period), so once this one has led that long they are dead; until
         then an early reconciliation is booked for them."""
-        age = now - float(fields.get("created_at") or 0)
+        age = now - record.created_at
         if age > self.timing.start_timeout_seconds:
             return True
-        if fields.get("owner") in ("", self.replica_id):
+        if record.owner in ("", self.replica_id):
             return False
         lease = self.timing.lease_ms / 1000
         led_for = time.monotonic() - self._leading_since
@@ -504,11 +461,9 @@ class PoolController:
         once, session and deadline dropped, sandbox doomed), so a session lost this way
         is accounted exactly like one whose agent died under a call.
         """
-        if session_id and _text(await self.redis.hget(self.keys.session(session_id), "sandbox")) == sandbox_id:
-            from sandpool.scheduler.store import SessionStore  # the scheduler hosts the controller
-
-            released = await SessionStore(self.redis, self.keys).release(
-                session_id=session_id, workspace=None, now=time.time(), mode="dead")
+        if session_id and await self.sandboxes.session_on(session_id) == sandbox_id:
+            released = await self.sessions.release(session_id=session_id, workspace=None, now=time.time(),
+                                                   mode="dead")
             if released is not None:
                 log.info("released the session of a lost sandbox",
                          extra={"sandbox": sandbox_id, "session": session_id})

@@ -1,47 +1,54 @@
-"""The admin API: usage, workspace policy, live sessions, token revocation.
+"""The admin API: usage, workspace policy, live sessions, ending a session, token revocation.
 
 A workspace token reads its own usage and sessions; everything else, and any
-other workspace, needs an admin token (`scope` containing `admin`). Every
-route checks revocation in Redis, so a revoked admin token stops at once.
+other workspace, needs an admin token (`scope` containing `admin`). Every route
+checks revocation in Redis, so a revoked admin token stops at once. The router is
+built with the app, so the policy model it takes is the limits catalogue's.
 """
 
-from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from collections.abc import Awaitable, Callable
-
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, Path, Query, Request
 from pydantic import BaseModel, Field, model_validator
 
+from sandpool.contract import limits as catalogue
 from sandpool.contract.models import ErrorBody
 from sandpool.contract.tenancy import WORKSPACE_PATTERN, is_valid_workspace
-from sandpool.core.errors import Forbidden, Invalid, Unavailable
+from sandpool.core.errors import Forbidden, Invalid, NotFound, Unavailable
 from sandpool.proxy.auth import MAX_JTI_CHARS, Principal
 from sandpool.proxy.edge import OPERATION_KEY
 from sandpool.proxy.gate import Gate
-from sandpool.proxy.policy import Policy, above_ceilings, dump_policy, effective, load_policy
-from sandpool.proxy.store import StoreError
+from sandpool.proxy.policy import above_ceilings, dump_policy, limit_values, load_policy, policy_model
+from sandpool.state import StateError
 from sandpool.state.keys import USAGE_DAY_RETENTION_DAYS
+
+log = logging.getLogger(__name__)
 
 MAX_USAGE_DAYS = USAGE_DAY_RETENTION_DAYS
 MAX_SESSIONS_LISTED = 10_000
 MAX_REVOCATION_SECONDS = 10 * 365 * 86400
+SESSION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 
 WorkspaceName = Annotated[str, Path(pattern=WORKSPACE_PATTERN.pattern, description="Workspace name")]
 
 
 class UsageDay(BaseModel):
     day: str = Field(description="UTC day, YYYY-MM-DD")
-    counters: dict[str, int | float] = Field(description="Counters of that day (absent: zero)")
+    counters: dict[str, Any] = Field(description="Counters of that day, shaped as `total` (absent: zero)")
 
 
 class Usage(BaseModel):
     workspace: str
-    total: dict[str, int | float] = Field(description="Counters since the beginning (names in state/usage.py)")
+    total: dict[str, Any] = Field(description=(
+        "Counters since the beginning: sessions_created, session_seconds, executions, execution_seconds "
+        "(totals), by_tool (executions and execution_seconds per tool kind), bytes_uploaded and "
+        "bytes_downloaded (file bytes), capacity_refusals, quota_refusals"))
     days: list[UsageDay] = Field(default_factory=list, description="Per-day counters of the from..to range")
 
 
@@ -50,15 +57,9 @@ class EffectivePolicy(BaseModel):
     limits: dict[str, int] = Field(description="Values in force: the policy bounded by the ceilings (0: none)")
 
 
-class PolicyView(BaseModel):
-    workspace: str
-    policy: Policy = Field(description="What is stored (null fields inherit the ceiling)")
-    effective: EffectivePolicy
-    ceilings: dict[str, int] = Field(description="The operator's ceilings (0: no ceiling at the proxy)")
-
-
 class SessionInfo(BaseModel):
     session_id: str
+    workspace: str | None = None
     pool: str | None = None
     image: str | None = None
     created_at: float | None = None
@@ -66,12 +67,22 @@ class SessionInfo(BaseModel):
     idle_timeout_seconds: int | float | None = None
     max_lifetime_seconds: int | float | None = None
     exec_timeout_seconds: int | float | None = None
+    max_exec_timeout_seconds: int | float | None = None
+    limits: dict[str, int] | None = Field(default=None, description="The workspace's lease limits it was leased under")
     deadline: float | None = Field(default=None, description="When the reaper ends it (epoch seconds)")
 
 
 class SessionList(BaseModel):
     workspace: str
     sessions: list[SessionInfo]
+
+
+class EndedSession(BaseModel):
+    session_id: str
+    workspace: str
+    pool: str
+    reason: str = Field(description="`admin`: ended through this API")
+    session_seconds: float
 
 
 class RevocationRequest(BaseModel):
@@ -81,7 +92,7 @@ class RevocationRequest(BaseModel):
                             description="Or: keep the revocation this many seconds")
 
     @model_validator(mode="after")
-    def _one_lifetime(self) -> RevocationRequest:
+    def _one_lifetime(self) -> "RevocationRequest":
         if (self.exp is None) == (self.ttl is None):
             raise ValueError("give exactly one of exp or ttl")
         return self
@@ -145,16 +156,10 @@ def _days(start: str | None, end: str | None) -> list[str]:
     return [(first + dt.timedelta(days=i)).isoformat() for i in range(count)]
 
 
-def _store_call_failed(request: Request, exc: StoreError) -> Unavailable:
-    return _gate(request).store_failed(exc)
-
-
-def _view(workspace: str, policy: Policy, ceilings: dict[str, int]) -> PolicyView:
-    eff = effective(policy, ceilings)
-    return PolicyView(workspace=workspace, policy=policy, ceilings=ceilings,
-                      effective=EffectivePolicy(
-                          allowed_images=sorted(eff.allowed_images) if eff.allowed_images is not None else None,
-                          limits=eff.limits))
+async def _ceilings(gate: Gate) -> dict[str, int]:
+    """Every limit's ceiling, read from the settings that enforce it: the scheduler's (as it published
+    them) and the proxy's own."""
+    return {**await gate.stores.sessions.ceilings(), **gate.codec.proxy_ceilings}
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -163,85 +168,126 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorBody, "description": "Redis cannot be reached (`redis_unavailable`); retry after Retry-After"},
 }
 
-router = APIRouter(prefix="/v1", tags=["admin"], responses=ERRORS)
 
+def build_router() -> APIRouter:
+    """The `/v1` routes, with the policy model of the limits catalogue as it is now."""
+    Policy = policy_model()  # noqa: N806 - a model class, named as one
 
-@router.get("/usage", response_model=Usage, summary="A workspace's usage: totals and per-day counters")
-async def get_usage(request: Request, principal: Annotated[Principal, Depends(caller("get_usage"))],
-                    workspace: Annotated[str | None, Query(description="Default: the token's workspace")] = None,
-                    start: Annotated[str | None, Query(alias="from", description="First UTC day, YYYY-MM-DD")] = None,
-                    end: Annotated[str | None, Query(alias="to", description="Last UTC day (default today)")] = None,
-                    ) -> Usage:
-    target = _workspace_for(principal, workspace)
-    days = _days(start, end)
-    try:
-        total, per_day = await _gate(request).store.usage(target, days)
-    except StoreError as exc:
-        raise _store_call_failed(request, exc) from None
-    return Usage(workspace=target, total=total, days=[UsageDay(**d) for d in per_day])
+    class PolicyView(BaseModel):
+        workspace: str
+        policy: Policy = Field(description="What is stored (null fields inherit the ceiling)")  # type: ignore[valid-type]
+        effective: EffectivePolicy
+        ceilings: dict[str, int] = Field(description="The operator's ceilings, as enforced (0: none)")
 
+    def view(workspace: str, policy: BaseModel, ceilings: dict[str, int]) -> PolicyView:
+        images = policy.allowed_images  # type: ignore[attr-defined]
+        return PolicyView(workspace=workspace, policy=policy, ceilings=ceilings, effective=EffectivePolicy(
+            allowed_images=sorted(images) if images is not None else None,
+            limits=catalogue.combine_all(limit_values(policy), ceilings)))
 
-@router.get("/sessions", response_model=SessionList, summary="A workspace's live sessions and their deadlines")
-async def list_sessions(request: Request, principal: Annotated[Principal, Depends(caller("list_sessions"))],
+    router = APIRouter(prefix="/v1", tags=["admin"], responses=ERRORS)
+
+    @router.get("/usage", response_model=Usage, summary="A workspace's usage: totals and per-day counters")
+    async def get_usage(request: Request, principal: Annotated[Principal, Depends(caller("get_usage"))],
                         workspace: Annotated[str | None, Query(description="Default: the token's workspace")] = None,
-                        limit: Annotated[int, Query(ge=1, le=MAX_SESSIONS_LISTED)] = 1000) -> SessionList:
-    target = _workspace_for(principal, workspace)
-    try:
-        sessions = await _gate(request).store.sessions(target, limit)
-    except StoreError as exc:
-        raise _store_call_failed(request, exc) from None
-    return SessionList(workspace=target, sessions=[SessionInfo(**s) for s in sessions])
+                        start: Annotated[str | None, Query(alias="from", description="First UTC day, YYYY-MM-DD")] = None,
+                        end: Annotated[str | None, Query(alias="to", description="Last UTC day (default today)")] = None,
+                        ) -> Usage:
+        target = _workspace_for(principal, workspace)
+        days = _days(start, end)
+        gate = _gate(request)
+        try:
+            total, per_day = await gate.stores.usage.read(target, days)
+        except StateError as exc:
+            raise gate.store_failed(exc) from None
+        return Usage(workspace=target, total=total, days=[UsageDay(**d) for d in per_day])
 
+    @router.get("/sessions", response_model=SessionList, summary="A workspace's live sessions and their deadlines")
+    async def list_sessions(request: Request, principal: Annotated[Principal, Depends(caller("list_sessions"))],
+                            workspace: Annotated[str | None, Query(description="Default: the token's workspace")] = None,
+                            limit: Annotated[int, Query(ge=1, le=MAX_SESSIONS_LISTED)] = 1000) -> SessionList:
+        target = _workspace_for(principal, workspace)
+        gate = _gate(request)
+        try:
+            sessions = await gate.stores.sessions.of_workspace(target, limit)
+        except StateError as exc:
+            raise gate.store_failed(exc) from None
+        return SessionList(workspace=target, sessions=[SessionInfo(workspace=target, **s) for s in sessions])
 
-@router.get("/workspaces/{workspace}/policy", response_model=PolicyView, summary="A workspace's policy (admin)")
-async def get_policy(request: Request, workspace: WorkspaceName,
-                     principal: Annotated[Principal, Depends(caller("get_policy"))]) -> PolicyView:
-    _require_admin(principal)
-    gate = _gate(request)
-    try:
-        raw = await gate.store.get_policy(workspace)
-    except StoreError as exc:
-        raise _store_call_failed(request, exc) from None
-    try:
-        policy = load_policy(raw)
-    except ValueError:
-        raise Unavailable("the stored policy is unreadable; PUT a new one", retry_after=60) from None
-    return _view(workspace, policy, gate.codec.ceilings)
+    @router.delete("/sessions/{session_id}", response_model=EndedSession,
+                   summary="End any workspace's session (admin): the kill switch")
+    async def end_session(request: Request,
+                          session_id: Annotated[str, Path(pattern=SESSION_ID_PATTERN, description="Session id")],
+                          principal: Annotated[Principal, Depends(caller("end_session"))]) -> EndedSession:
+        _require_admin(principal)
+        gate = _gate(request)
+        try:
+            released = await gate.stores.sessions.release(session_id=session_id, workspace=None, now=time.time(),
+                                                           mode="admin")
+        except StateError as exc:
+            raise gate.store_failed(exc) from None
+        if released is None:
+            raise NotFound("no such session")
+        log.info("session ended by an admin", extra={"admin": principal.subject, "workspace": released.workspace,
+                                                     "session": session_id, "pool": released.pool})
+        return EndedSession(session_id=session_id, workspace=released.workspace, pool=released.pool,
+                            reason=released.reason, session_seconds=released.session_seconds)
 
+    @router.get("/workspaces/{workspace}/policy", response_model=PolicyView, summary="A workspace's policy (admin)")
+    async def get_policy(request: Request, workspace: WorkspaceName,
+                         principal: Annotated[Principal, Depends(caller("get_policy"))]) -> PolicyView:
+        _require_admin(principal)
+        gate = _gate(request)
+        try:
+            raw = await gate.stores.admission.get_policy(workspace)
+            ceilings = await _ceilings(gate)
+        except StateError as exc:
+            raise gate.store_failed(exc) from None
+        try:
+            policy = load_policy(raw)
+        except ValueError:
+            raise Unavailable("the stored policy is unreadable; PUT a new one", retry_after=60) from None
+        return view(workspace, policy, ceilings)
 
-@router.put("/workspaces/{workspace}/policy", response_model=PolicyView,
-            summary="Replace a workspace's policy (admin); values above a ceiling are refused")
-async def put_policy(request: Request, workspace: WorkspaceName, policy: Policy,
-                     principal: Annotated[Principal, Depends(caller("put_policy"))]) -> PolicyView:
-    _require_admin(principal)
-    gate = _gate(request)
-    violations = above_ceilings(policy, gate.codec.ceilings)
-    if violations:
-        raise Invalid("; ".join(violations), fields=[v.split("=")[0] for v in violations])
-    try:
-        await gate.store.put_policy(workspace, dump_policy(policy))
-    except StoreError as exc:
-        raise _store_call_failed(request, exc) from None
-    return _view(workspace, policy, gate.codec.ceilings)
+    @router.put("/workspaces/{workspace}/policy", response_model=PolicyView,
+                summary="Replace a workspace's policy (admin); values above a ceiling are refused")
+    async def put_policy(request: Request, workspace: WorkspaceName,
+                         policy: Annotated[Policy, Body()],  # type: ignore[valid-type]
+                         principal: Annotated[Principal, Depends(caller("put_policy"))]) -> PolicyView:
+        _require_admin(principal)
+        gate = _gate(request)
+        try:
+            ceilings = await _ceilings(gate)
+        except StateError as exc:
+            raise gate.store_failed(exc) from None
+        violations = above_ceilings(policy, ceilings)
+        if violations:
+            raise Invalid("; ".join(violations), fields=[v.split("=")[0] for v in violations])
+        try:
+            await gate.stores.admission.put_policy(workspace, dump_policy(policy))
+        except StateError as exc:
+            raise gate.store_failed(exc) from None
+        return view(workspace, policy, ceilings)
 
+    @router.post("/revocations", response_model=Revocation, status_code=201,
+                 summary="Revoke a token by jti (admin), until the token would have expired")
+    async def revoke(request: Request, body: RevocationRequest,
+                     principal: Annotated[Principal, Depends(caller("revoke"))]) -> Revocation:
+        _require_admin(principal)
+        gate = _gate(request)
+        now = time.time()
+        if body.ttl is not None:
+            ttl = body.ttl
+        else:
+            assert body.exp is not None
+            # Kept past exp by the leeway, during which the verifier would still accept the token.
+            ttl = min(MAX_REVOCATION_SECONDS, math.ceil(body.exp - now) + gate.verifier.leeway)
+        ttl = max(1, ttl)
+        try:
+            await gate.stores.admission.revoke(body.jti, ttl)
+        except StateError as exc:
+            raise gate.store_failed(exc) from None
+        log.info("token revoked", extra={"admin": principal.subject, "jti": body.jti})
+        return Revocation(jti=body.jti, expires_at=now + ttl)
 
-@router.post("/revocations", response_model=Revocation, status_code=201,
-             summary="Revoke a token by jti (admin), until the token would have expired")
-async def revoke(request: Request, body: RevocationRequest,
-                 principal: Annotated[Principal, Depends(caller("revoke"))]) -> Revocation:
-    _require_admin(principal)
-    gate = _gate(request)
-    now = time.time()
-    if body.ttl is not None:
-        ttl = body.ttl
-    else:
-        assert body.exp is not None
-        # Kept past exp by the leeway, during which the verifier would still accept the token.
-        ttl = min(MAX_REVOCATION_SECONDS, math.ceil(body.exp - now) + gate.verifier.leeway)
-    ttl = max(1, ttl)
-    try:
-        await gate.store.revoke(body.jti, ttl)
-    except StoreError as exc:
-        raise _store_call_failed(request, exc) from None
-    return Revocation(jti=body.jti, expires_at=now + ttl)
-
+    return router

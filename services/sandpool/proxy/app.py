@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -26,19 +25,24 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandpool import __version__
 from sandpool.contract import tenancy
+from sandpool.contract.operations import operation_of
 from sandpool.contract.models import ErrorBody
 from sandpool.core import tracing
 from sandpool.core.errors import Forbidden, Invalid, SandpoolError, error_response, install_error_handlers
-from sandpool.proxy.admin import router as admin_router
+from sandpool.proxy.admin import build_router
 from sandpool.proxy.auth import TokenVerifier
 from sandpool.proxy.edge import OPERATION_KEY, REQUEST_ID_KEY, EdgeMiddleware
 from sandpool.proxy.forward import BodyTooLarge, Forwarder, make_transport
-from sandpool.proxy.gate import Gate
+from sandpool.proxy.gate import Gate, Stores
 from sandpool.proxy.keyring import KeyRing
 from sandpool.proxy.metrics import ProxyMetrics
-from sandpool.proxy.policy import Effective, PolicyCodec, ceilings_of
+from sandpool.proxy.policy import Effective, PolicyCodec, proxy_ceilings_of
 from sandpool.proxy.settings import ProxySettings
-from sandpool.proxy.store import ProxyStore
+from sandpool.state import StateError, close, connect, ping
+from sandpool.state.admission import AdmissionStore
+from sandpool.state.keys import Keys
+from sandpool.state.sessions import SessionStore
+from sandpool.state.usage import UsageStore
 
 log = logging.getLogger(__name__)
 
@@ -97,21 +101,6 @@ async def read_small_body(request: Request, cap: int) -> bytes:
     return b"".join(chunks)
 
 
-_SESSION_PATH = re.compile(r"^/sessions/[^/]+(/exec|/files/list|/files)?$")
-_OPERATIONS = {("POST", "/exec"): "Execute", ("GET", "/files/list"): "ListFiles", ("GET", "/files"): "GetFile",
-               ("POST", "/files"): "PutFile", ("DELETE", ""): "DestroySession"}
-
-
-def operation_of(method: str, path: str) -> str | None:
-    """Which of the six contract operations a request is, or None."""
-    if path == "/sessions":
-        return "CreateSession" if method == "POST" else None
-    match = _SESSION_PATH.match(path)
-    if match is None:
-        return None
-    return _OPERATIONS.get((method, match.group(1) or ""))
-
-
 ContractHandler = Callable[[Request, str], Awaitable[Response]]
 
 
@@ -151,12 +140,15 @@ def create_app(settings: ProxySettings) -> FastAPI:
     verifier = TokenVerifier(keyring, algorithms=settings.auth_algorithms, audience=settings.auth_audience,
                              leeway=settings.auth_leeway_seconds, cache_size=settings.auth_cache_size)
     metrics = ProxyMetrics()
-    codec = PolicyCodec(ceilings_of(settings))
+    codec = PolicyCodec(proxy_ceilings_of(settings))
     create_cap = min(CREATE_BODY_MAX, settings.max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = ProxyStore(settings.redis_url, settings.redis_prefix, timeout=settings.redis_timeout_seconds)
+        client = connect(settings.redis_url, timeout=settings.redis_timeout_seconds)
+        keys = Keys(settings.redis_prefix)
+        stores = Stores(client=client, admission=AdmissionStore(client, keys), usage=UsageStore(client, keys),
+                        sessions=SessionStore(client, keys))
         transport, base_url = make_transport(settings.scheduler_url, max_connections=settings.forward_max_connections)
         # Readiness probes share the forwarding pool; closing this client closes the transport.
         health_client = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=READY_TIMEOUT)
@@ -169,7 +161,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
             if settings.auth_jwks:
                 refresher = asyncio.create_task(
                     keyring.refresh_forever(jwks_client, settings.auth_jwks_refresh_seconds))
-            app.state.gate = Gate(verifier=verifier, keyring=keyring, store=store, codec=codec, metrics=metrics,
+            app.state.gate = Gate(verifier=verifier, keyring=keyring, stores=stores, codec=codec, metrics=metrics,
                                   jwks_client=jwks_client)
             app.state.forwarder = Forwarder(transport, base_url, max_body_bytes=settings.max_body_bytes,
                                             connect_timeout=settings.forward_connect_timeout_seconds,
@@ -184,20 +176,20 @@ def create_app(settings: ProxySettings) -> FastAPI:
             await health_client.aclose()
             if jwks_client is not None:
                 await jwks_client.aclose()
-            await store.close()
+            await close(client)
             await tracing.shutdown(app.state.tracer_provider)
 
     app = FastAPI(title="sandpool proxy", version=__version__, lifespan=lifespan, redirect_slashes=False,
                   description="Authenticated, multi-tenant edge of sandpool: the code-execution contract v1 "
                               "plus the admin API (usage, policy, sessions, revocation).")
     install_error_handlers(app)
-    app.include_router(admin_router)
+    app.include_router(build_router())
 
     async def contract(request: Request, operation: str) -> Response:
         request.scope[OPERATION_KEY] = operation
         gate: Gate = request.app.state.gate
         principal = await gate.principal(request)
-        effective = await gate.admit(principal)
+        effective = await gate.admit(principal, count=operation != "DestroySession")
         body = None
         if operation == "CreateSession":
             body = await read_small_body(request, create_cap)
@@ -220,6 +212,11 @@ def create_app(settings: ProxySettings) -> FastAPI:
     @app.post("/sessions", tags=contract_tags, responses=contract_errors, status_code=201, summary="CreateSession")
     async def create_session(request: Request) -> Response:
         return await contract(request, "CreateSession")
+
+    @app.get("/sessions/{session_id}", tags=["sandpool additions"], responses=contract_errors,
+             summary="GetSession: the session's handle (sandpool's addition to contract v1)")
+    async def get_session(request: Request, session_id: str) -> Response:
+        return await contract(request, "GetSession")
 
     @app.delete("/sessions/{session_id}", tags=contract_tags, responses=contract_errors, status_code=204, summary="DestroySession")
     async def destroy_session(request: Request, session_id: str) -> Response:
@@ -250,7 +247,10 @@ def create_app(settings: ProxySettings) -> FastAPI:
     async def readyz(request: Request) -> JSONResponse:
         request.scope[OPERATION_KEY] = "readyz"
         gate: Gate = request.app.state.gate
-        redis_ok = await gate.store.ping()
+        try:
+            redis_ok = await ping(gate.stores.client)
+        except StateError:
+            redis_ok = False
         if not redis_ok:
             metrics.redis_error()
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 import httpx
 from starlette.requests import Request
@@ -21,7 +22,20 @@ from sandpool.proxy.auth import AuthFailure, Principal, TokenVerifier
 from sandpool.proxy.keyring import KeyRing
 from sandpool.proxy.metrics import ProxyMetrics
 from sandpool.proxy.policy import CorruptPolicy, Effective, PolicyCodec
-from sandpool.proxy.store import ProxyStore, StoreError
+from sandpool.state import Client, StateError
+from sandpool.state.admission import AdmissionStore
+from sandpool.state.sessions import SessionStore
+from sandpool.state.usage import UsageStore
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The proxy's view of shared state: admission, usage, sessions (an admin ends one)."""
+
+    client: Client
+    admission: AdmissionStore
+    usage: UsageStore
+    sessions: SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +45,11 @@ class RedisUnavailable(Unavailable):
 
 
 class Gate:
-    def __init__(self, *, verifier: TokenVerifier, keyring: KeyRing, store: ProxyStore, codec: PolicyCodec,
+    def __init__(self, *, verifier: TokenVerifier, keyring: KeyRing, stores: Stores, codec: PolicyCodec,
                  metrics: ProxyMetrics, jwks_client: httpx.AsyncClient | None) -> None:
         self.verifier = verifier
         self.keyring = keyring
-        self.store = store
+        self.stores = stores
         self.codec = codec
         self.metrics = metrics
         self.jwks_client = jwks_client
@@ -58,19 +72,23 @@ class Gate:
         except AuthFailure as failure:
             raise self.refuse(failure) from None
 
-    def store_failed(self, exc: StoreError) -> Unavailable:
+    def store_failed(self, exc: StateError) -> Unavailable:
         """Count and log a Redis failure; the 503 to answer with."""
         self.metrics.redis_error()
         log.warning("redis call failed", extra={"error": str(exc)})
         return RedisUnavailable("the proxy cannot reach its state store", retry_after=1)
 
-    async def admit(self, principal: Principal) -> Effective:
-        """Revocation, rate and policy in one round trip; the values in force for this request."""
+    async def admit(self, principal: Principal, *, count: bool = True) -> Effective:
+        """Revocation, rate and policy in one round trip; the values in force for this request.
+
+        `count=False` (DestroySession) neither counts against nor is refused by the rate:
+        ending a session frees resources and is always allowed.
+        """
         now = time.time()
         minute = int(now // 60)
         try:
-            admission = await self.store.admit(principal.workspace, principal.jti, minute, count=True)
-        except StoreError as exc:
+            admission = await self.stores.admission.admit(principal.workspace, principal.jti, minute, count=count)
+        except StateError as exc:
             raise self.store_failed(exc) from None
         if admission.revoked:
             raise self.refuse(AuthFailure("revoked", "the token has been revoked"))
@@ -81,7 +99,7 @@ class Gate:
                       extra={"workspace": principal.workspace})
             raise Unavailable("the workspace's policy is unreadable; ask the operator", retry_after=60) from None
         limit = effective.requests_per_minute
-        if limit and admission.count > limit:
+        if count and limit and admission.count > limit:
             retry_after = max(1, math.ceil((minute + 1) * 60 - now))
             raise QuotaExceeded(f"the workspace's rate limit of {limit} requests per minute is exhausted",
                                 retry_after=retry_after, limit="requests_per_minute")
@@ -92,8 +110,8 @@ class Gate:
         if principal.jti is None:
             return
         try:
-            revoked = await self.store.is_revoked(principal.jti)
-        except StoreError as exc:
+            revoked = await self.stores.admission.is_revoked(principal.jti)
+        except StateError as exc:
             raise self.store_failed(exc) from None
         if revoked:
             raise self.refuse(AuthFailure("revoked", "the token has been revoked"))

@@ -1,120 +1,118 @@
 """Workspace policy: what an admin stored, bounded by the operator's ceilings.
 
-A stored policy may only lower a ceiling: a PUT with a value above one is
-refused (422) rather than clamped, so the admin learns at once. A field left
-unset inherits the ceiling. 0 in a ceiling means "no ceiling here"; the values
-in force are forwarded to the scheduler in the `X-Sandpool-*` headers, which it
-enforces atomically at lease (absent header = no limit beyond its own ceilings).
+The policy's limit fields are the catalogue's (`contract/limits.py`): the model
+is built from it, and so are the headers that carry the scheduler's limits. A
+stored policy may only lower a ceiling: a PUT with a value above one is refused
+(422) rather than clamped, so the admin learns at once. A field left unset
+inherits the ceiling. The ceilings are read from the settings that enforce
+them: the scheduler publishes its own (lifetimes, timeouts, concurrency,
+budget), the proxy holds the ones it enforces (the request rate).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from sandpool.contract import tenancy
-from sandpool.proxy.settings import ProxySettings
+from sandpool.contract import limits as catalogue
 
-Limit = Annotated[int, Field(ge=1, le=10**12)] | None
+LimitValue = Annotated[int, Field(ge=1, le=catalogue.MAX_VALUE)] | None
 MAX_IMAGES = 256
 
 
-class Policy(BaseModel):
-    """A workspace's policy. Unset (null) fields inherit the operator's ceiling."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    allowed_images: list[Annotated[str, Field(min_length=1, max_length=512)]] | None = Field(
-        default=None, max_length=MAX_IMAGES,
-        description="Images a CreateSession may name (null: any; a request naming none gets the default pool)")
-    max_concurrent_sessions: Limit = Field(default=None, description="Live sessions at once")
-    max_idle_timeout_seconds: Limit = Field(default=None, description="Ceiling of a session's idle timeout")
-    max_lifetime_seconds: Limit = Field(default=None, description="Ceiling of a session's lifetime")
-    max_exec_timeout_seconds: Limit = Field(default=None, description="Ceiling of one execution's timeout")
-    daily_session_seconds_budget: Limit = Field(default=None,
-                                                description="Session-seconds per UTC day (enforced at lease)")
-    requests_per_minute: Limit = Field(default=None, description="Requests per UTC minute, across all proxies")
+@lru_cache(maxsize=8)
+def _model_for(limits: tuple[catalogue.Limit, ...]) -> type[BaseModel]:
+    fields: dict[str, Any] = {
+        "allowed_images": (list[Annotated[str, Field(min_length=1, max_length=512)]] | None, Field(
+            default=None, max_length=MAX_IMAGES,
+            description="Images a CreateSession may name (null: any; a request naming none gets the default pool)")),
+    }
+    for limit in limits:
+        fields[limit.name] = (LimitValue, Field(default=None, description=limit.description))
+    return create_model("Policy", __config__=ConfigDict(extra="forbid"),
+                        __doc__="A workspace's policy. Unset (null) fields inherit the operator's ceiling.",
+                        **fields)
 
 
-LIMIT_FIELDS = ("max_concurrent_sessions", "max_idle_timeout_seconds", "max_lifetime_seconds",
-                "max_exec_timeout_seconds", "daily_session_seconds_budget", "requests_per_minute")
-
-HEADER_OF = {
-    "max_concurrent_sessions": tenancy.MAX_CONCURRENT_SESSIONS,
-    "max_idle_timeout_seconds": tenancy.MAX_IDLE_TIMEOUT,
-    "max_lifetime_seconds": tenancy.MAX_LIFETIME,
-    "max_exec_timeout_seconds": tenancy.MAX_EXEC_TIMEOUT,
-    "daily_session_seconds_budget": tenancy.DAILY_SESSION_SECONDS_BUDGET,
-}
+def policy_model() -> type[BaseModel]:
+    """The policy model of the catalogue as it is now (built once per catalogue)."""
+    return _model_for(catalogue.LIMITS)
 
 
-def ceilings_of(settings: ProxySettings) -> dict[str, int]:
-    return {name: getattr(settings, f"ceiling_{name}") for name in LIMIT_FIELDS}
+def limit_values(policy: BaseModel) -> dict[str, int]:
+    """The policy's limit values by name (unset: 0)."""
+    return {limit.name: int(getattr(policy, limit.name, None) or 0) for limit in catalogue.LIMITS}
 
 
-def above_ceilings(policy: Policy, ceilings: dict[str, int]) -> list[str]:
+def above_ceilings(policy: BaseModel, ceilings: Mapping[str, int]) -> list[str]:
     """Human-readable violations: each field whose value exceeds a (non-zero) ceiling."""
-    return [f"{name}={getattr(policy, name)} is above the operator's ceiling {ceilings[name]}"
-            for name in LIMIT_FIELDS
-            if ceilings[name] and getattr(policy, name) is not None and getattr(policy, name) > ceilings[name]]
+    out = []
+    for name, value in limit_values(policy).items():
+        ceiling = int(ceilings.get(name) or 0)
+        if ceiling and value > ceiling:
+            out.append(f"{name}={value} is above the operator's ceiling {ceiling}")
+    return out
 
 
 @dataclass(frozen=True)
 class Effective:
-    """The values in force for one workspace (0 = no limit), with the headers the scheduler reads."""
+    """One workspace's admission values: its image allow-list, its rate in force, and the headers
+    carrying its own values of the limits the scheduler enforces (which bounds them by its ceilings)."""
 
     allowed_images: frozenset[str] | None
-    limits: dict[str, int]
+    requests_per_minute: int
     headers: tuple[tuple[str, str], ...]
 
-    @property
-    def requests_per_minute(self) -> int:
-        return self.limits["requests_per_minute"]
 
-
-def effective(policy: Policy, ceilings: dict[str, int]) -> Effective:
-    limits = {}
-    for name in LIMIT_FIELDS:
-        value, ceiling = getattr(policy, name), ceilings[name]
-        # A stored value may predate a lowered ceiling: the ceiling still wins.
-        limits[name] = min(value, ceiling) if value and ceiling else (value or ceiling)
-    headers = tuple((HEADER_OF[n], str(limits[n])) for n in HEADER_OF if limits[n])
-    images = frozenset(policy.allowed_images) if policy.allowed_images is not None else None
-    return Effective(allowed_images=images, limits=limits, headers=headers)
-
-
-class PolicyCodec:
-    """Stored JSON → effective values, memoised on the exact stored text (a Redis GET per request is
-    exact; re-parsing the same JSON each time is the part worth skipping)."""
-
-    def __init__(self, ceilings: dict[str, int]) -> None:
-        self.ceilings = ceilings
-        self.default = effective(Policy(), ceilings)
-        self._decode = lru_cache(maxsize=4096)(self._decode_uncached)
-
-    def _decode_uncached(self, raw: str) -> Effective:
-        return effective(load_policy(raw), self.ceilings)
-
-    def decode(self, raw: str | None) -> Effective:
-        return self._decode(raw) if raw else self.default
+def effective(policy: BaseModel, proxy_ceilings: Mapping[str, int]) -> Effective:
+    values = limit_values(policy)
+    headers = tuple((limit.header, str(values[limit.name])) for limit in catalogue.forwarded()
+                    if limit.header is not None)
+    rate = catalogue.combine(values.get("requests_per_minute", 0), int(proxy_ceilings.get("requests_per_minute") or 0))
+    images = frozenset(policy.allowed_images) if policy.allowed_images is not None else None  # type: ignore[attr-defined]
+    return Effective(allowed_images=images, requests_per_minute=rate, headers=headers)
 
 
 class CorruptPolicy(ValueError):
     """The stored record does not parse: the workspace is refused (fail closed), never unlimited."""
 
 
-def load_policy(raw: str | bytes | None) -> Policy:
+def load_policy(raw: str | bytes | None) -> BaseModel:
+    model = policy_model()
     if not raw:
-        return Policy()
+        return model()
     try:
-        return Policy.model_validate(json.loads(raw))
+        return model.model_validate(json.loads(raw))
     except (ValueError, ValidationError):
         raise CorruptPolicy("the workspace's stored policy is unreadable") from None
 
 
-def dump_policy(policy: Policy) -> str:
+def dump_policy(policy: BaseModel) -> str:
     return policy.model_dump_json()
+
+
+class PolicyCodec:
+    """Stored JSON → admission values, memoised on the exact stored text (a Redis GET per request is
+    exact; re-parsing the same JSON each time is the part worth skipping)."""
+
+    def __init__(self, proxy_ceilings: Mapping[str, int]) -> None:
+        self.proxy_ceilings = dict(proxy_ceilings)
+        self.default = effective(policy_model()(), proxy_ceilings)
+        self._decode = lru_cache(maxsize=4096)(self._decode_uncached)
+
+    def _decode_uncached(self, raw: str) -> Effective:
+        return effective(load_policy(raw), self.proxy_ceilings)
+
+    def decode(self, raw: str | None) -> Effective:
+        return self._decode(raw) if raw else self.default
+
+
+def proxy_ceilings_of(settings: Any) -> dict[str, int]:
+    """The ceilings the proxy itself holds (of the limits it enforces), by catalogue name."""
+    return {limit.name: int(getattr(settings, limit.ceiling, 0) or 0) for limit in catalogue.LIMITS
+            if limit.ceiling_owner == "proxy"}

@@ -63,18 +63,8 @@ class ProxySettings(ServiceSettings):
                                            description="Timeout of one forwarded call (covers the longest exec)")
     forward_max_connections: int = Field(default=512, ge=1, description="Pooled connections to the scheduler")
 
-    # Operator ceilings: a workspace policy may lower these, never raise them. 0 = no ceiling here
-    # (the scheduler's own ceilings still apply to lifetimes and timeouts).
-    ceiling_max_concurrent_sessions: int = Field(default=0, ge=0,
-                                                 description="Ceiling of a workspace's concurrent sessions (0: none)")
-    ceiling_max_idle_timeout_seconds: int = Field(default=0, ge=0,
-                                                  description="Ceiling of a workspace's idle timeout (0: none)")
-    ceiling_max_lifetime_seconds: int = Field(default=0, ge=0,
-                                              description="Ceiling of a workspace's session lifetime (0: none)")
-    ceiling_max_exec_timeout_seconds: int = Field(default=0, ge=0,
-                                                  description="Ceiling of a workspace's exec timeout (0: none)")
-    ceiling_daily_session_seconds_budget: int = Field(
-        default=0, ge=0, description="Ceiling of a workspace's session-seconds per UTC day (0: none)")
+    # The operator's ceiling of the one workspace limit the proxy enforces itself; the others
+    # (lifetimes, timeouts, concurrency, budget) are the scheduler's settings (contract/limits.py).
     ceiling_requests_per_minute: int = Field(default=0, ge=0,
                                              description="Ceiling of a workspace's requests per minute (0: none)")
 

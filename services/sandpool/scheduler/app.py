@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sandpool.contract.operations import operation_of
 from sandpool.core import tracing
 from sandpool.core.errors import Unavailable, error_response, install_error_handlers
 from sandpool.core.request_ids import RequestDone, RequestIdMiddleware
@@ -31,10 +31,12 @@ from sandpool.scheduler.forward import AgentClients
 from sandpool.scheduler.metrics import SERVICE, SchedulerMetrics
 from sandpool.scheduler.pools import PoolDirectory, pools_from_settings
 from sandpool.scheduler.reaper import Reaper
+from sandpool.scheduler.limits import Ceilings
 from sandpool.scheduler.service import Scheduler, read_capped
 from sandpool.scheduler.settings import SchedulerSettings
-from sandpool.scheduler.store import REDIS_ERRORS, SessionStore, connect
+from sandpool.state import StateUnavailable, connect
 from sandpool.state.keys import Keys
+from sandpool.state.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +47,8 @@ ControllerFactory = Callable[..., Any]
 
 CREATE_BODY_CAP = 64 * 1024
 """A CreateSession body carries two hints; anything near this size is not one."""
-_SESSIONS = re.compile(r"^/sessions/[^/]+(/exec|/files|/files/list)?$")
-_OPERATIONS = {
-    ("POST", "/exec"): "Execute", ("GET", "/files/list"): "ListFiles", ("GET", "/files"): "GetFile",
-    ("POST", "/files"): "PutFile", ("DELETE", ""): "DestroySession",
-}
-
-
 class RedisUnavailable(Unavailable):
     reason = "redis_unavailable"
-
-
-def operation_of(method: str, path: str) -> str | None:
-    """The contract operation a request is (a closed label set), or None for anything else."""
-    if path == "/sessions":
-        return "CreateSession" if method == "POST" else None
-    match = _SESSIONS.match(path)
-    if match is None:
-        return None
-    return _OPERATIONS.get((method, match.group(1) or ""))
 
 
 def request_metrics(metrics: SchedulerMetrics) -> RequestDone:
@@ -135,7 +120,8 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         app.state.controller = None
         try:
             await store.load_scripts()
-        except REDIS_ERRORS as exc:
+            await store.publish_ceilings(Ceilings.from_settings(settings).workspace)
+        except StateUnavailable as exc:
             # Not fatal: /readyz says not ready until Redis answers; scripts load on first use.
             log.warning("redis unreachable at start", extra={"error": type(exc).__name__})
         reaper = Reaper(store, clients, metrics, interval=settings.reap_interval_seconds, batch=settings.reap_batch)
@@ -182,8 +168,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         log.warning("redis call failed", extra={"error": type(exc).__name__})
         return error_response(RedisUnavailable("state store unavailable; retry later", retry_after=1))
 
-    for error in REDIS_ERRORS:
-        app.add_exception_handler(error, _redis_down)
+    app.add_exception_handler(StateUnavailable, _redis_down)
 
     def scheduler_of(request: Request) -> Scheduler:
         return request.app.state.scheduler
@@ -195,6 +180,11 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         caller = resolve_caller(request.headers)
         body = await read_capped(request, CREATE_BODY_CAP)
         return JSONResponse(await scheduler_of(request).create_session(caller, body), status_code=201)
+
+    @app.get("/sessions/{session_id}")
+    async def get_session(session_id: str, request: Request) -> JSONResponse:
+        caller = resolve_caller(request.headers)
+        return JSONResponse(await scheduler_of(request).get_session(caller, session_id))
 
     @app.delete("/sessions/{session_id}", status_code=204)
     async def destroy_session(session_id: str, request: Request) -> Response:
@@ -234,7 +224,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         try:
             await request.app.state.store.ping()
             checks["redis"] = "ok"
-        except REDIS_ERRORS:
+        except StateUnavailable:
             checks["redis"] = "unreachable"
         if settings.controller:
             controller = request.app.state.controller
@@ -250,7 +240,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
             metrics.pool_ceiling.labels(pool=spec.name).set(spec.ceiling)
             try:
                 counts = await store.pool_counts(spec.name)
-            except REDIS_ERRORS:
+            except StateUnavailable:
                 metrics.redis_errors.labels(service=SERVICE).inc()
                 continue
             for state in ("ready", "leased", "starting"):

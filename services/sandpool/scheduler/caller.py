@@ -1,9 +1,11 @@
 """Who is calling: the workspace and its policy, from the proxy's injected headers.
 
-Multi-tenant mode fails closed: without the internal credential, or without a
-valid workspace, the request is refused; it is never given a placeholder
-tenant. Standalone mode has exactly one workspace and no policy headers (any
-`X-Sandpool-*` a standalone client sends is ignored).
+Multi-tenant mode fails closed: without the internal credential, without a
+valid workspace, or without the header of any limit the catalogue
+(`contract/limits.py`) says the scheduler enforces, the request is refused; it
+is never given a placeholder tenant or "no limit". Standalone mode has exactly
+one workspace and no policy headers (any `X-Sandpool-*` a standalone client
+sends is ignored).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 from starlette.datastructures import Headers
 
+from sandpool.contract import limits as catalogue
 from sandpool.contract import tenancy
 from sandpool.core.errors import Forbidden, Unauthorized
 from sandpool.scheduler.limits import NO_POLICY, WorkspacePolicy
@@ -34,19 +37,10 @@ class Caller:
 
 STANDALONE = Caller(workspace=tenancy.STANDALONE_WORKSPACE, policy=NO_POLICY)
 
-_POLICY_HEADERS = (
-    ("max_concurrent_sessions", tenancy.MAX_CONCURRENT_SESSIONS),
-    ("max_idle_timeout_seconds", tenancy.MAX_IDLE_TIMEOUT),
-    ("max_lifetime_seconds", tenancy.MAX_LIFETIME),
-    ("max_exec_timeout_seconds", tenancy.MAX_EXEC_TIMEOUT),
-    ("daily_session_seconds_budget", tenancy.DAILY_SESSION_SECONDS_BUDGET),
-)
-
-
 def _policy_value(headers: Headers, name: str) -> int:
     raw = headers.get(name)
-    if raw is None or raw.strip() == "":
-        return 0
+    if raw is None:
+        raise TenancyMissing(f"{name} is required (the proxy sends every limit it forwards; 0: none)")
     raw = raw.strip()
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
         raise TenancyInvalid(f"{name} must be a non-negative integer")
@@ -76,5 +70,6 @@ class CallerResolver:
             raise TenancyMissing(f"{tenancy.WORKSPACE} is required")
         if not tenancy.is_valid_workspace(workspace):
             raise TenancyInvalid(f"{tenancy.WORKSPACE} is not a valid workspace name")
-        values = {field: _policy_value(headers, header) for field, header in _POLICY_HEADERS}
-        return Caller(workspace=workspace, policy=WorkspacePolicy(**values))
+        values = {limit.name: _policy_value(headers, limit.header)
+                  for limit in catalogue.forwarded() if limit.header is not None}
+        return Caller(workspace=workspace, policy=WorkspacePolicy(values))

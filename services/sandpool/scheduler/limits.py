@@ -1,25 +1,23 @@
 """Pure arithmetic of ceilings and deadlines (no I/O, unit-tested on its own).
 
-Operator settings are ceilings; a workspace's injected maxima lower them
-further; a request hint may only lower what is left. Hints above a ceiling are
-clamped, never refused, and the values in force are reported back.
+Operator settings are ceilings; a workspace's values (injected by the proxy, per
+the catalogue in `contract/limits.py`) lower them further; a request hint may
+only lower what is left. Hints above a ceiling are clamped, never refused, and
+the values in force are reported back.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandpool.contract import limits as catalogue
+from sandpool.state.sessions import SessionLimits
 
 
-@dataclass(frozen=True)
-class WorkspacePolicy:
-    """The workspace's own limits as the proxy injected them (0 = no limit of its own)."""
-
-    max_concurrent_sessions: int = 0
-    max_idle_timeout_seconds: int = 0
-    max_lifetime_seconds: int = 0
-    max_exec_timeout_seconds: int = 0
-    daily_session_seconds_budget: int = 0
+class WorkspacePolicy(dict[str, int]):
+    """A workspace's own limits as the proxy injected them, by catalogue name (0 = none of its own)."""
 
 
 NO_POLICY = WorkspacePolicy()
@@ -35,16 +33,28 @@ class Ceilings:
     max_lifetime: int
     default_exec: int
     max_exec: int
+    workspace: Mapping[str, int] = field(default_factory=dict)
+    """The ceiling of every limit the scheduler enforces, by catalogue name (0 = none)."""
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Ceilings:
+        return cls(
+            default_idle=settings.default_idle_timeout_seconds, max_idle=settings.max_idle_timeout_seconds,
+            default_lifetime=settings.default_lifetime_seconds, max_lifetime=settings.max_lifetime_seconds,
+            default_exec=settings.default_exec_timeout_seconds, max_exec=settings.max_exec_timeout_seconds,
+            workspace={limit.name: int(getattr(settings, limit.ceiling, 0) or 0) for limit in catalogue.forwarded()},
+        )
 
 
-@dataclass(frozen=True)
-class SessionLimits:
-    """What is in force for one session, reported on its handle."""
+def in_force(ceilings: Ceilings, policy: Mapping[str, int]) -> dict[str, int]:
+    """Every limit the scheduler enforces, for one workspace: its value bounded by the ceiling."""
+    return {name: catalogue.combine(int(policy.get(name, 0)), ceiling) for name, ceiling in ceilings.workspace.items()}
 
-    idle_timeout_seconds: int
-    max_lifetime_seconds: int
-    exec_timeout_seconds: int
-    max_exec_timeout_seconds: int
+
+def lease_limits(ceilings: Ceilings, policy: Mapping[str, int]) -> dict[str, int]:
+    """The limits the lease script checks (every catalogue limit `enforced_by` the lease)."""
+    forced = in_force(ceilings, policy)
+    return {limit.name: forced.get(limit.name, 0) for limit in catalogue.forwarded() if limit.enforced_by == "lease"}
 
 
 def lower(ceiling: int, workspace_max: int) -> int:
@@ -58,11 +68,11 @@ def clamp(hint: int | None, default: int, ceiling: int) -> int:
     return max(1, min(value, ceiling))
 
 
-def session_limits(ceilings: Ceilings, policy: WorkspacePolicy, *, idle_hint: int | None,
+def session_limits(ceilings: Ceilings, policy: Mapping[str, int], *, idle_hint: int | None,
                    lifetime_hint: int | None) -> SessionLimits:
-    max_idle = lower(ceilings.max_idle, policy.max_idle_timeout_seconds)
-    max_lifetime = lower(ceilings.max_lifetime, policy.max_lifetime_seconds)
-    max_exec = lower(ceilings.max_exec, policy.max_exec_timeout_seconds)
+    max_idle = lower(ceilings.max_idle, policy.get("max_idle_timeout_seconds", 0))
+    max_lifetime = lower(ceilings.max_lifetime, policy.get("max_lifetime_seconds", 0))
+    max_exec = lower(ceilings.max_exec, policy.get("max_exec_timeout_seconds", 0))
     lifetime = clamp(lifetime_hint, ceilings.default_lifetime, max_lifetime)
     return SessionLimits(
         idle_timeout_seconds=clamp(idle_hint, ceilings.default_idle, max_idle),
@@ -104,8 +114,3 @@ def reap_reason(*, now: float, created_at: float, lifetime: float) -> str:
 def seconds_until_utc_midnight(now: float) -> int:
     """Retry-After for an exhausted daily budget: the budget renews at 00:00 UTC."""
     return max(1, int(86400 - (now % 86400)) + 1)
-
-
-def utc_day(now: float) -> str:
-    """The UTC day (`YYYY-MM-DD`) a usage figure at `now` counts towards."""
-    return time.strftime("%Y-%m-%d", time.gmtime(now))

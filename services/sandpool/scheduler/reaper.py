@@ -15,7 +15,8 @@ import time
 
 from sandpool.scheduler.forward import AgentClients
 from sandpool.scheduler.metrics import SERVICE, SchedulerMetrics
-from sandpool.scheduler.store import REDIS_UNAVAILABLE, SessionStore
+from sandpool.state.errors import StateUnavailable
+from sandpool.state.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class Reaper:
                     down = False
             except asyncio.CancelledError:
                 raise
-            except REDIS_UNAVAILABLE as exc:
+            except StateUnavailable as exc:
                 self.metrics.redis_errors.labels(service=SERVICE).inc()
                 if not down:  # once per outage, not once per pass
                     log.warning("reaper cannot reach redis", extra={"error": type(exc).__name__})

@@ -42,8 +42,10 @@ from sandpool.scheduler.forward import OUTCOME_HEADER, AgentClients, BadAddress,
 from sandpool.scheduler.metrics import EXEC_OUTCOMES, SERVICE, SchedulerMetrics
 from sandpool.scheduler.pools import PoolDirectory
 from sandpool.scheduler.settings import SchedulerSettings
-from sandpool.scheduler.store import REDIS_ERRORS, Leased, SessionStore, Target
+from sandpool.scheduler.uploads import FileBytes
 from sandpool.state import usage
+from sandpool.state.errors import StateUnavailable
+from sandpool.state.sessions import Leased, SessionStore, Target
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,18 @@ class _Counter:
     n: int = 0
 
 
+@dataclass(frozen=True)
+class Metered:
+    """What a finished call adds to the workspace's usage: an event and its amounts."""
+
+    event: str
+    amounts: dict[str, int | float]
+    tool: str = ""
+
+
+NOTHING = Metered("", {})
+
+
 class Scheduler:
     def __init__(self, settings: SchedulerSettings, store: SessionStore, clients: AgentClients,
                  metrics: SchedulerMetrics, pools: PoolDirectory) -> None:
@@ -107,11 +121,7 @@ class Scheduler:
         self.clients = clients
         self.metrics = metrics
         self.pools = pools
-        self.ceilings = limits.Ceilings(
-            default_idle=settings.default_idle_timeout_seconds, max_idle=settings.max_idle_timeout_seconds,
-            default_lifetime=settings.default_lifetime_seconds, max_lifetime=settings.max_lifetime_seconds,
-            default_exec=settings.default_exec_timeout_seconds, max_exec=settings.max_exec_timeout_seconds,
-        )
+        self.ceilings = limits.Ceilings.from_settings(settings)
         self._background: set[asyncio.Task[Any]] = set()
         self._abandons: set[asyncio.Task[Any]] = set()  # retries that may outlast Redis: not awaited at exit
 
@@ -120,8 +130,10 @@ class Scheduler:
     async def create_session(self, caller: Caller, body: bytes) -> dict[str, Any]:
         hints = self._parse_create(body)
         pool = self.pools.for_image(hints.image)
-        in_force = limits.session_limits(self.ceilings, caller.policy, idle_hint=hints.idle_timeout_seconds,
+        policy = limits.in_force(self.ceilings, caller.policy)
+        in_force = limits.session_limits(self.ceilings, policy, idle_hint=hints.idle_timeout_seconds,
                                          lifetime_hint=hints.max_lifetime_seconds)
+        lease_limits = limits.lease_limits(self.ceilings, caller.policy)
         session_id = new_session_id()
         give_up_at = time.monotonic() + self.settings.capacity_wait_seconds
         pause = 0.01
@@ -131,10 +143,9 @@ class Scheduler:
             try:
                 result = await self.store.lease(
                     session_id=session_id, workspace=caller.workspace, pool=pool.name, image=pool.image,
-                    now=now, limits=in_force, max_concurrent=caller.policy.max_concurrent_sessions,
-                    daily_budget=caller.policy.daily_session_seconds_budget, meter_capacity_refusal=last_try,
+                    now=now, limits=in_force, workspace_limits=lease_limits, meter_capacity_refusal=last_try,
                 )
-            except REDIS_ERRORS:
+            except StateUnavailable:
                 # The script may already be on its way and run once a slow Redis catches up: a
                 # lease nobody was answered for. Release that id as soon as Redis answers again.
                 self._spawn(self._abandon(caller, session_id), cancel_on_drain=True)
@@ -143,7 +154,7 @@ class Scheduler:
                 break
             if result.kind == "quota":
                 self.metrics.leases.labels(outcome="quota").inc()
-                retry = (limits.seconds_until_utc_midnight(now) if result.limit == "daily_session_seconds"
+                retry = (limits.seconds_until_utc_midnight(now) if result.limit == "daily_session_seconds_budget"
                          else self.settings.retry_after_seconds)
                 raise QuotaExceeded(f"the workspace's {result.limit.replace('_', ' ')} limit is reached",
                                     retry_after=retry, limit=result.limit)
@@ -179,6 +190,17 @@ class Scheduler:
         except ValidationError as exc:
             raise _validation_error(exc) from None
 
+    # --- GetSession (sandpool's addition) ------------------------------------------------------
+
+    async def get_session(self, caller: Caller, session_id: str) -> dict[str, Any]:
+        """The session's handle: what is in force, its times and reaping deadline. Not activity."""
+        if not SESSION_ID_PATTERN.fullmatch(session_id):
+            raise unknown_session()
+        handle = await self.store.handle(session_id, workspace=caller.workspace)
+        if handle is None:
+            raise unknown_session()
+        return handle
+
     # --- DestroySession ---------------------------------------------------------------------
 
     async def destroy_session(self, caller: Caller, session_id: str) -> None:
@@ -199,25 +221,26 @@ class Scheduler:
         doc, parsed = self._parse_exec(body)
         tool = parsed.tool
         # An upper bound of the timeout that will run, known before the session is read.
+        workspace_max_exec = caller.policy.get("max_exec_timeout_seconds", 0)
         bound = limits.exec_timeout(parsed.timeout_seconds, default=self.ceilings.default_exec,
                                     ceiling=self.ceilings.max_exec,
-                                    workspace_max=caller.policy.max_exec_timeout_seconds) or self.ceilings.max_exec
+                                    workspace_max=workspace_max_exec) or self.ceilings.max_exec
         target = await self._touch(caller, session_id, busy_for=bound + self.settings.exec_grace_seconds)
         # (The model already refused a non-integer; the fallback only keeps the type honest.)
         timeout = limits.exec_timeout(parsed.timeout_seconds, default=target.exec_timeout_seconds,
                                       ceiling=target.max_exec_timeout_seconds,
-                                      workspace_max=caller.policy.max_exec_timeout_seconds
+                                      workspace_max=workspace_max_exec
                                       ) or min(target.exec_timeout_seconds, target.max_exec_timeout_seconds)
         if doc.get("timeout_seconds") != timeout or isinstance(doc.get("timeout_seconds"), bool):
             doc["timeout_seconds"] = timeout
             body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
-        async def metered(status: int, outcome: str, elapsed: float, _: int) -> tuple[str, dict[str, Any]]:
+        async def metered(status: int, outcome: str, elapsed: float, _: int) -> Metered:
             if status != 200:
-                return "", {}
+                return NOTHING
             self.metrics.executions.labels(tool=tool, outcome=outcome).inc()
             self.metrics.execution_duration.labels(tool=tool).observe(elapsed)
-            return "execution", {usage.executions(tool): 1, usage.execution_seconds(tool): elapsed}
+            return Metered("execution", {usage.EXECUTIONS: 1, usage.EXECUTION_SECONDS: elapsed}, tool=tool)
 
         return await self._forward(
             caller, session_id, target, request, "POST", f"/sessions/{session_id}/exec",
@@ -250,8 +273,8 @@ class Scheduler:
     async def get_file(self, caller: Caller, session_id: str, request: Request) -> Response:
         target = await self._file_target(caller, session_id)
 
-        async def metered(status: int, _o: str, _e: float, moved: int) -> tuple[str, dict[str, Any]]:
-            return ("download", {usage.BYTES_DOWNLOADED: moved}) if status == 200 else ("", {})
+        async def metered(status: int, _o: str, _e: float, moved: int) -> Metered:
+            return Metered("download", {usage.BYTES_DOWNLOADED: moved}) if status == 200 else NOTHING
 
         return await self._forward(caller, session_id, target, request, "GET", f"/sessions/{session_id}/files",
                                    read_timeout=self.settings.forward_timeout_seconds, meter=metered)
@@ -263,16 +286,18 @@ class Scheduler:
             raise PayloadTooLarge(f"upload over the {cap}-byte cap")
         target = await self._file_target(caller, session_id)
         sent = _Counter()
+        file_bytes = FileBytes(request.headers.get("content-type"))
 
         async def stream() -> AsyncIterator[bytes]:
             async for chunk in request.stream():
                 sent.n += len(chunk)
                 if sent.n > cap:
                     raise _TooLarge()
+                file_bytes.feed(chunk)
                 yield chunk
 
-        async def metered(status: int, _o: str, _e: float, _m: int) -> tuple[str, dict[str, Any]]:
-            return ("upload", {usage.BYTES_UPLOADED: sent.n}) if status == 201 else ("", {})
+        async def metered(status: int, _o: str, _e: float, _m: int) -> Metered:
+            return Metered("upload", {usage.BYTES_UPLOADED: file_bytes.count}) if status == 201 else NOTHING
 
         return await self._forward(caller, session_id, target, request, "POST", f"/sessions/{session_id}/files",
                                    content=stream(), read_timeout=self.settings.forward_timeout_seconds,
@@ -295,7 +320,7 @@ class Scheduler:
     async def _forward(
         self, caller: Caller, session_id: str, target: Target, request: Request, method: str, path: str, *,
         read_timeout: float, content: bytes | AsyncIterator[bytes] | None = None,
-        meter: Callable[[int, str, float, int], Awaitable[tuple[str, dict[str, Any]]]] | None = None,
+        meter: Callable[[int, str, float, int], Awaitable[Metered]] | None = None,
     ) -> Response:
         """Send one call to the agent and stream its answer back; meter it once it has been relayed.
 
@@ -364,8 +389,8 @@ class Scheduler:
             finally:
                 await upstream.aclose()
                 self.clients.give_back(entry)
-            event, amounts = await meter(status, outcome, time.monotonic() - started, len(raw)) if meter else ("", {})
-            await self._done(caller, session_id, event=event, amounts=amounts)
+            metered = await meter(status, outcome, time.monotonic() - started, len(raw)) if meter else NOTHING
+            await self._done(caller, session_id, metered)
             return Response(raw, status_code=status, headers=headers_out)
 
         async def relay() -> AsyncIterator[bytes]:
@@ -390,15 +415,14 @@ class Scheduler:
                 self.clients.give_back(entry)
                 if not finished:
                     self._spawn(self._done(caller, session_id))
-            event, amounts = await meter(status, outcome, time.monotonic() - started, moved) if meter else ("", {})
-            await self._done(caller, session_id, event=event, amounts=amounts)
+            metered = await meter(status, outcome, time.monotonic() - started, moved) if meter else NOTHING
+            await self._done(caller, session_id, metered)
             if held is not None:
                 yield held
 
         return StreamingResponse(relay(), status_code=status, headers=headers_out)
 
-    async def _done(self, caller: Caller, session_id: str, *, event: str = "",
-                    amounts: dict[str, Any] | None = None) -> None:
+    async def _done(self, caller: Caller, session_id: str, metered: Metered | None = None) -> None:
         """Meter a finished call and mark the session active.
 
         The call already ran in the sandbox, so a Redis failure here must not turn its
@@ -406,14 +430,15 @@ class Scheduler:
         logged and counted, and the answer is relayed. (The script is not idempotent,
         so it is not retried either.)
         """
+        metered = metered or NOTHING
         try:
             await self.store.done(session_id=session_id, workspace=caller.workspace, now=time.time(),
-                                  event=event, amounts=amounts)
-        except REDIS_ERRORS as exc:
+                                  event=metered.event, tool=metered.tool, amounts=metered.amounts)
+        except StateUnavailable as exc:
             self.metrics.redis_errors.labels(service=SERVICE).inc()
             log.error("usage of a finished call not recorded", extra={
-                "session": session_id, "workspace": caller.workspace, "event": event, "amounts": amounts,
-                "error": type(exc).__name__})
+                "session": session_id, "workspace": caller.workspace, "event": metered.event,
+                "amounts": metered.amounts, "error": type(exc).__name__})
 
     async def _release_dead(self, caller: Caller, session_id: str, address: str) -> None:
         self.clients.forget(address)
@@ -435,7 +460,7 @@ class Scheduler:
             try:
                 released = await self.store.release(session_id=session_id, workspace=caller.workspace,
                                                     now=time.time(), mode="abandoned")
-            except REDIS_ERRORS:
+            except StateUnavailable:
                 pause = min(pause * 2, 2.0)
                 continue
             releases += 1

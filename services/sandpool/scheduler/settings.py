@@ -60,6 +60,10 @@ class SchedulerSettings(ServiceSettings):
     max_lifetime_seconds: int = Field(default=86400, ge=1, description="Ceiling of the max lifetime")
     default_exec_timeout_seconds: int = Field(default=60, ge=1, description="Exec timeout when none is asked")
     max_exec_timeout_seconds: int = Field(default=300, ge=1, description="Ceiling of the exec timeout")
+    workspace_max_concurrent_sessions: int = Field(default=0, ge=0, description=(
+        "Most live sessions one workspace may hold; a workspace policy may lower it (0: none)"))
+    workspace_daily_session_seconds_budget: int = Field(default=0, ge=0, description=(
+        "Session-seconds one workspace may use per UTC day; a workspace policy may lower it (0: none)"))
 
     # --- capacity and forwarding -------------------------------------------------------------
     capacity_wait_seconds: float = Field(default=0.0, ge=0, le=60, description=(

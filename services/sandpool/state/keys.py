@@ -14,10 +14,16 @@ Lifetimes:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 USAGE_DAY_RETENTION_DAYS = 400
 USAGE_STREAM_MAXLEN = 1_000_000
+
+
+def utc_day(now: float) -> str:
+    """The UTC day (`YYYY-MM-DD`) a usage figure at `now` counts towards."""
+    return time.strftime("%Y-%m-%d", time.gmtime(now))
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,10 @@ class Keys:
     def pool_members(self, pool: str) -> str:
         """Set of every sandbox id the pool owns, whatever its state (the ceiling counts these)."""
         return f"{self.base}pool:{pool}:members"
+
+    def pool_leased(self, pool: str) -> str:
+        """Set of the pool's leased sandbox ids (what its ceiling has promised away)."""
+        return f"{self.base}pool:{pool}:leased"
 
     @property
     def doomed(self) -> str:
@@ -115,5 +125,15 @@ class Keys:
 
     @property
     def pool_events(self) -> str:
-        """Pub/sub channel nudging the controller when a sandbox is released."""
+        """Pub/sub channel nudging the controller when a sandbox is leased or released."""
         return f"{self.base}controller:nudge"
+
+    @property
+    def released_sessions(self) -> str:
+        """Pub/sub channel of released session ids: every scheduler replica ends their calls in flight."""
+        return f"{self.base}sessions:released"
+
+    @property
+    def ceilings(self) -> str:
+        """String (JSON): the operator's ceilings of the workspace limits, as the scheduler enforces them."""
+        return f"{self.base}limits:ceilings"

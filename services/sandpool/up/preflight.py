@@ -53,18 +53,13 @@ def check_redis(settings: UpSettings) -> None:
     if settings.redis_url is None:
         redis_server_binary()
         return
-    import redis as redis_sync
+    from sandpool.state import StateUnavailable
+    from sandpool.state.client import ping_sync
 
-    from sandpool.core.redact import redact_url
-
-    client = redis_sync.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
     try:
-        client.ping()
-    except redis_sync.RedisError as exc:
-        raise ConfigurationError(f"Redis at {redact_url(settings.redis_url)} does not answer ({exc}): start it, "
-                                 "or drop --redis-url and let up start one") from None
-    finally:
-        client.close()
+        ping_sync(settings.redis_url)
+    except StateUnavailable as exc:
+        raise ConfigurationError(f"{exc}: start it, or drop --redis-url and let up start one") from None
 
 
 def check_data_dir(data_dir: Path) -> None:

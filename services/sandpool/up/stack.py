@@ -147,23 +147,20 @@ class Stack:
             "loglevel warning", 'logfile ""', ""]))
         self._spawn("redis", [str(conf)], program=redis_server_binary())
         url = f"redis://:{password}@127.0.0.1:{port}/0"
-        import redis as redis_sync
+        from sandpool.state import StateUnavailable
+        from sandpool.state.client import ping_sync
 
-        client = redis_sync.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
         deadline = time.monotonic() + 20
-        try:
-            while True:
-                try:
-                    if client.ping():
-                        return url
-                except redis_sync.RedisError:
-                    pass
-                if stopping.is_set() or time.monotonic() > deadline or self._exited("redis"):
-                    raise ConfigurationError(f"redis could not start: redis-server on port {port} did not "
-                                             "answer (its log is above; is the port free?)")
-                time.sleep(0.05)
-        finally:
-            client.close()
+        while True:
+            try:
+                ping_sync(url, timeout=1)
+                return url
+            except StateUnavailable:
+                pass
+            if stopping.is_set() or time.monotonic() > deadline or self._exited("redis"):
+                raise ConfigurationError(f"redis could not start: redis-server on port {port} did not "
+                                         "answer (its log is above; is the port free?)")
+            time.sleep(0.05)
 
     def _auth_material(self) -> tuple[Path, str | None]:
         if self.settings.auth_public_key is not None:
@@ -195,31 +192,29 @@ class Stack:
     def _wait_warm(self, scheduler_url: str, proxy_url: str | None, stopping: threading.Event) -> bool:
         """Wait for /readyz (scheduler, and proxy) and the pool's warm target, without leasing anything."""
         import httpx
-        import redis as redis_sync
 
+        from sandpool.state import StateUnavailable
+        from sandpool.state.client import ready_count_sync
         from sandpool.state.keys import Keys
 
         ready_key = Keys(prefix=self.prefix).pool_ready(self.pools[0])
-        client = redis_sync.Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        assert self.redis_url is not None
         deadline = time.monotonic() + self.settings.ready_timeout_seconds
         urls = [scheduler_url] + ([proxy_url] if proxy_url else [])
-        try:
-            with httpx.Client(timeout=2.0) as http:
-                while not stopping.is_set():
-                    if any(proc.poll() is not None for _, proc in self.children):
-                        return False
-                    try:
-                        ready = all(http.get(f"{u}/readyz").status_code == 200 for u in urls)
-                        warm = ready and int(client.llen(ready_key)) >= self.settings.pool_size
-                    except (httpx.HTTPError, redis_sync.RedisError):
-                        warm = False
-                    if warm:
-                        return True
-                    if time.monotonic() > deadline:
-                        return False
-                    stopping.wait(0.1)
-        finally:
-            client.close()
+        with httpx.Client(timeout=2.0) as http:
+            while not stopping.is_set():
+                if any(proc.poll() is not None for _, proc in self.children):
+                    return False
+                try:
+                    ready = all(http.get(f"{u}/readyz").status_code == 200 for u in urls)
+                    warm = ready and ready_count_sync(self.redis_url, ready_key) >= self.settings.pool_size
+                except (httpx.HTTPError, StateUnavailable):
+                    warm = False
+                if warm:
+                    return True
+                if time.monotonic() > deadline:
+                    return False
+                stopping.wait(0.1)
         return False
 
     # --- stop ------------------------------------------------------------------------
@@ -289,9 +284,9 @@ async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: s
     log.info("sandboxes destroyed", extra={"count": count})
     if redis_url is None:
         return
-    import redis.asyncio as aioredis
+    from sandpool.state import close, connect
 
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)
+    client = connect(redis_url, timeout=5)
     try:
         specs = [PoolSpec(name=name, image="", warm=0, ceiling=1) for name in pools]
         cleaner = PoolController(client, Keys(prefix=prefix), provider, specs, replica_id="sandpool-up-shutdown",
@@ -300,7 +295,7 @@ async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: s
     except Exception as exc:  # Redis gone already: the next start's reconciliation does it
         log.warning("could not forget sandbox records", extra={"error": str(exc)})
     finally:
-        await client.aclose()
+        await close(client)
 
 
 def _die_with_parent() -> Any:

@@ -1,0 +1,59 @@
+"""What the proxy keeps in Redis: workspace policies, revoked tokens, and the rate windows.
+
+Per contract request the proxy makes exactly one round trip (`admit`): it checks
+the token's revocation marker, counts the request in the workspace's rate
+window and reads the workspace's policy, atomically, in one script. The rate
+counter is a fixed UTC-minute window shared by every proxy replica, so the
+limit is exact however many replicas run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandpool.state import scripts
+from sandpool.state.client import Client
+from sandpool.state.errors import translated
+from sandpool.state.keys import Keys
+
+RATE_WINDOW_TTL = 120  # seconds a minute's counter outlives its minute (clock skew between replicas)
+
+
+@dataclass(frozen=True)
+class Admission:
+    revoked: bool
+    count: int
+    policy_raw: str | None
+
+
+class AdmissionStore:
+    def __init__(self, client: Client, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+        self._admit = client.register_script(scripts.ADMIT)
+
+    @translated
+    async def admit(self, workspace: str, jti: str | None, minute: int, *, count: bool) -> Admission:
+        """Revocation, the rate window (counting this request when `count`) and the policy, at once."""
+        keys = [self.keys.rate(workspace, minute), self.keys.workspace_policy(workspace)]
+        if jti is not None:
+            keys.append(self.keys.revoked(jti))
+        revoked, n, policy = await self._admit(keys=keys, args=["1" if count else "0", RATE_WINDOW_TTL])
+        return Admission(revoked=bool(int(revoked)), count=int(n), policy_raw=policy or None)
+
+    @translated
+    async def is_revoked(self, jti: str) -> bool:
+        return bool(await self.redis.exists(self.keys.revoked(jti)))
+
+    @translated
+    async def revoke(self, jti: str, ttl_seconds: int) -> None:
+        await self.redis.set(self.keys.revoked(jti), "1", ex=max(1, ttl_seconds))
+
+    @translated
+    async def get_policy(self, workspace: str) -> str | None:
+        raw = await self.redis.get(self.keys.workspace_policy(workspace))
+        return str(raw) if raw is not None else None
+
+    @translated
+    async def put_policy(self, workspace: str, raw: str) -> None:
+        await self.redis.set(self.keys.workspace_policy(workspace), raw)

@@ -1,0 +1,272 @@
+"""Sessions, leases and their usage in Redis: one script per state change, one round trip each.
+
+Used by the scheduler (lease, touch, done, release, reap), the proxy (an admin
+ending a session, listing a workspace's sessions) and the pool controller
+(releasing the session of a sandbox that vanished). Every method raises
+`StateUnavailable` or `StateError`, never a Redis exception.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sandpool.state import scripts
+from sandpool.state.client import Client
+from sandpool.state.errors import translated
+from sandpool.state.keys import USAGE_DAY_RETENTION_DAYS, USAGE_STREAM_MAXLEN, Keys, utc_day
+
+KEY_EXPIRY_MARGIN_SECONDS = 3600
+"""Session keys expire this long after their max lifetime: a safety net behind the reaper."""
+
+RETENTION_SECONDS = USAGE_DAY_RETENTION_DAYS * 86400
+_HOLE = "\x00"
+
+HANDLE_FIELDS = ("workspace", "pool", "image", "created_at", "last_activity_at", "idle_timeout_seconds",
+                 "max_lifetime_seconds", "exec_timeout_seconds", "max_exec_timeout_seconds", "limits")
+"""Session hash fields a handle may show. Never `secret` or `address`."""
+
+
+def _split(template: str) -> tuple[str, str]:
+    head, _, tail = template.partition(_HOLE)
+    return head, tail
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """What is in force for one session, reported on its handle."""
+
+    idle_timeout_seconds: int
+    max_lifetime_seconds: int
+    exec_timeout_seconds: int
+    max_exec_timeout_seconds: int
+
+
+@dataclass(frozen=True)
+class Leased:
+    sandbox: str
+    address: str
+    secret: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    kind: str  # "capacity" | "quota"
+    limit: str  # "capacity" or the name of the workspace limit that refused
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a session's calls go, and the exec timeouts in force for it."""
+
+    address: str
+    secret: str
+    exec_timeout_seconds: int
+    max_exec_timeout_seconds: int
+
+
+@dataclass(frozen=True)
+class Released:
+    reason: str  # destroy | dead | idle | lifetime | abandoned | admin
+    session_seconds: float
+    address: str
+    sandbox: str
+    workspace: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class PoolCounts:
+    starting: int
+    ready: int
+    leased: int
+    doomed: int
+
+
+def _number(value: str) -> int | float:
+    try:
+        return int(value)
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError:
+            return 0
+
+
+def _handle(session_id: str, values: list[str | None], deadline: float | None) -> dict[str, Any]:
+    record = dict(zip(HANDLE_FIELDS, values))
+    out: dict[str, Any] = {"session_id": session_id}
+    for name, value in record.items():
+        if value is None or name == "workspace":
+            continue
+        if name in ("pool", "image"):
+            out[name] = value
+        elif name == "limits":
+            try:
+                out["limits"] = json.loads(value)
+            except ValueError:
+                continue
+        else:
+            out[name] = _number(value)
+    out["deadline"] = deadline
+    return out
+
+
+class SessionStore:
+    """Sessions in Redis, one script per state change."""
+
+    def __init__(self, client: Client, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+        self._lease = client.register_script(scripts.LEASE)
+        self._touch = client.register_script(scripts.TOUCH)
+        self._done = client.register_script(scripts.DONE)
+        self._release = client.register_script(scripts.RELEASE)
+        self._pool_stats = client.register_script(scripts.POOL_STATS)
+        self._ws_sessions = _split(keys.workspace_sessions(_HOLE))
+        self._usage_total = _split(keys.usage_total(_HOLE))
+        self._pool_leased = _split(keys.pool_leased(_HOLE))
+
+    @translated
+    async def load_scripts(self) -> None:
+        """Load every script up front so the first request pays no SCRIPT LOAD."""
+        for script in (self._lease, self._touch, self._done, self._release, self._pool_stats):
+            await self.redis.script_load(script.script)
+
+    @translated
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    @translated
+    async def lease(self, *, session_id: str, workspace: str, pool: str, image: str, now: float,
+                    limits: SessionLimits, workspace_limits: Mapping[str, int],
+                    meter_capacity_refusal: bool = True) -> Leased | Refused:
+        """Lease a ready sandbox of `pool` for a new session, within the workspace's lease limits."""
+        k = self.keys
+        request = {
+            "session": session_id, "workspace": workspace, "pool": pool, "image": image, "now": repr(now),
+            "idle": limits.idle_timeout_seconds, "lifetime": limits.max_lifetime_seconds,
+            "exec": limits.exec_timeout_seconds, "max_exec": limits.max_exec_timeout_seconds,
+            "limits": {name: int(value) for name, value in workspace_limits.items()},
+            "meter_refusal": meter_capacity_refusal, "retention": RETENTION_SECONDS,
+            "maxlen": USAGE_STREAM_MAXLEN, "expiry_margin": KEY_EXPIRY_MARGIN_SECONDS, "nudge": k.pool_events,
+            "sandbox_prefix": k.sandbox_prefix, "session_prefix": k.session_prefix,
+        }
+        result = await self._lease(
+            keys=[k.pool_ready(pool), k.session(session_id), k.deadlines, k.workspace_sessions(workspace),
+                  k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
+                  k.usage_events, k.doomed, k.pool_leased(pool)],
+            args=[json.dumps(request, separators=(",", ":"))],
+        )
+        if result[0] == "ok":
+            return Leased(sandbox=result[1], address=result[2], secret=result[3])
+        return Refused(kind=result[0], limit=result[1] if len(result) > 1 else "capacity")
+
+    @translated
+    async def touch(self, *, session_id: str, workspace: str, now: float, busy_for: float) -> Target | None:
+        """Resolve a session for a call (None: unknown, expired, or another workspace's)."""
+        k = self.keys
+        found = await self._touch(keys=[k.session(session_id), k.deadlines],
+                                  args=[session_id, workspace, repr(now), repr(float(busy_for))])
+        if not found:
+            return None
+        address, secret, exec_timeout, max_exec = found
+        return Target(address=address, secret=secret, exec_timeout_seconds=int(exec_timeout),
+                      max_exec_timeout_seconds=int(max_exec))
+
+    @translated
+    async def done(self, *, session_id: str, workspace: str, now: float, event: str = "", tool: str = "",
+                   amounts: Mapping[str, int | float] | None = None) -> None:
+        """After a call: meter `amounts` (totals, and per tool when `tool` is given), mark the session active."""
+        k = self.keys
+        args: list[Any] = [session_id, workspace, repr(now), RETENTION_SECONDS, USAGE_STREAM_MAXLEN, event, tool]
+        for field, amount in (amounts or {}).items():
+            args += [field, f"{amount:.3f}" if isinstance(amount, float) else int(amount)]
+        await self._done(
+            keys=[k.session(session_id), k.deadlines, k.usage_total(workspace),
+                  k.usage_day(workspace, utc_day(now)), k.usage_workspaces, k.usage_events],
+            args=args,
+        )
+
+    @translated
+    async def release(self, *, session_id: str, workspace: str | None, now: float, mode: str) -> Released | None:
+        """Release a session; `workspace=None` releases whoever owns it (the reaper, an admin)."""
+        k = self.keys
+        day_head, day_tail = _split(k.usage_day(_HOLE, utc_day(now)))
+        result = await self._release(
+            keys=[k.session(session_id), k.deadlines, k.doomed, k.usage_workspaces, k.usage_events],
+            args=[session_id, workspace or "", repr(now), mode, k.sandbox_prefix, *self._ws_sessions,
+                  *self._usage_total, day_head, day_tail, RETENTION_SECONDS, USAGE_STREAM_MAXLEN,
+                  k.pool_events, *self._pool_leased, k.released_sessions],
+        )
+        if not result:
+            return None
+        reason, seconds, address, sandbox, owner, pool = result
+        return Released(reason=reason, session_seconds=float(seconds), address=address or "", sandbox=sandbox,
+                        workspace=owner, pool=pool or "")
+
+    @translated
+    async def handle(self, session_id: str, *, workspace: str | None) -> dict[str, Any] | None:
+        """A session's handle (what is in force, its times and deadline); None when unknown or, with
+        `workspace`, another workspace's. Reading it is not activity: nothing is touched."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self.keys.session(session_id), HANDLE_FIELDS)
+            pipe.zscore(self.keys.deadlines, session_id)
+            values, deadline = await pipe.execute()
+        owner = values[0]
+        if owner is None or (workspace is not None and owner != workspace):
+            return None
+        handle = _handle(session_id, values, deadline)
+        handle["workspace"] = owner
+        return handle
+
+    @translated
+    async def of_workspace(self, workspace: str, limit: int) -> list[dict[str, Any]]:
+        """The workspace's live sessions (handles, sorted by id); stale set members are skipped."""
+        ids: list[str] = []
+        async for session_id in self.redis.sscan_iter(self.keys.workspace_sessions(workspace), count=500):
+            ids.append(session_id)
+            if len(ids) >= limit:
+                break
+        if not ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in ids:
+                pipe.hmget(self.keys.session(session_id), HANDLE_FIELDS)
+                pipe.zscore(self.keys.deadlines, session_id)
+            results = await pipe.execute()
+        out = []
+        for index, session_id in enumerate(ids):
+            values, deadline = results[2 * index], results[2 * index + 1]
+            if values[0] != workspace:
+                continue  # released meanwhile, or not this workspace's: never show it
+            out.append(_handle(session_id, values, deadline))
+        return sorted(out, key=lambda item: item["session_id"])
+
+    @translated
+    async def due(self, now: float, limit: int) -> list[str]:
+        """Session ids whose deadline has passed, oldest first (an index range, never a scan)."""
+        return list(await self.redis.zrangebyscore(self.keys.deadlines, "-inf", now, start=0, num=limit))
+
+    @translated
+    async def pool_counts(self, pool: str) -> PoolCounts:
+        starting, ready, leased, doomed = await self._pool_stats(
+            keys=[self.keys.pool_members(pool)], args=[self.keys.sandbox_prefix])
+        return PoolCounts(int(starting), int(ready), int(leased), int(doomed))
+
+    @translated
+    async def publish_ceilings(self, ceilings: Mapping[str, int]) -> None:
+        """The operator's ceilings of the workspace limits, for the proxy's policy views."""
+        await self.redis.set(self.keys.ceilings, json.dumps(dict(ceilings), sort_keys=True))
+
+    @translated
+    async def ceilings(self) -> dict[str, int]:
+        """The ceilings a scheduler published ({} before any did)."""
+        raw = await self.redis.get(self.keys.ceilings)
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError:
+            return {}
+        return {str(k): int(v) for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
