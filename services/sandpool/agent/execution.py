@@ -88,7 +88,7 @@ class PersistentChild:
             await self.worker.close()
 
     async def _current(self) -> Worker:
-        if self.worker is None or self.worker.dead:
+        if self.worker is None or self.worker.dead or self.worker.output_lost:
             if self.worker is not None:
                 await self.worker.close()
             self.worker = await self.replacement()
@@ -123,6 +123,9 @@ class PersistentChild:
             return_code = code if code is not None else 1
             note = f"[sandpool: the {self.kind} exited with status {return_code}; a new one was started]\n"
         worker.drain_output()
+        if worker.output_lost and not lost:
+            lost = True
+            note += f"[sandpool: the {self.kind} closed its output; a new one was started]\n"
         if timed_out and not lost:
             worker.kill_descendants()
         worker.current = None

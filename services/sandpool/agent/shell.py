@@ -4,7 +4,9 @@ Commands are fed NUL-terminated on a dedicated fd and run with `eval`; the
 status comes back on another fd. Unbalanced quotes or a heredoc without its end
 in a command therefore cannot desynchronise the framing: `eval` sees the whole
 command as one string and fails it as a syntax error. Each command's stdin is
-/dev/null. A command that runs `exit` ends the shell: its status is reported
+/dev/null. fds 1 and 2 are put back after every command (the loop keeps copies),
+so `exec >&-` or `exec 2>file` cannot cut later commands' output off. A command
+that runs `exit` ends the shell: its status is reported
 and a new shell takes over (the result says so).
 
 The `INT` trap keeps the shell alive when a timeout interrupts the command it
@@ -25,6 +27,7 @@ from sandpool.agent.worker import Worker, WorkerDied
 LOOP = r"""
 trap ':' INT
 __sandpool_in=$1; __sandpool_out=$2; __sandpool_seq=0; shift 2
+exec {__sandpool_stdout}>&1 {__sandpool_stderr}>&2
 while :; do
   IFS= read -r -d '' __sandpool_cmd <&"$__sandpool_in"
   __sandpool_rc=$?
@@ -32,7 +35,9 @@ while :; do
   if [ "$__sandpool_rc" -ne 0 ]; then break; fi
   __sandpool_seq=$((__sandpool_seq + 1))
   eval "$__sandpool_cmd" </dev/null
-  printf '%d %d\n' "$__sandpool_seq" "$?" >&"$__sandpool_out"
+  __sandpool_rc=$?
+  exec 1>&"$__sandpool_stdout" 2>&"$__sandpool_stderr"
+  printf '%d %d\n' "$__sandpool_seq" "$__sandpool_rc" >&"$__sandpool_out"
 done
 """
 
