@@ -21,6 +21,7 @@ import os
 import signal
 import struct
 import sys
+import time
 import traceback
 
 _HEADER = struct.Struct(">I")
@@ -205,6 +206,26 @@ def run(source: str, namespace: dict) -> tuple[int, bool]:
     return 1, False
 
 
+def _reap(pids: object) -> None:
+    """Reap these children (the agent killed them at the process cap; as zombies they would
+    keep holding slots of it). Only the named ones: others belong to the cell's own Popen objects."""
+    if not isinstance(pids, list):
+        return
+    deadline = time.monotonic() + 1.0
+    for pid in pids:
+        if not isinstance(pid, int) or pid <= 0:
+            continue
+        while True:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] != 0:
+                    break
+            except (ChildProcessError, OSError):
+                break
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.001)
+
+
 def _warm(namespace: dict) -> None:
     # Pay the first-call costs (compiler, traceback formatting, ctypes) before the first call.
     exec(compile("_ = 1\n", "<warm>", "exec"), namespace)
@@ -229,6 +250,10 @@ def main(argv: list[str]) -> int:
         request = _recv(in_fd)
         if request is None:
             return 0
+        if "reap" in request:
+            _reap(request["reap"])
+            _send(out_fd, {"event": "done", "id": request.get("id"), "return_code": 0, "interrupted": False})
+            continue
         code, interrupted = run(request.get("code", ""), namespace)
         _flush_all()
         _send(out_fd, {"event": "done", "id": request.get("id"), "return_code": code, "interrupted": interrupted})

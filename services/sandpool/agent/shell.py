@@ -12,6 +12,12 @@ and a new shell takes over (the result says so).
 The `INT` trap keeps the shell alive when a timeout interrupts the command it
 is running (bash would otherwise exit with its child), so cwd and variables
 survive an interrupted call; a `read` interrupted by a late SIGINT resumes.
+
+The loop calls no command a session's function could stand in for: the
+classic fork bomb `:(){ :|:& };:` redefines `:`, which a `while :` loop would
+then run before every call. It uses keywords (`while (( 1 ))`), an assignment
+as its trap, and `builtin ...`, after removing any function named `builtin`
+with `unset` in POSIX mode (where special builtins come before functions).
 """
 
 from __future__ import annotations
@@ -25,19 +31,21 @@ from sandpool.agent.execution import ChildStartFailed, PersistentChild
 from sandpool.agent.worker import Worker, WorkerDied
 
 LOOP = r"""
-trap ':' INT
+trap '__sandpool_interrupted=1' INT
 __sandpool_in=$1; __sandpool_out=$2; __sandpool_seq=0; shift 2
 exec {__sandpool_stdout}>&1 {__sandpool_stderr}>&2
-while :; do
-  IFS= read -r -d '' __sandpool_cmd <&"$__sandpool_in"
+while (( 1 )); do
+  POSIXLY_CORRECT=1; unset -f builtin; unset POSIXLY_CORRECT
+  IFS= builtin read -r -d '' __sandpool_cmd <&"$__sandpool_in"
   __sandpool_rc=$?
-  if [ "$__sandpool_rc" -gt 128 ]; then continue; fi
-  if [ "$__sandpool_rc" -ne 0 ]; then break; fi
-  __sandpool_seq=$((__sandpool_seq + 1))
-  eval "$__sandpool_cmd" </dev/null
+  if (( __sandpool_rc > 128 )); then builtin continue; fi
+  if (( __sandpool_rc != 0 )); then builtin break; fi
+  (( __sandpool_seq += 1 ))
+  builtin eval "$__sandpool_cmd" </dev/null
   __sandpool_rc=$?
-  exec 1>&"$__sandpool_stdout" 2>&"$__sandpool_stderr"
-  printf '%d %d\n' "$__sandpool_seq" "$__sandpool_rc" >&"$__sandpool_out"
+  POSIXLY_CORRECT=1; unset -f builtin; unset POSIXLY_CORRECT
+  builtin exec 1>&"$__sandpool_stdout" 2>&"$__sandpool_stderr"
+  builtin printf '%d %d\n' "$__sandpool_seq" "$__sandpool_rc" >&"$__sandpool_out"
 done
 """
 
