@@ -215,3 +215,16 @@ def test_an_interpreter_that_closed_every_copy_of_its_output_is_replaced(agent: 
     fresh = agent.py("print('captured')")
     assert content(fresh)["stdout"] == "captured\n"
     assert closing.get("interpreter_restarted") is True and fresh.get("interpreter_restarted") is True
+
+
+def test_functions_named_like_the_shell_loops_commands_do_not_break_it(agent: Agent) -> None:
+    # The classic fork bomb names its function `:`; a loop running `while :` would call it.
+    defined = content(agent.sh(":() { echo colon; }; true() { echo true; }; read() { echo myread; }\n"
+                               "printf() { echo myprintf; }; eval() { echo myeval; }; builtin() { echo b; }\n"
+                               "trap() { echo mytrap; }; echo defined"))
+    assert defined["stdout"] == "defined\n" and defined["return_code"] == 0
+    after = content(agent.sh("echo still; :; read; printf x"))
+    assert after["stdout"] == "still\ncolon\nmyread\nmyprintf\n", after
+    interrupted = agent.sh("sleep 30", timeout=1)
+    assert interrupted["limit_exceeded"] == "timeout" and "shell_restarted" not in interrupted
+    assert content(agent.sh("unset -f : true read printf eval trap; echo clean"))["stdout"] == "clean\n"

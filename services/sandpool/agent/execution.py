@@ -144,7 +144,7 @@ class PersistentChild:
             lost = True
             note += f"[sandpool: the {self.kind} closed its output; a new one was started]\n"
         if self.cap is not None:
-            report = self.cap.end_call(self.keep())
+            report = await self.cap.end_call(self.keep())
             if report.hit:
                 capped = True
                 worker.drain_output()

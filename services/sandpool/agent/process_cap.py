@@ -32,11 +32,13 @@ asked to), so no zombie keeps holding a slot of the cap.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger("sandpool.agent.process_cap")
@@ -44,6 +46,9 @@ log = logging.getLogger("sandpool.agent.process_cap")
 RESERVE_FRACTION = 8
 """An eighth of the cap (at least MIN_RESERVE) no single generation may take."""
 MIN_RESERVE = 8
+REAP_SECONDS = 0.2
+SETTLE_SECONDS = 0.1
+SETTLE_POLL_SECONDS = 0.005
 MAX_BACKGROUND_GENERATIONS = 32
 """Beyond this many generations still running, what calls leave behind stays in the live one."""
 KILL_ROUNDS = 50
@@ -67,8 +72,10 @@ class CallReport:
 class CodeCgroup:
     """The code cgroup and its generations (see the module docstring). One per agent."""
 
-    def __init__(self, dir_fd: int, *, version: int, cap: int | None) -> None:
+    def __init__(self, dir_fd: int, *, version: int, cap: int | None,
+                 reap: Callable[[], None] = lambda: None) -> None:
         self.dir_fd = dir_fd
+        self._reap = reap
         self.version = version
         self.cap = cap
         self.reserve = max(min(MIN_RESERVE, (cap or 0) // 4), (cap or 0) // RESERVE_FRACTION)
@@ -116,10 +123,15 @@ class CodeCgroup:
             self.live.seen = _max_events(self.live.events_fd)
         self._code_seen = _max_events(self._code_events)
 
-    def end_call(self, keep: set[int]) -> CallReport:
+    async def end_call(self, keep: set[int]) -> CallReport:
         """After a call: kill what it started if it hit the cap; otherwise, if it left processes
         running, leave them in their generation and start a new live one. `keep`: the agent's
-        own children (interpreter, spare, shell)."""
+        own children (interpreter, spare, shell).
+
+        What a call leaves running is watched for a moment (`SETTLE_SECONDS`, only while it is
+        still forking): a bomb that returned at once (`:(){ :|:& };:`) reaches the cap then, and
+        counts as this call's, killed before the next call starts instead of writing its
+        complaints into that call's output."""
         report = CallReport()
         live = self.live
         if live is None:
@@ -135,9 +147,29 @@ class CodeCgroup:
             report.killed = self._kill_members(live, keep)
             live.seen = _max_events(live.events_fd)
         self._code_seen = _max_events(self._code_events)
-        if not report.hit and _members(live.dir_fd) - keep:
-            self._leave_behind(live, keep)
+        if not report.hit and _members(live.dir_fd) - keep and self._leave_behind(live, keep):
+            if await self._settles(live):
+                return report
+            report.hit = True
+            live.seen = _max_events(live.events_fd)
+            report.killed = self._kill_members(live, set())
+            self._try_remove(live)
         return report
+
+    async def _settles(self, gen: Generation) -> bool:
+        """False if the group hits the cap while it is still growing, within SETTLE_SECONDS."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTLE_SECONDS
+        count = _tasks(gen.dir_fd)
+        while True:
+            if _max_events(gen.events_fd) > gen.seen:
+                return False
+            if loop.time() >= deadline:
+                return True
+            await asyncio.sleep(SETTLE_POLL_SECONDS)
+            previous, count = count, _tasks(gen.dir_fd)
+            if count <= previous and _max_events(gen.events_fd) == gen.seen:
+                return True
 
     def check_background(self) -> int:
         """Kill every background generation whose fork hit the cap; remove the empty ones.
@@ -155,9 +187,9 @@ class CodeCgroup:
         return hits
 
     # -- mechanics ---------------------------------------------------------------------------
-    def _leave_behind(self, old: Generation, keep: set[int]) -> None:
+    def _leave_behind(self, old: Generation, keep: set[int]) -> bool:
         if len(self.background) >= MAX_BACKGROUND_GENERATIONS:
-            return
+            return False
         new = self._new_generation()
         procs = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=new.dir_fd)
         try:
@@ -170,6 +202,7 @@ class CodeCgroup:
             os.close(procs)
         self.background.append(old)
         self.live = new
+        return True
 
     def _kill_members(self, gen: Generation, keep: set[int]) -> set[int]:
         """SIGSTOP then SIGKILL every process of the group but `keep`, round after round."""
@@ -187,7 +220,21 @@ class CodeCgroup:
             killed |= targets
             time.sleep(0.001)
         self.killed_children |= killed
+        self._reap_orphans(killed)
         return killed
+
+    def _reap_orphans(self, killed: set[int]) -> None:
+        """Reap, now, the killed processes that were the agent's (orphans re-parented to it):
+        until then their zombies hold slots of the cap, and the next call's forks would fail.
+        (Its event loop gets no SIGCHLD: uvloop keeps that signal to itself.)"""
+        me = os.getpid()
+        deadline = time.monotonic() + REAP_SECONDS
+        while True:
+            self._reap()
+            left = [pid for pid in killed if _parent(pid) == me]
+            if not left or time.monotonic() > deadline:
+                return
+            time.sleep(0.001)
 
     def _try_remove(self, gen: Generation) -> None:
         try:
@@ -219,13 +266,14 @@ class CodeCgroup:
         return sorted(killed)
 
 
-def from_settings(settings: object) -> CodeCgroup | None:
-    """The code cgroup the zygote handed over (`--code-cgroup-fd`), started; None without one."""
+def from_settings(settings: object, reap: Callable[[], None]) -> CodeCgroup | None:
+    """The code cgroup the zygote handed over (`--code-cgroup-fd`), started; None without one.
+    `reap`: reaps the agent's exited children."""
     fd = getattr(settings, "code_cgroup_fd", None)
     if fd is None:
         return None
     cap = CodeCgroup(fd, version=getattr(settings, "code_cgroup_version", 2),
-                     cap=getattr(settings, "process_cap", None))
+                     cap=getattr(settings, "process_cap", None), reap=reap)
     cap.start()
     return cap
 
@@ -244,6 +292,27 @@ def _max_events(fd: int) -> int:
             except ValueError:
                 return 0
     return 0
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _tasks(dir_fd: int) -> int:
+    try:
+        fd = os.open("pids.current", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return 0
+    try:
+        return int(os.read(fd, 64) or b"0")
+    except (OSError, ValueError):
+        return 0
+    finally:
+        os.close(fd)
 
 
 def _members(dir_fd: int) -> set[int]:

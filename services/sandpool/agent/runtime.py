@@ -54,7 +54,7 @@ class Runtime:
         if not self.policy.drops_privileges:
             log.warning("sandboxed code runs as the agent's own uid (no --sandbox-uid, or not root)")
         hardening.prepare_workspace(str(self.workspace.root), self.policy)
-        self.cap = process_cap.from_settings(self.settings)
+        self.cap = process_cap.from_settings(self.settings, self.reaper.reap)
         for child in (self.interpreter, self.shell):
             child.cap = self.cap
             child.keep = lambda: set(self.reaper.watched)

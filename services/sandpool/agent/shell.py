@@ -43,8 +43,8 @@ while (( 1 )); do
   (( __sandpool_seq += 1 ))
   builtin eval "$__sandpool_cmd" </dev/null
   __sandpool_rc=$?
-  POSIXLY_CORRECT=1; unset -f builtin; unset POSIXLY_CORRECT
-  builtin exec 1>&"$__sandpool_stdout" 2>&"$__sandpool_stderr"
+  POSIXLY_CORRECT=1; unset -f builtin; exec 1>&"$__sandpool_stdout" 2>&"$__sandpool_stderr"
+  unset POSIXLY_CORRECT
   builtin printf '%d %d\n' "$__sandpool_seq" "$__sandpool_rc" >&"$__sandpool_out"
 done
 """
