@@ -27,10 +27,10 @@ unified hierarchy, with `memory.max`, `memory.swap.max`, `cpu.max` and
 `Delegate=yes` do. The CPU controller is optional: without it sandboxes get no
 CPU quota and the layer's detail says so.
 
-The agent gets a descriptor to `code/` from a cgroup mount made inside the
-sandbox's own cgroup namespace and detached at once: `..` from it stops at
-`sandbox/`, so a compromised agent can neither lift the limits on `<id>/` nor
-reach another sandbox's groups or the host's.
+The agent gets a descriptor of `code/` on a detached bind mount of that
+directory alone (`open_tree`): `..` from it stops at `code/`, so a compromised
+agent can neither lift the limits on `<id>/` nor reach another sandbox's
+groups or the host's.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,8 @@ from . import linux
 CONTROLLERS = ("memory", "pids")
 OPTIONAL_CONTROLLERS = ("cpu",)
 CPU_PERIOD_US = 100_000
+V1_SHARES = (1024, 2, 262144)  # cpu.shares: one process's weight, the kernel's bounds
+V2_WEIGHT = (100, 1, 10000)  # cpu.weight
 NS_ROOT = "sandbox"
 AGENT_DIR = "agent"
 CODE_DIR = "code"
@@ -116,6 +119,7 @@ class SandboxCgroup:
     code_dir: Path | None = None
     code_pids_max: int | None = None
     mount_data: str = ""  # v1: the options that mount the pids hierarchy
+    on_removed: Callable[[], None] | None = field(default=None, repr=False)
 
     def join(self, pid: int = 0) -> None:
         """Move `pid` (0: the caller) into the sandbox's groups; done first thing in the sandbox.
@@ -141,15 +145,26 @@ class SandboxCgroup:
         (self.code_dir / "cgroup.subtree_control").write_text("+pids")
 
     def open_code_dir(self, *, private_mount_at: str | None) -> int:
-        """A descriptor of `code/` for the agent (close-on-exec).
+        """A descriptor of `code/` for the agent (close-on-exec) that `..` cannot leave.
 
-        With `private_mount_at` (an empty directory, in the sandbox's own mount and cgroup
-        namespaces) it comes from a cgroup mount rooted at `sandbox/` that is detached right
-        away, so `..` cannot leave the sandbox's groups. Without namespaces it is the host
-        path, and the agent could walk up from it.
+        It lives on a detached bind mount of `code/` alone (`open_tree`), so walking up from
+        it ends at `code/` itself. Where `open_tree` is missing (Linux < 5.2) and
+        `private_mount_at` is given (an empty directory, in the sandbox's own mount and cgroup
+        namespaces), it comes from a cgroup mount rooted at the namespace's root (`sandbox/`),
+        detached right away. Without either it is the host path, and the agent could walk up.
         """
         assert self.code_dir is not None
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        try:
+            tree = linux.open_tree_clone(str(self.code_dir))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSYS, errno.EINVAL):
+                raise
+        else:
+            try:
+                return os.open(".", flags, dir_fd=tree)  # a readable descriptor on the same mount
+            finally:
+                os.close(tree)
         if private_mount_at is None:
             return os.open(self.code_dir, flags)
         linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
@@ -229,6 +244,9 @@ class SandboxCgroup:
                         except OSError:
                             pass
             if not remaining or time.monotonic() > deadline:
+                if not remaining and self.on_removed is not None:
+                    self.on_removed()
+                    self.on_removed = None
                 return not remaining
             time.sleep(0.005)
 
@@ -242,6 +260,7 @@ class CgroupManager:
     cpu: bool = False
     mount_data: dict[str, str] = field(default_factory=dict)  # v1 controller -> its mount options
     cpu_missing: str = ""
+    cpu_weights: dict[str, int] = field(default_factory=dict)  # sandbox -> its CPU weight
 
     @property
     def detail(self) -> str:
@@ -265,8 +284,10 @@ class CgroupManager:
                 if memory_bytes:
                     (top / "memory.max").write_text(str(memory_bytes))
                     _write_optional(top / "memory.swap.max", "0")
-                if cpu_millis and self.cpu:
-                    (top / "cpu.max").write_text(f"{_quota_us(cpu_millis)} {CPU_PERIOD_US}")
+                if self.cpu:
+                    if cpu_millis:
+                        (top / "cpu.max").write_text(f"{_quota_us(cpu_millis)} {CPU_PERIOD_US}")
+                    self._weigh(name, top / "cpu.weight", cpu_millis, V2_WEIGHT)
                 if pids_max:
                     (top / "pids.max").write_text(str(pids_max))
                 (top / "cgroup.subtree_control").write_text("+pids")
@@ -274,7 +295,8 @@ class CgroupManager:
                 ns_root.mkdir()
                 (ns_root / AGENT_DIR).mkdir()
                 (ns_root / CODE_DIR).mkdir()
-                return SandboxCgroup(dirs, 2, [ns_root], ns_root / CODE_DIR, code_pids_max)
+                return SandboxCgroup(dirs, 2, [ns_root], ns_root / CODE_DIR, code_pids_max,
+                                     on_removed=lambda: self._unweigh(name))
             mem = self.bases["memory"] / name
             mem.mkdir()
             dirs.append(mem)
@@ -289,6 +311,7 @@ class CgroupManager:
                 if cpu_millis:
                     (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
                     (cpu / "cpu.cfs_quota_us").write_text(str(_quota_us(cpu_millis)))
+                self._weigh(name, cpu / "cpu.shares", cpu_millis, V1_SHARES)
                 join.append(cpu)
             pids = self.bases["pids"] / name
             pids.mkdir()
@@ -302,10 +325,34 @@ class CgroupManager:
             if code_pids_max:
                 (code / "pids.max").write_text(str(code_pids_max))
             join.append(ns_root)
-            return SandboxCgroup(dirs, 1, join, code, code_pids_max, self.mount_data.get("pids", "pids"))
+            return SandboxCgroup(dirs, 1, join, code, code_pids_max, self.mount_data.get("pids", "pids"),
+                                 on_removed=lambda: self._unweigh(name))
         except OSError as exc:
-            SandboxCgroup(dirs, self.version).remove(0.5)
+            SandboxCgroup(dirs, self.version, on_removed=lambda: self._unweigh(name)).remove(0.5)
             raise CgroupError(f"cannot create the sandbox's cgroup: {exc.strerror}") from None
+
+    def _weigh(self, name: str, path: Path, cpu_millis: int | None, scale: tuple[int, int, int]) -> None:
+        """Give the sandbox's group the CPU weight of its quota (one busy process per core it may
+        use; one without a quota weighs one), and the zygote's base group the sum of them all.
+
+        Without the second step every sandbox of the zygote would share the weight of a
+        single process against whatever else runs beside the service: a busy host would
+        starve them all, and a busy control plane would too."""
+        default, low, high = scale
+        weight = min(high, max(low, default * (cpu_millis or 1000) // 1000))
+        path.write_text(str(weight))
+        self.cpu_weights[name] = weight
+        self._write_base_weight(scale)
+
+    def _unweigh(self, name: str) -> None:
+        if self.cpu_weights.pop(name, None) is not None:
+            self._write_base_weight(V2_WEIGHT if self.version == 2 else V1_SHARES)
+
+    def _write_base_weight(self, scale: tuple[int, int, int]) -> None:
+        default, low, high = scale
+        base = self.bases["" if self.version == 2 else "cpu"]
+        total = min(high, max(default, sum(self.cpu_weights.values())))
+        _write_optional(base / ("cpu.weight" if self.version == 2 else "cpu.shares"), str(total))
 
     def close(self) -> None:
         """Remove this zygote's base directories (every sandbox group must be gone)."""
@@ -330,8 +377,10 @@ def _write_optional(path: Path, value: str) -> None:
 
 
 def _children(base: Path) -> list[Path]:
+    """Sub-groups of `base` (from the directory's own entry types: no stat per control file)."""
     try:
-        return [p for p in base.iterdir() if p.is_dir()]
+        with os.scandir(base) as entries:
+            return [base / e.name for e in entries if e.is_dir(follow_symlinks=False)]
     except OSError:
         return []
 
