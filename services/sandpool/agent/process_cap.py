@@ -52,6 +52,7 @@ SETTLE_POLL_SECONDS = 0.005
 MAX_BACKGROUND_GENERATIONS = 32
 """Beyond this many generations still running, what calls leave behind stays in the live one."""
 KILL_ROUNDS = 50
+MAX_PENDING_REAP = 4096
 
 
 @dataclass
@@ -219,7 +220,8 @@ class CodeCgroup:
                         pass
             killed |= targets
             time.sleep(0.001)
-        self.killed_children |= killed
+        if len(self.killed_children) < MAX_PENDING_REAP:
+            self.killed_children |= killed
         self._reap_orphans(killed)
         return killed
 

@@ -200,10 +200,12 @@ class SandboxCgroup:
     def memory_events(self) -> dict[str, int]:
         """How often the limits fired: {'oom_kill': n, 'pids_max': n} where readable."""
         out: dict[str, int] = {}
-        for d in self.dirs:
+        for d in self._tree():  # a fork fails in (v1), or at the limit of (v2), a nested group
             for name, key, out_key in (("memory.events", "oom_kill", "oom_kill"),
                                        ("memory.oom_control", "oom_kill", "oom_kill"),
                                        ("pids.events", "max", "pids_max")):
+                if d not in self.dirs and name != "pids.events":
+                    continue
                 try:
                     for line in (d / name).read_text().splitlines():
                         k, _, v = line.partition(" ")
