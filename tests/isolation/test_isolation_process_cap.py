@@ -36,7 +36,7 @@ def test_the_agent_is_outside_the_capped_code_group(harness: Harness) -> None:
     assert (code / "pids.max").read_text().strip() == "32"
     members = {int(p) for g in code.glob("**/") for p in (g / "cgroup.procs").read_text().split()}
     assert sandbox.handle.pid not in members
-    assert len(members) >= 3  # interpreter, its spare, shell: every child of the agent is in there
+    assert len(members) >= 2  # interpreter and shell (and the spare, once warm): the agent's children
     agent_group = top / "sandbox" if (top / "sandbox" / "tasks").exists() else top / "sandbox" / "agent"
     assert sandbox.handle.pid in {int(p) for p in (agent_group / "cgroup.procs").read_text().split()}
     harness.kill(sandbox)
