@@ -171,3 +171,60 @@ def test_a_stopped_interpreter_does_not_hang_the_agent(agent: Agent) -> None:
     assert result["interpreter_restarted"] is True
     assert agent.client.get("/healthz").status_code == 200
     assert content(agent.py("print('fresh')"))["stdout"] == "fresh\n"
+
+
+def test_interpreter_survives_a_cell_that_closes_fds_1_and_2(agent: Agent) -> None:
+    agent.py("kept = 'state'")
+    closed = agent.exec("code_execution", code="import os\nos.close(1)\nos.close(2)")
+    assert closed.status_code == 200
+    assert content(closed.json())["return_code"] == 0
+    after = content(agent.py("import os, subprocess, sys\nprint(kept)\nos.write(1, b'raw\\n')\n"
+                             "subprocess.run(['echo', 'child'])\nprint('err', file=sys.stderr)"))
+    assert after["stdout"] == "state\nraw\nchild\n" and after["stderr"] == "err\n", after
+    assert "interpreter_restarted" not in after
+    # Closed again, and a traceback to report in the same cell: still a result, still the same interpreter.
+    failing = content(agent.py("import os\nos.close(1)\nos.close(2)\nraise ValueError('after close')"))
+    assert failing["return_code"] == 1 and "ValueError: after close" in failing["stderr"]
+    # Python-level streams closed or swapped for a broken object are put back too.
+    content(agent.py("import sys\nsys.stdout.close()\nsys.stderr = None"))
+    again = content(agent.py("print(kept)\nraise KeyError('k')"))
+    assert again["stdout"] == "state\n" and "KeyError: 'k'" in again["stderr"], again
+
+
+def test_output_redirected_by_a_cell_comes_back_for_the_next_one(agent: Agent) -> None:
+    content(agent.py("import os\nsink = os.open(os.devnull, os.O_WRONLY)\nos.dup2(sink, 1)\nprint('lost')"))
+    assert content(agent.py("print('seen')"))["stdout"] == "seen\n"
+    sh = content(agent.sh("exec 1>&- 2>&-; echo gone"))
+    assert sh["stdout"] == ""
+    sh = content(agent.sh("export AFTER=1; echo out; echo err >&2"))
+    assert sh["stdout"] == "out\n" and sh["stderr"] == "err\n" and "shell_restarted" not in sh
+
+
+def test_an_interpreter_that_closed_every_copy_of_its_output_is_replaced(agent: Agent) -> None:
+    # Every descriptor on the two output pipes, the runner's private copies included.
+    closing = agent.py(
+        "import os\n"
+        "pipes = {os.readlink('/proc/self/fd/1'), os.readlink('/proc/self/fd/2')}\n"
+        "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+        "    try:\n"
+        "        if os.readlink(f'/proc/self/fd/{fd}') in pipes: os.close(fd)\n"
+        "    except OSError:\n"
+        "        pass\n")
+    assert content(closing)["return_code"] == 0
+    # Its output can no longer be captured: the next call runs in a fresh interpreter, and says so.
+    fresh = agent.py("print('captured')")
+    assert content(fresh)["stdout"] == "captured\n"
+    assert closing.get("interpreter_restarted") is True and fresh.get("interpreter_restarted") is True
+
+
+def test_functions_named_like_the_shell_loops_commands_do_not_break_it(agent: Agent) -> None:
+    # The classic fork bomb names its function `:`; a loop running `while :` would call it.
+    defined = content(agent.sh(":() { echo colon; }; true() { echo true; }; read() { echo myread; }\n"
+                               "printf() { echo myprintf; }; eval() { echo myeval; }; builtin() { echo b; }\n"
+                               "trap() { echo mytrap; }; echo defined"))
+    assert defined["stdout"] == "defined\n" and defined["return_code"] == 0
+    after = content(agent.sh("echo still; :; read; printf x"))
+    assert after["stdout"] == "still\ncolon\nmyread\nmyprintf\n", after
+    interrupted = agent.sh("sleep 30", timeout=1)
+    assert interrupted["limit_exceeded"] == "timeout" and "shell_restarted" not in interrupted
+    assert content(agent.sh("unset -f : true read printf eval trap; echo clean"))["stdout"] == "clean\n"

@@ -57,6 +57,14 @@ class Sandbox:
         return self._post({"tool": "bash_code_execution", "input": {"command": command},
                            "timeout_seconds": timeout}, timeout + 10)
 
+    def exec(self, tool: str, fields: dict[str, Any], *, timeout: float = 20.0) -> dict[str, Any]:
+        """The whole exec response (extra fields such as limit_exceeded included)."""
+        response = self.client.post("/sessions/s/exec", json={"tool": tool, "input": fields,
+                                                              "timeout_seconds": timeout},
+                                    timeout=timeout + 10, headers={"Authorization": f"Bearer {self.secret}"})
+        assert response.status_code == 200, response.text
+        return response.json()
+
     def healthy(self) -> bool:
         try:
             return self.client.get("/healthz", timeout=5).status_code == 200
@@ -84,7 +92,7 @@ class Harness:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def start(self, *, memory_mb: int = 256, max_processes: int = 64, workspace_mb: int = 16,
-              uid: bool = True) -> Sandbox:
+              uid: bool = True, cpu_millis: int | None = None) -> Sandbox:
         sandbox_id = "t" + secrets.token_hex(6)
         directory = self.sandboxes_dir / sandbox_id
         directory.mkdir(mode=0o711)
@@ -100,7 +108,8 @@ class Harness:
         os.chmod(secret_file, 0o600)
         limits = SandboxLimits(uid=sandbox_uid, gid=sandbox_uid, memory_bytes=memory_mb * MIB,
                                max_processes=max_processes, max_open_files=256,
-                               max_file_size_bytes=workspace_mb * 4 * MIB, workspace_bytes=workspace_mb * MIB)
+                               max_file_size_bytes=workspace_mb * 4 * MIB, workspace_bytes=workspace_mb * MIB,
+                               cpu_millis=cpu_millis)
         # The socket in a directory of its own: the one host directory a sandbox sees.
         (directory / "sock").mkdir(mode=0o700)
         socket_path = directory / "sock" / "agent.sock"
@@ -124,6 +133,12 @@ class Harness:
         self.run(self.launcher.kill(sandbox.handle))
         if sandbox in self.live:
             self.live.remove(sandbox)
+
+    def cgroup(self, sandbox: Sandbox, controller: str) -> Path:
+        """The sandbox's top group in one v1 hierarchy (`pids`, `cpu`, `memory`), or its v2 group."""
+        bases = [Path(b) for b in self.launcher.client.cgroup_bases]
+        chosen = [b for b in bases if f"/{controller}" in str(b)] or bases
+        return chosen[0] / sandbox.sandbox_id
 
     def stats(self) -> dict[str, Any]:
         return self.run(self.launcher.client.stats())

@@ -260,3 +260,43 @@ def test_build_provider_picks_fields_by_name(data_dir: Path) -> None:
     assert provider.settings.data_dir == data_dir and provider.settings.start_timeout_seconds == 7.5
     with pytest.raises(ValueError, match="unknown provider"):
         build_provider("docker")
+
+
+def _cpu_quota_us(provider: LocalProvider, sandbox_id: str) -> str:
+    bases = [Path(b) for b in provider.launcher.client.cgroup_bases]  # type: ignore[attr-defined]
+    for base in bases:
+        for name in ("cpu.cfs_quota_us", "cpu.max"):
+            if (base / sandbox_id / name).exists():
+                return (base / sandbox_id / name).read_text().split()[0]
+    raise AssertionError(f"no cpu quota file for {sandbox_id} under {bases}")
+
+
+@pytest.mark.skipif(not ROOT, reason="cgroups need root")
+async def test_a_pools_cpu_wins_over_the_default_cpu_limit(data_dir: Path) -> None:
+    provider = await started(data_dir, cpu_limit=1.5, launcher="zygote")
+    if "memory,pids,cpu" not in provider.describe()["isolation"]["active"].get("cgroups", ""):
+        pytest.skip("no cpu controller on this host")
+    assert provider.describe()["cpu_limit"] == 1.5
+    await provider.create(PoolSpec(name="small", image="python", cpu="250m"), "sb-small")
+    await provider.create(POOL, "sb-default")
+    assert _cpu_quota_us(provider, "sb-small") == "25000"
+    assert _cpu_quota_us(provider, "sb-default") == "150000"
+    await provider.destroy("sb-small")
+    await provider.destroy("sb-default")
+    unlimited = await started(data_dir, cpu_limit=0, launcher="zygote")
+    await unlimited.create(POOL, "sb-free")
+    assert _cpu_quota_us(unlimited, "sb-free") in ("-1", "max")
+    await unlimited.destroy("sb-free")
+
+
+def test_cpu_limits_are_checked() -> None:
+    from sandpool.providers.local.settings import cpu_millis
+
+    assert cpu_millis(PoolSpec(name="p", image="i", cpu="2"), 1.0) == 2000
+    assert cpu_millis(PoolSpec(name="p", image="i", cpu="0.5"), 1.0) == 500
+    assert cpu_millis(None, 0.25) == 250
+    assert cpu_millis(PoolSpec(name="p", image="i"), 0) is None
+    with pytest.raises(ProviderError, match="not a quantity"):
+        cpu_millis(PoolSpec(name="p", image="i", cpu="lots"), 1.0)
+    with pytest.raises(ValueError, match="cpu_limit"):
+        LocalProviderSettings(cpu_limit=0.001)

@@ -130,7 +130,7 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
             extra["limit_exceeded"] = outcome.limit
         if outcome.timed_out:
             outcome_label = "timeout"
-        elif outcome.output_truncated:
+        elif outcome.limit is not None:
             outcome_label = "limit"
         else:
             outcome_label = "ok" if outcome.return_code == 0 else "failed"

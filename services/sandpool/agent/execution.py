@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandpool.agent.capture import StreamCapture
+from sandpool.agent.process_cap import CodeCgroup
 from sandpool.agent.worker import CallOutput, Worker, WorkerDied
 
 log = logging.getLogger("sandpool.agent.execution")
@@ -37,11 +39,15 @@ class ExecOutcome:
     """The child's state was lost during this call (it timed out hard, crashed or exited)."""
     fresh: bool = False
     """This call started in a new child because the previous one's state was lost."""
+    process_cap_hit: bool = False
+    """A fork of this call failed at the sandbox's process cap; what the call started was killed."""
 
     @property
     def limit(self) -> str | None:
         if self.timed_out:
             return "timeout"
+        if self.process_cap_hit:
+            return "processes"
         if self.output_truncated:
             return "output"
         return None
@@ -58,6 +64,10 @@ class PersistentChild:
         self.worker: Worker | None = None
         self._lost_since_last_call = False
         self._closed = False
+        self.cap: CodeCgroup | None = None
+        """The code cgroup's process cap, when the sandbox has one (set by the runtime)."""
+        self.keep: Callable[[], set[int]] = set
+        """The agent's own children, never killed for a call (set by the runtime)."""
 
     # Subclasses: build, warm and talk to a worker.
     async def new_worker(self) -> Worker:
@@ -72,6 +82,10 @@ class PersistentChild:
 
     async def replacement(self) -> Worker:
         return await self.new_worker()
+
+    async def reap_killed(self, worker: Worker) -> None:
+        """Have the child reap processes the cap killed that were its own children (their
+        zombies would hold slots of the cap). Only the interpreter needs to: bash reaps its own."""
 
     async def start(self) -> None:
         self.worker = await self.new_worker()
@@ -88,7 +102,7 @@ class PersistentChild:
             await self.worker.close()
 
     async def _current(self) -> Worker:
-        if self.worker is None or self.worker.dead:
+        if self.worker is None or self.worker.dead or self.worker.output_lost:
             if self.worker is not None:
                 await self.worker.close()
             self.worker = await self.replacement()
@@ -103,7 +117,10 @@ class PersistentChild:
         out = CallOutput(StreamCapture(self.max_output_bytes), StreamCapture(self.max_output_bytes))
         worker.current = out
         worker.forget_events()
-        timed_out = lost = False
+        if self.cap is not None:
+            self.cap.begin_call()
+            await self.reap_killed(worker)
+        timed_out = lost = capped = False
         note = ""
         return_code = 0
         worker.seq += 1
@@ -123,6 +140,19 @@ class PersistentChild:
             return_code = code if code is not None else 1
             note = f"[sandpool: the {self.kind} exited with status {return_code}; a new one was started]\n"
         worker.drain_output()
+        if worker.output_lost and not lost:
+            lost = True
+            note += f"[sandpool: the {self.kind} closed its output; a new one was started]\n"
+        if self.cap is not None:
+            report = await self.cap.end_call(self.keep())
+            if report.hit:
+                capped = True
+                worker.drain_output()
+                note += (f"[sandpool: process limit: this call reached the sandbox's cap of "
+                         f"{self.cap.cap or 'its'} processes; the {len(report.killed or ())} processes it "
+                         f"started were killed]\n")
+                if not lost and not worker.dead:
+                    await self.reap_killed(worker)
         if timed_out and not lost:
             worker.kill_descendants()
         worker.current = None
@@ -140,7 +170,7 @@ class PersistentChild:
         return ExecOutcome(stdout=out.stdout.text(), stderr=stderr,
                            return_code=TIMEOUT_RETURN_CODE if timed_out else return_code,
                            timed_out=timed_out, output_truncated=out.stdout.truncated or out.stderr.truncated,
-                           restarted=lost, fresh=fresh)
+                           restarted=lost, fresh=fresh, process_cap_hit=capped)
 
     async def _send_and_wait(self, worker: Worker, text: str, seq: int) -> int:
         await worker.send(self.encode_request(text, seq))

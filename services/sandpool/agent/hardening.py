@@ -1,7 +1,8 @@
 """What the interpreter and shell children do to themselves between fork and exec.
 
-Order matters and must stay: drop supplementary groups, then the gid, then the
-uid (a uid drop first would forbid the others); then `PR_SET_NO_NEW_PRIVS` so no
+Order matters and must stay: join the code's process-capped cgroup (while still
+root, and before anything else could fork); drop supplementary groups, then the
+gid, then the uid (a uid drop first would forbid the others); then `PR_SET_NO_NEW_PRIVS` so no
 set-uid binary can win privileges back; then resource limits; then the seccomp
 filter last, because it may forbid the calls above. Runs in the forked child
 (`preexec_fn`), so it touches only what was imported before the fork.
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from sandpool.agent import procs, seccomp
 from sandpool.agent.settings import AgentSettings
 
+NPROC_ABOVE_CGROUP = 32
+
 
 @dataclass(frozen=True)
 class ChildPolicy:
@@ -30,10 +33,15 @@ class ChildPolicy:
     @classmethod
     def from_settings(cls, settings: AgentSettings) -> ChildPolicy:
         dropping = settings.sandbox_uid is not None and os.geteuid() == 0
+        nproc = settings.rlimit_nproc if dropping else None  # NPROC counts per uid: only for a uid of its own
+        if nproc is not None and settings.code_cgroup_fd is not None and settings.process_cap:
+            # The cgroup's cap must be the one that fires: it records the hit (pids.events), which
+            # is how the agent knows to kill what the call started. RLIMIT_NPROC stays a backstop.
+            nproc = max(nproc, settings.process_cap + NPROC_ABOVE_CGROUP)
         return cls(
             uid=settings.sandbox_uid if dropping else None,
             gid=settings.effective_gid() if dropping else None,
-            nproc=settings.rlimit_nproc if dropping else None,  # NPROC counts per uid: only for a uid of its own
+            nproc=nproc,
             nofile=settings.rlimit_nofile,
             fsize=settings.rlimit_fsize_bytes,
             address_space=settings.rlimit_as_bytes,
@@ -53,8 +61,15 @@ def _limit(which: int, value: int | None) -> None:
     resource.setrlimit(which, (value, value))
 
 
-def apply(policy: ChildPolicy) -> None:
-    """Harden the calling process; raises (and so fails the spawn) if a step that was asked for fails."""
+def apply(policy: ChildPolicy, cgroup_join_fd: int = -1) -> None:
+    """Harden the calling process; raises (and so fails the spawn) if a step that was asked for fails.
+
+    `cgroup_join_fd`: the live generation's `tasks`/`cgroup.procs`, opened by the agent; writing
+    "0" moves this (single-threaded, just forked) process there. A child that cannot join does
+    not start: it would run outside the process cap.
+    """
+    if cgroup_join_fd >= 0:
+        os.write(cgroup_join_fd, b"0")
     if policy.uid is not None:
         gid = policy.gid if policy.gid is not None else policy.uid
         os.setgroups([])
@@ -72,9 +87,10 @@ def apply(policy: ChildPolicy) -> None:
     seccomp.install_filter()
 
 
-def preexec(policy: ChildPolicy) -> Callable[[], None]:
+def preexec(policy: ChildPolicy, cgroup_join_fd: Callable[[], int] = lambda: -1) -> Callable[[], None]:
+    """The `preexec_fn` of every child; `cgroup_join_fd` is asked at each fork (the live generation changes)."""
     procs.libc()  # loaded here, in the parent, before any fork
-    return lambda: apply(policy)
+    return lambda: apply(policy, cgroup_join_fd())
 
 
 def child_env(workspace: str) -> dict[str, str]:

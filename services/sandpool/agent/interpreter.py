@@ -40,6 +40,7 @@ def runner_source() -> str:
     return RUNNER.read_text()
 _HEADER = struct.Struct(">I")
 START_TIMEOUT_SECONDS = 30.0
+REAP_TIMEOUT_SECONDS = 5.0
 
 
 def parse_frame(buf: bytearray) -> bytes | None:
@@ -124,6 +125,18 @@ class Interpreter(PersistentChild):
     def encode_request(self, text: str, seq: int) -> bytes:
         body = json.dumps({"id": seq, "code": text}).encode()
         return _HEADER.pack(len(body)) + body
+
+    async def reap_killed(self, worker: Worker) -> None:
+        if self.cap is None or not self.cap.killed_children or worker.dead:
+            return
+        worker.seq += 1
+        body = json.dumps({"id": worker.seq, "reap": self.cap.take_killed_children()}).encode()
+        try:
+            await worker.send(_HEADER.pack(len(body)) + body)
+            await asyncio.wait_for(self._completion(worker, worker.seq), REAP_TIMEOUT_SECONDS)
+        except (asyncio.TimeoutError, WorkerDied):
+            log.warning("the interpreter did not reap the processes the process cap killed")
+            worker.kill()  # replaced at the next call
 
     def decode_completion(self, event: bytes) -> tuple[int, int]:
         message = json.loads(event)

@@ -5,16 +5,23 @@ nothing of sandpool and starts in a few tens of milliseconds. Program output
 goes to fds 1 and 2 (pipes the agent reads); requests and completions travel on
 a separate control channel (length-prefixed JSON on IN_FD/OUT_FD), so nothing a
 program prints can be mistaken for framing.
+
+fds 1 and 2 belong to the session, not to one cell: the runner keeps private
+copies of both pipes and puts them back after every cell, so code that closes
+or redirects them (`os.close(1)`, `os.dup2(f, 2)`) loses only its own output,
+and the runner itself never writes a traceback into a closed descriptor.
 """
 
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import os
 import signal
 import struct
 import sys
+import time
 import traceback
 
 _HEADER = struct.Struct(">I")
@@ -25,6 +32,7 @@ class _State:
     in_user_code = False
     pid = 0
     libc = None
+    stdio_copies: tuple[int, int] = (-1, -1)
 
 
 def _on_sigint(signum, frame):  # noqa: ANN001 - signal handler signature
@@ -84,6 +92,49 @@ def _flush_all() -> None:
         pass
 
 
+def _keep_stdio() -> None:
+    """Private, close-on-exec copies of fds 1 and 2: the pipes the agent reads."""
+    _State.stdio_copies = (os.dup(1), os.dup(2))
+
+
+def _restore_stdio() -> None:
+    """Put the session's pipes back on fds 1 and 2, and working streams on sys.stdout/stderr."""
+    for fd, copy in zip((1, 2), _State.stdio_copies):
+        if copy < 0:
+            continue
+        try:
+            os.dup2(copy, fd)  # inheritable, like the original fds 1 and 2
+        except OSError:
+            pass  # the cell closed our copy too; the agent notices its pipe's end
+    for name, fd, errors in (("stdout", 1, "surrogateescape"), ("stderr", 2, "backslashreplace")):
+        try:
+            original = getattr(sys, f"__{name}__", None)
+            if original is None or original.closed:
+                original = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                            errors=errors, write_through=True)
+                setattr(sys, f"__{name}__", original)
+            if getattr(getattr(sys, name, None), "closed", True):
+                setattr(sys, name, original)
+        except Exception:  # noqa: BLE001 - a cell may have left anything in sys; keep serving
+            pass
+
+
+def _write_stderr(text: str) -> None:
+    """Report to the cell's stderr whatever the cell did to sys.stderr (replaced, broken)."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return
+    except Exception:  # noqa: BLE001 - a user object in sys.stderr may raise anything
+        pass
+    data = text.encode("utf-8", errors="backslashreplace")
+    try:
+        while data:
+            data = data[os.write(2, data):]
+    except OSError:
+        pass
+
+
 def _own_filename() -> str:
     # Run as `python -c <source>` by the agent (no __file__; frames say "<string>"), or as a file.
     return globals().get("__file__", "<string>")
@@ -95,7 +146,7 @@ def _print_exception(exc: BaseException) -> None:
     own = _own_filename()
     for link in _chain(te):
         link.stack = traceback.StackSummary.from_list([f for f in link.stack if f.filename != own])
-    sys.stderr.write("".join(te.format()))
+    _write_stderr("".join(te.format()))
 
 
 def _chain(te: traceback.TracebackException) -> list[traceback.TracebackException]:
@@ -119,7 +170,7 @@ def _exit_code(exc: SystemExit) -> int:
         return 0
     if isinstance(code, int):
         return code & 0xFF
-    print(code, file=sys.stderr)
+    _write_stderr(f"{code}\n")
     return 1
 
 
@@ -128,27 +179,51 @@ def run(source: str, namespace: dict) -> tuple[int, bool]:
     try:
         compiled = compile(source, "<code>", "exec")
     except (SyntaxError, ValueError) as exc:
-        traceback.print_exception(type(exc), exc, None, file=sys.stderr)
+        _write_stderr("".join(traceback.format_exception(type(exc), exc, None)))
         return 1, False
     signal.signal(signal.SIGINT, _on_sigint)
+    error: BaseException | None = None
     _State.in_user_code = True
     try:
-        exec(compiled, namespace)  # noqa: S102 - running the caller's code is this process's job
-        return 0, False
-    except SystemExit as exc:
-        return _exit_code(exc), False
-    except KeyboardInterrupt as exc:
-        _print_exception(exc)
-        return 130, True
+        try:
+            exec(compiled, namespace)  # noqa: S102 - running the caller's code is this process's job
+        finally:
+            _State.in_user_code = False
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell is a result
-        _print_exception(exc)
-        return 1, False
-    finally:
-        _State.in_user_code = False
-        if os.getpid() != _State.pid:
-            # A fork made by the cell finished the cell too: it must not join the request loop.
-            _flush_all()
-            os._exit(0)
+        error = exc
+    if os.getpid() != _State.pid:
+        # A fork made by the cell finished the cell too: it must not join the request loop.
+        _flush_all()
+        os._exit(0)
+    _restore_stdio()  # before anything is reported: the cell may have closed fds 1 and 2
+    if error is None:
+        return 0, False
+    if isinstance(error, SystemExit):
+        return _exit_code(error), False
+    _print_exception(error)
+    if isinstance(error, KeyboardInterrupt):
+        return 130, True
+    return 1, False
+
+
+def _reap(pids: object) -> None:
+    """Reap these children (the agent killed them at the process cap; as zombies they would
+    keep holding slots of it). Only the named ones: others belong to the cell's own Popen objects."""
+    if not isinstance(pids, list):
+        return
+    deadline = time.monotonic() + 1.0
+    for pid in pids:
+        if not isinstance(pid, int) or pid <= 0:
+            continue
+        while True:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] != 0:
+                    break
+            except (ChildProcessError, OSError):
+                break
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.001)
 
 
 def _warm(namespace: dict) -> None:
@@ -164,6 +239,7 @@ def main(argv: list[str]) -> int:
     os.set_inheritable(in_fd, False)
     os.set_inheritable(out_fd, False)
     _State.pid = os.getpid()
+    _keep_stdio()
     signal.signal(signal.SIGINT, _on_sigint)
     sys.argv = [""]
     sys.path.insert(0, os.getcwd())  # like a notebook: modules written to the workspace import
@@ -174,6 +250,10 @@ def main(argv: list[str]) -> int:
         request = _recv(in_fd)
         if request is None:
             return 0
+        if "reap" in request:
+            _reap(request["reap"])
+            _send(out_fd, {"event": "done", "id": request.get("id"), "return_code": 0, "interrupted": False})
+            continue
         code, interrupted = run(request.get("code", ""), namespace)
         _flush_all()
         _send(out_fd, {"event": "done", "id": request.get("id"), "return_code": code, "interrupted": interrupted})

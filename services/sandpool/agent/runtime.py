@@ -15,7 +15,7 @@ from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 
-from sandpool.agent import hardening, procs, produced, seccomp
+from sandpool.agent import hardening, process_cap, procs, produced, seccomp
 from sandpool.agent.editor import Editor
 from sandpool.agent.interpreter import Interpreter
 from sandpool.agent.settings import AgentSettings
@@ -34,7 +34,8 @@ class Runtime:
         self.lock = asyncio.Lock()
         self.reaper = procs.Reaper()
         env = hardening.child_env(str(workspace))
-        preexec = hardening.preexec(self.policy)
+        self.cap: process_cap.CodeCgroup | None = None
+        preexec = hardening.preexec(self.policy, lambda: self.cap.join_fd if self.cap is not None else -1)
         self.interpreter = Interpreter(
             python=settings.python_executable, workspace=str(workspace), env=env, preexec=preexec,
             reaper=self.reaper, max_output_bytes=settings.max_output_bytes,
@@ -53,6 +54,10 @@ class Runtime:
         if not self.policy.drops_privileges:
             log.warning("sandboxed code runs as the agent's own uid (no --sandbox-uid, or not root)")
         hardening.prepare_workspace(str(self.workspace.root), self.policy)
+        self.cap = process_cap.from_settings(self.settings, self.reaper.reap)
+        for child in (self.interpreter, self.shell):
+            child.cap = self.cap
+            child.keep = lambda: set(self.reaper.watched)
         loop = asyncio.get_running_loop()
         try:
             loop.add_signal_handler(signal.SIGCHLD, self.reaper.reap)
@@ -74,6 +79,8 @@ class Runtime:
     async def _reap_forever(self) -> None:
         while True:
             self.reaper.reap()
+            if self.cap is not None and self.cap.background:
+                self.cap.check_background()  # what earlier calls left running, hitting the cap between calls
             await asyncio.sleep(1.0)
 
     async def close(self) -> None:

@@ -59,6 +59,13 @@ class AgentSettings(ServiceSettings):
     rlimit_as_bytes: int | None = Field(default=None, ge=16 * MIB, description="Address space per sandboxed "
                                                                                "process (unset: no limit)")
 
+    code_cgroup_fd: int | None = Field(default=None, ge=3, description=(
+        "Inherited descriptor of the cgroup directory sandboxed code runs under (the local provider's "
+        "zygote passes it; see docs/agent.md, process cap)"))
+    code_cgroup_version: int = Field(default=2, ge=1, le=2, description="cgroup version of --code-cgroup-fd")
+    process_cap: int | None = Field(default=None, ge=1, description=(
+        "The pids.max of --code-cgroup-fd: processes sandboxed code may run at once"))
+
     @model_validator(mode="after")
     def _ceilings(self) -> AgentSettings:
         if self.exec_timeout_seconds > self.max_exec_timeout_seconds:

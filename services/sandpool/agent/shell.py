@@ -4,12 +4,20 @@ Commands are fed NUL-terminated on a dedicated fd and run with `eval`; the
 status comes back on another fd. Unbalanced quotes or a heredoc without its end
 in a command therefore cannot desynchronise the framing: `eval` sees the whole
 command as one string and fails it as a syntax error. Each command's stdin is
-/dev/null. A command that runs `exit` ends the shell: its status is reported
+/dev/null. fds 1 and 2 are put back after every command (the loop keeps copies),
+so `exec >&-` or `exec 2>file` cannot cut later commands' output off. A command
+that runs `exit` ends the shell: its status is reported
 and a new shell takes over (the result says so).
 
 The `INT` trap keeps the shell alive when a timeout interrupts the command it
 is running (bash would otherwise exit with its child), so cwd and variables
 survive an interrupted call; a `read` interrupted by a late SIGINT resumes.
+
+The loop calls no command a session's function could stand in for: the
+classic fork bomb `:(){ :|:& };:` redefines `:`, which a `while :` loop would
+then run before every call. It uses keywords (`while (( 1 ))`), an assignment
+as its trap, and `builtin ...`, after removing any function named `builtin`
+with `unset` in POSIX mode (where special builtins come before functions).
 """
 
 from __future__ import annotations
@@ -23,16 +31,21 @@ from sandpool.agent.execution import ChildStartFailed, PersistentChild
 from sandpool.agent.worker import Worker, WorkerDied
 
 LOOP = r"""
-trap ':' INT
+trap '__sandpool_interrupted=1' INT
 __sandpool_in=$1; __sandpool_out=$2; __sandpool_seq=0; shift 2
-while :; do
-  IFS= read -r -d '' __sandpool_cmd <&"$__sandpool_in"
+exec {__sandpool_stdout}>&1 {__sandpool_stderr}>&2
+while (( 1 )); do
+  POSIXLY_CORRECT=1; unset -f builtin; unset POSIXLY_CORRECT
+  IFS= builtin read -r -d '' __sandpool_cmd <&"$__sandpool_in"
   __sandpool_rc=$?
-  if [ "$__sandpool_rc" -gt 128 ]; then continue; fi
-  if [ "$__sandpool_rc" -ne 0 ]; then break; fi
-  __sandpool_seq=$((__sandpool_seq + 1))
-  eval "$__sandpool_cmd" </dev/null
-  printf '%d %d\n' "$__sandpool_seq" "$?" >&"$__sandpool_out"
+  if (( __sandpool_rc > 128 )); then builtin continue; fi
+  if (( __sandpool_rc != 0 )); then builtin break; fi
+  (( __sandpool_seq += 1 ))
+  builtin eval "$__sandpool_cmd" </dev/null
+  __sandpool_rc=$?
+  POSIXLY_CORRECT=1; unset -f builtin; exec 1>&"$__sandpool_stdout" 2>&"$__sandpool_stderr"
+  unset POSIXLY_CORRECT
+  builtin printf '%d %d\n' "$__sandpool_seq" "$__sandpool_rc" >&"$__sandpool_out"
 done
 """
 

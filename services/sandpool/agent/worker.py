@@ -70,6 +70,10 @@ class Worker:
         """Requests sent so far; completions carry the number of the request they finish."""
         self.dead = False
         self.return_code: int | None = None
+        self.output_lost = False
+        """fd 1 or 2 of the child reached end-of-file while the child may live on: its output
+        could no longer be captured, so it is replaced (the runner and the shell keep copies of
+        both pipes, so only a program that closed those too gets here)."""
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -223,6 +227,8 @@ class Worker:
         fd = self._fds.pop(name, None)
         if fd is None:
             return
+        if name in ("stdout", "stderr"):
+            self.output_lost = True
         if name != "req":
             try:
                 asyncio.get_running_loop().remove_reader(fd)

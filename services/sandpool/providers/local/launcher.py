@@ -32,6 +32,7 @@ class SandboxLimits:
     max_file_size_bytes: int | None
     workspace_bytes: int | None
     sandbox_python: str | None = None  # the Python sandboxed code runs with (None: the agent's choice)
+    cpu_millis: int | None = None  # CPU quota in thousandths of a core (None: no quota); needs the zygote's cgroups
     spare_interpreter: bool | None = None  # None: the agent's default
     agent_log_level: str = "warning"
 

@@ -43,7 +43,8 @@ from sandpool.providers.local.isolation.detect import required_missing
 from sandpool.providers.local.sockets import SocketDir, SocketDirError
 from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits
 from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
-from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, default_sandbox_python
+from sandpool.providers.local.settings import (MIB, NOBODY, LocalProviderSettings, cpu_millis,
+                                               default_sandbox_python)
 from sandpool.providers.local.zygote import ZygoteError, make_launcher
 
 log = logging.getLogger("sandpool.providers.local")
@@ -150,6 +151,7 @@ class LocalProvider:
             "workspace_cap_mb": s.workspace_size_mb if self.tmpfs_ok else None,
             "rlimits": {"memory_mb": s.memory_mb, "max_processes": s.max_processes,
                         "max_open_files": s.max_open_files, "max_file_size_mb": s.max_file_size_mb},
+            "cpu_limit": s.cpu_limit or None,
             "warnings": list(self.warnings),
         }
 
@@ -175,7 +177,7 @@ class LocalProvider:
 
     async def _create_in(self, pool: PoolSpec, sandbox_id: str, sandbox_dir: Path) -> SandboxInfo:
         os.chmod(sandbox_dir, 0o711)
-        limits = self._limits(sandbox_id)
+        limits = self._limits(sandbox_id, pool)
         try:
             socket_path = self.sockets.path_for(sandbox_id)
         except OSError as exc:
@@ -284,7 +286,7 @@ class LocalProvider:
         low, high = self.settings.uid_range()
         return low <= uid <= high and uid != os.getuid()
 
-    def _limits(self, sandbox_id: str) -> SandboxLimits:
+    def _limits(self, sandbox_id: str, pool: PoolSpec | None = None) -> SandboxLimits:
         s = self.settings
         uid: int | None = None
         gid: int | None = None
@@ -299,7 +301,7 @@ class LocalProvider:
                              max_open_files=s.max_open_files, max_file_size_bytes=s.max_file_size_mb * MIB,
                              workspace_bytes=s.workspace_size_mb * MIB if self.tmpfs_ok else None,
                              sandbox_python=self.sandbox_python, spare_interpreter=s.spare_interpreter,
-                             agent_log_level=s.agent_log_level)
+                             agent_log_level=s.agent_log_level, cpu_millis=cpu_millis(pool, s.cpu_limit))
 
     def _free_uid(self) -> int:
         """A uid of the range no sandbox on disk holds (chosen and recorded with no await between)."""

@@ -8,11 +8,14 @@ needs root (a size-capped tmpfs per workspace), and per-sandbox uids need root.
 from __future__ import annotations
 
 import os
+from decimal import Decimal
 from pathlib import Path
 
 from pydantic import Field, model_validator
 
 from sandpool.core.settings import CommaList, ServiceSettings
+from sandpool.pool.provider import PoolSpec, ProviderError
+from sandpool.pool.templates import parse_quantity
 
 MIB = 1024 * 1024
 NOBODY = 65534
@@ -30,7 +33,11 @@ class LocalProviderSettings(ServiceSettings):
         "When root: give each sandbox its own uid (and gid) from this inclusive range, so sandboxes "
         "cannot signal each other's processes or read each other's files; empty: one shared uid"))
     memory_mb: int = Field(default=1024, ge=64, description="Address-space limit of each sandboxed process (MiB)")
-    max_processes: int = Field(default=256, ge=8, description="Processes the sandbox's uid may run")
+    max_processes: int = Field(default=256, ge=8, description=(
+        "Processes sandboxed code may run at once (its own cgroup's pids.max; RLIMIT_NPROC without cgroups)"))
+    cpu_limit: float = Field(default=1.0, ge=0, description=(
+        "CPU quota of each sandbox in cores (cgroup cpu.max / cpu.cfs_quota_us), for pools that set no "
+        "cpu of their own; 0: no quota"))
     max_open_files: int = Field(default=1024, ge=64, description="Open files per sandboxed process")
     max_file_size_mb: int = Field(default=512, ge=1, description="Largest file sandboxed code may write (MiB)")
     workspace_size_mb: int = Field(default=512, ge=1, description=(
@@ -62,6 +69,12 @@ class LocalProviderSettings(ServiceSettings):
     sandbox_python: str | None = Field(default=None, description=(
         "Python that runs sandboxed code, as the sandbox uid (default: sandpool's own when other "
         "users may run it, else /usr/bin/python3)"))
+
+    @model_validator(mode="after")
+    def _cpu_ok(self) -> LocalProviderSettings:
+        if 0 < self.cpu_limit < 0.01:
+            raise ValueError("cpu_limit must be 0 (no quota) or at least 0.01 cores")
+        return self
 
     @model_validator(mode="after")
     def _range_ok(self) -> LocalProviderSettings:
@@ -100,3 +113,18 @@ def default_sandbox_python(own: str) -> str | None:
         if runnable_by_others(candidate):
             return candidate
     return None
+
+
+def cpu_millis(pool: PoolSpec | None, default_cores: float) -> int | None:
+    """A sandbox's CPU quota in thousandths of a core: the pool's `cpu` ("500m", "2") when it
+    sets one, else the provider's --cpu-limit; None for no quota."""
+    if pool is not None and pool.cpu:
+        try:
+            cores = parse_quantity(pool.cpu)
+        except ValueError:
+            raise ProviderError(f"pool {pool.name}: cpu {pool.cpu!r} is not a quantity such as 500m or 2",
+                                transient=False) from None
+    else:
+        cores = Decimal(str(default_cores))
+    millis = int(cores * 1000)
+    return max(millis, 10) if cores > 0 else None

@@ -39,8 +39,8 @@ from sandpool.providers.local.procs import ProcessHandle, kill_tree, start_time
 
 log = logging.getLogger("sandpool.providers.local.zygote")
 
-# Headroom in the pids cgroup over the sandbox uid's process limit: the agent, its
-# threads and its interpreter workers are tasks too.
+# Tasks the agent itself (its threads, the children it is forking) has beyond the code's
+# process cap: the sandbox's total pids.max is the cap plus this.
 AGENT_TASKS = 64
 
 
@@ -259,11 +259,12 @@ class ZygoteClient:
         if self._own_run_dir and self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir = None
-        # A zygote killed outright leaves empty groups behind: remove them.
+        # A zygote killed outright leaves empty groups behind (nested ones too): remove them.
         for base in self.cgroup_bases:
             for child in _subdirs(Path(base)):
-                with contextlib.suppress(OSError):
-                    child.rmdir()
+                for group in sorted(child.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+                    with contextlib.suppress(OSError):
+                        group.rmdir()
             with contextlib.suppress(OSError):
                 Path(base).rmdir()
 
@@ -377,6 +378,8 @@ class ZygoteLauncher:
             sandbox_id, socket_path=str(socket_path), workspace=str(workspace), uid=uid, secret=secret.value,
             limits={"memory_bytes": limits.memory_bytes,
                     "pids_max": (limits.max_processes + AGENT_TASKS) if limits.max_processes else None,
+                    "code_pids_max": limits.max_processes or None,
+                    "cpu_millis": getattr(limits, "cpu_millis", None),
                     "workspace_bytes": limits.workspace_bytes},
             agent=agent, log_path=str(log_path))
         pid = int(reply["pid"])

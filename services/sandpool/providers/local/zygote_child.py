@@ -7,7 +7,9 @@ namespaces layer is active). The order matters:
 2. join the sandbox's cgroups first, so everything after, and every process the
    sandbox ever makes, is counted against its limits;
 3. read the secret from its memfd (it never passed through the zygote's memory);
-4. unshare mount, IPC, UTS, cgroup and network namespaces; build the root;
+4. unshare mount, IPC, UTS, cgroup and network namespaces; open the agent's
+   descriptor of the code's process-capped cgroup (from a cgroup mount of the
+   sandbox's own namespace, detached at once); build the root;
 5. drop every capability the agent does not need (it keeps only what it takes to
    start children as the sandbox uid, chown workspace files and kill its
    children), for good, via the bounding set;
@@ -95,6 +97,11 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
         flags |= linux.CLONE_NEWNET
     if flags:
         linux.unshare(flags)
+    code_cgroup_fd = None
+    if cgroup is not None and cgroup.code_dir is not None:
+        cgroup.settle()
+        code_cgroup_fd = cgroup.open_code_dir(
+            private_mount_at=spec.new_root if "namespaces" in spec.layers else None)
     if "namespaces" in spec.layers:
         linux.sethostname("sandbox")
     if "network" in spec.layers:
@@ -121,6 +128,9 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
     settings.update(agent_secret=secret, secret_file=None, uds=uds, workspace=workspace)
     if spec.uid is not None:
         settings.update(sandbox_uid=spec.uid, sandbox_gid=spec.uid)
+    if code_cgroup_fd is not None and cgroup is not None:
+        settings.update(code_cgroup_fd=code_cgroup_fd, code_cgroup_version=cgroup.version,
+                        process_cap=cgroup.code_pids_max)
     return settings
 
 

@@ -243,10 +243,12 @@ class Zygote:
         if not isinstance(host_workspace, str) or not os.path.isabs(host_workspace):
             raise ValueError("workspace must be an absolute path")
         memory_bytes, pids_max = _int(limits.get("memory_bytes")), _int(limits.get("pids_max"))
+        code_pids_max, cpu_millis = _int(limits.get("code_pids_max")), _int(limits.get("cpu_millis"))
         workspace_bytes = _int(limits.get("workspace_bytes"))
         cgroup = None
         if self.cgroups is not None:
-            cgroup = self.cgroups.create(sandbox_id, memory_bytes=memory_bytes, pids_max=pids_max)
+            cgroup = self.cgroups.create(sandbox_id, memory_bytes=memory_bytes, pids_max=pids_max,
+                                         code_pids_max=code_pids_max, cpu_millis=cpu_millis)
         fs = None
         if "filesystem" in self.layers:
             os.makedirs(self.new_root, mode=0o700, exist_ok=True)  # a stat; recreates it if swept

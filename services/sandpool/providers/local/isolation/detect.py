@@ -207,6 +207,9 @@ def detect(disabled: frozenset[str] | set[str] = frozenset(), *, uid_probe: int 
         try:
             manager = cgroups.setup(cgroup_owner or os.getpid(), prefer=cgroup_version)
             add("cgroups", None, f"{manager.detail} limits per sandbox")
+            if not manager.cpu:
+                log.warning("ISOLATION MISSING: cpu: %s; a busy sandbox can take every core of the host",
+                            manager.cpu_missing)
         except cgroups.CgroupError as exc:
             add("cgroups", str(exc), "")
 
