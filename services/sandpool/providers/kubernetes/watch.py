@@ -7,7 +7,8 @@ The watch runs on its own thread (the client blocks while it reads the stream)
 and hands each event to the event loop. It resumes from the last
 resourceVersion it saw (bookmarks included) when the server ends a request,
 and lists afresh when the server answers `410 Gone` (the version is older than
-the server keeps) or after repeated failures. Every change wakes whoever waits
+the server keeps; a restarted API server says so) or after repeated refusals;
+an unreachable server is retried with backoff, never re-listed for that alone. Every change wakes whoever waits
 for that pod.
 
 Every change is also checked for a loss: a pod that is being deleted or was
@@ -145,7 +146,11 @@ class PodWatcher:
                 failures += 1
                 log.warning("pod watch failed; resuming", extra={"error": str(exc), "failures": failures})
                 self._stop.wait(self._backoff(failures))
-                if failures >= 3:  # something is off with our version: start from a fresh list
+                # A server that answers but keeps refusing: start from a fresh list. One that does not
+                # answer at all (a restart, a partition) is resumed, not re-listed: when it is back it
+                # serves our version or says 410, and a list of every pod per outage is what turns an
+                # API-server restart into a storm of LISTs.
+                if exc.status and failures >= 3:
                     self._relist_from_thread()
             except Exception:  # noqa: BLE001 - the watch must outlive any one bad event
                 failures += 1
