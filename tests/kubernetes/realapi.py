@@ -199,13 +199,17 @@ class RealCluster:
         SIGTERM first, as a rolling upgrade does: it stops listening at once and closes
         what is open. Its graceful drain then waits up to a minute for the streams it
         closed; after 2 s it is killed, which changes nothing a client can see."""
+        self.stop_apiserver()
+        time.sleep(down_seconds)
+        self.start_apiserver()
+        self.restarts += 1
+
+    def stop_apiserver(self) -> None:
+        """An API-server outage begins (`start_apiserver()` ends it)."""
         _stop(self.apiserver, grace=2)
         if self._client is not None:
             self._client.close()
             self._client = None
-        time.sleep(down_seconds)
-        self.start_apiserver()
-        self.restarts += 1
 
     def stop(self) -> None:
         if self._client is not None:
