@@ -144,3 +144,13 @@ def test_sessions_run_in_pods_and_survive_an_api_server_outage(
                     and len(names) == 2 and not names & warm_pods)
 
         wait(replaced, what="used pods destroyed and both pools refilled")
+
+        # What the provider saw is on the scheduler's /metrics, for rates and alerts.
+        scraped = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                   for line in client.get("/metrics").text.splitlines() if line.startswith("sandpool_kube_")}
+        assert scraped['sandpool_kube_api_calls_total{operation="create_pod"}'] >= 4
+        assert scraped['sandpool_kube_sandboxes_total{event="created"}'] >= 4
+        assert scraped['sandpool_kube_sandboxes_total{event="destroyed"}'] >= 2
+        assert scraped['sandpool_kube_api_failures_total{kind="connection"}'] >= 1  # the outage, as seen
+        assert scraped["sandpool_kube_watch_lists_total"] >= 1
+        assert scraped["sandpool_kube_watched_pods"] >= 2

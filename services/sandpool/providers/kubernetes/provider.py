@@ -343,6 +343,12 @@ class KubernetesProvider:
             ))
         return out
 
+    def register_metrics(self, registry: Any) -> None:
+        """Export the counters below on the owner's Prometheus registry (its `/metrics`)."""
+        from sandpool.providers.kubernetes.metrics import KubernetesProviderCollector
+
+        registry.register(KubernetesProviderCollector(self))
+
     def describe(self) -> dict[str, object]:
         return {
             "provider": self.name,
