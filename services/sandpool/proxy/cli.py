@@ -32,6 +32,7 @@ def serve(settings: ProxySettings) -> None:
 
     import uvicorn
 
+    from sandpool.core.signals import exit_zero_on_sigterm
     from sandpool.proxy.app import create_app
 
     configure_logging("proxy", settings.log_level)
@@ -47,4 +48,5 @@ def serve(settings: ProxySettings) -> None:
         config["loop"] = "uvloop"
     except ImportError:
         pass
+    exit_zero_on_sigterm()
     uvicorn.run(app, **config)

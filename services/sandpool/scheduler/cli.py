@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from sandpool.core.logs import configure_logging
+    from sandpool.core.signals import exit_zero_on_sigterm
     from sandpool.scheduler.app import create_app
 
     settings = build_settings(args)
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         provider = build_provider(settings, args)
     app = create_app(settings, provider=provider)
     log.info("starting scheduler", extra={"settings": dump_settings(settings)})
+    exit_zero_on_sigterm()
     uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
                 log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=10)
     return 0
