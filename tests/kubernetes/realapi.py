@@ -148,6 +148,14 @@ class RealCluster:
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> RealCluster:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()  # nothing of a failed start is left running
+            raise
+        return self
+
+    def _start(self) -> None:
         self.certs.mkdir(parents=True)
         write_certificates(self.certs)
         (self.certs / "tokens.csv").write_text(f'{self.admin_token},sandpool-test-admin,{uuid.uuid4()},'
@@ -166,7 +174,6 @@ class RealCluster:
         self._wait(lambda: httpx.get(f"http://127.0.0.1:{self.etcd_port}/health", timeout=1).status_code == 200,
                    "etcd", self.etcd)
         self.start_apiserver()
-        return self
 
     def start_apiserver(self) -> None:
         c = self.certs
@@ -212,10 +219,7 @@ class RealCluster:
             self._client = None
 
     def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-        _stop(self.apiserver)
+        self.stop_apiserver()
         _stop(self.etcd)
 
     def _wait(self, check: Any, what: str, proc: subprocess.Popen[bytes]) -> None:
