@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from sandpool import __version__
+from sandpool.core.redact import redact
 from sandpool.core.settings import ConfigurationError
 
 # subcommand -> module whose `register(subparsers)` adds it
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConfigurationError as exc:
-        print(f"sandpool {args.command}: {exc}", file=sys.stderr)
+        print(f"sandpool {args.command}: {redact(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

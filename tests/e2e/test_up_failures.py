@@ -78,7 +78,7 @@ def test_no_redis_server_to_be_found(data_dir: Path) -> None:
 
 def test_a_redis_url_that_does_not_answer_is_named_without_its_password(data_dir: Path) -> None:
     line = the_line(up(data_dir, "--redis-url", f"redis://:hunter2-password@127.0.0.1:{free_port()}/0"))
-    assert line.startswith("sandpool up: Redis at redis://:***@127.0.0.1:") and "does not answer" in line, line
+    assert line.startswith("sandpool up: Redis at redis://***@127.0.0.1:") and "does not answer" in line, line
     assert "hunter2" not in line
 
 

@@ -1,4 +1,9 @@
-"""A small, stateful stand-in for the Kubernetes API server and kubelet, for tests without a cluster.
+"""A small, stateful stand-in for the Kubernetes API server and kubelet.
+
+Kept for what a real API server cannot be made to do on demand: answer 429 with
+`Retry-After`, fail a call with an injected 5xx, lose an answer after doing the
+work; and for the turnover measurement. Everything else in `tests/kubernetes/`
+runs against a real API server (`realapi.py`, `kubelet.py`).
 
 It serves the core/v1 endpoints the provider uses, over real HTTP, to the real
 `kubernetes` client (configured from a real kubeconfig file):

@@ -1,4 +1,9 @@
-"""The provider driven through the real `kubernetes` client against the stand-in API server."""
+"""The provider through the real `kubernetes` client against a real API server (and the stand-in kubelet).
+
+Each test has a namespace of its own enforcing Pod Security `restricted`. There is
+no garbage collector here (no controller-manager): a pod's Secret outlives it, so
+the tests check the Secret's ownerReference instead of waiting for it to go.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,13 @@ from typing import Any
 
 import httpx
 import pytest
-from apiserver import StandInApiServer
+from kubelet import StandInKubelet
+from realapi import RealCluster
 
 from sandpool.pool.provider import PoolSpec, Provider, ProviderError
 from sandpool.providers.kubernetes import KubernetesProvider
+from sandpool.providers.kubernetes.pods import PodOptions, build_pod
 
-NS = "sandboxes"
 POOL = PoolSpec(name="default", image="python", cpu="1", memory="512Mi")
 
 
@@ -28,35 +34,69 @@ async def eventually(check: Any, timeout: float = 10.0) -> Any:
         await asyncio.sleep(0.02)
 
 
-async def test_create_list_destroy(provider: KubernetesProvider, apiserver: StandInApiServer) -> None:
+def names(pods: list[dict[str, Any]]) -> set[str]:
+    return {p["metadata"]["name"] for p in pods}
+
+
+async def test_create_list_destroy(provider: KubernetesProvider, cluster: RealCluster, namespace: str) -> None:
     assert isinstance(provider, Provider)
     info = await provider.create(POOL, "sb-one")
     assert info.ready and info.sandbox_id == "sb-one" and info.pool == "default"
-    assert info.address is not None and info.address.startswith("http://127.0.0.")
+    assert info.address is not None and info.address.startswith("http://127.0.")
     assert info.secret and len(info.secret) >= 32
     async with httpx.AsyncClient() as client:
         assert (await client.get(info.address + "/healthz")).status_code == 200
         assert (await client.get(info.address + "/x")).status_code == 401
         ok = await client.get(info.address + "/x", headers={"Authorization": f"Bearer {info.secret}"})
         assert ok.status_code == 200
-    (pod,) = apiserver.pods(NS)
+    (pod,) = cluster.pods(namespace)
     assert info.secret not in str(pod)
-    (secret,) = apiserver.secrets(NS)
-    assert secret["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+    assert pod["spec"]["nodeName"] == "stand-in-node" and pod["status"]["podIP"] in info.address
+    (secret,) = cluster.secrets(namespace, "sandpool.dev/sandbox=sb-one")
+    # The garbage collector deletes it with the pod (on a real cluster): owned by exactly this pod.
+    assert secret["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "test-sb-one",
+                                                      "uid": pod["metadata"]["uid"]}]
 
     listed = await provider.list()
     assert [(s.sandbox_id, s.pool, s.address, s.ready) for s in listed] == [("sb-one", "default", info.address, True)]
 
     await provider.destroy("sb-one")
-    assert await provider.list() == []
-    await eventually(lambda: not apiserver.pods(NS) and not apiserver.secrets(NS))
+    assert await provider.list() == []  # being deleted: no longer listed
+    await eventually(lambda: not cluster.pods(namespace))  # the kubelet stopped it and finished the delete
     await provider.destroy("sb-one")  # idempotent
 
 
-@pytest.mark.standin(kubelet="agent")
-async def test_real_agent_answers_with_its_secret_once_published(
-        provider: KubernetesProvider, apiserver: StandInApiServer) -> None:
-    """The stand-in kubelet runs the pod's own command line (`sandpool agent ...`) with the Secret's file."""
+async def test_pods_are_stored_as_hardened_as_built(provider: KubernetesProvider, cluster: RealCluster,
+                                                    namespace: str) -> None:
+    """What the API server stores (after defaulting and admission) keeps every hardening field."""
+    await provider.create(POOL, "sb-hard")
+    (stored,) = cluster.pods(namespace)
+    attempt = stored["metadata"]["annotations"]["sandpool.dev/create-attempt"]
+    built = build_pod(POOL, "sb-hard", provider.options, attempt=attempt)
+
+    def subset(want: Any, have: Any, where: str) -> None:
+        if isinstance(want, dict):
+            for key, value in want.items():
+                assert key in have, f"{where}.{key} was dropped by the API server"
+                subset(value, have[key], f"{where}.{key}")
+        elif isinstance(want, list) and want and isinstance(want[0], dict):
+            assert len(want) == len(have), where
+            for i, (w, h) in enumerate(zip(want, have)):
+                subset(w, h, f"{where}[{i}]")
+        else:
+            assert want == have, f"{where}: built {want!r}, stored {have!r}"
+
+    spec = built["spec"]
+    subset(spec["securityContext"], stored["spec"]["securityContext"], "spec.securityContext")
+    for key in ("automountServiceAccountToken", "enableServiceLinks", "restartPolicy", "volumes"):
+        subset(spec[key], stored["spec"][key], f"spec.{key}")
+    subset(spec["containers"][0], stored["spec"]["containers"][0], "spec.containers[0]")
+    assert stored["metadata"]["labels"] == built["metadata"]["labels"]
+
+
+@pytest.mark.kubelet("agent")
+async def test_real_agent_answers_with_its_secret_once_published(provider: KubernetesProvider) -> None:
+    """The kubelet runs the pod's own command line (`sandpool agent ...`) with the Secret's file."""
     info = await provider.create(POOL, "sb-agent")
     async with httpx.AsyncClient(base_url=info.address, timeout=30) as client:
         # Published means answering: the very first call after create() runs code.
@@ -67,16 +107,13 @@ async def test_real_agent_answers_with_its_secret_once_published(
         refused = await client.post("/sessions/s1/exec", json={"tool": "code_execution", "input": {"code": "1"}},
                                     headers={"Authorization": "Bearer not-the-secret"})
         assert refused.status_code == 401
-    await provider.destroy("sb-agent")
-    await eventually(lambda: not apiserver.pods(NS))
 
 
 async def test_restarted_provider_finds_its_sandboxes_by_label(
-        make_provider: Any, apiserver: StandInApiServer) -> None:
+        make_provider: Any, cluster: RealCluster, namespace: str) -> None:
     first = await make_provider()
     infos = await asyncio.gather(*(first.create(POOL, f"sb-r{i}") for i in range(3)))
-    other_pool = PoolSpec(name="big", image="python")
-    big = await first.create(other_pool, "sb-big")
+    big = await first.create(PoolSpec(name="big", image="python"), "sb-big")
     # Another installation's pod in the same namespace is none of ours.
     await (await make_provider(kube_installation="other")).create(POOL, "sb-foreign")
     await first.close()  # a crash or restart: close() destroys nothing
@@ -90,113 +127,59 @@ async def test_restarted_provider_finds_its_sandboxes_by_label(
     for sandbox in ("sb-r0", "sb-r1", "sb-r2", "sb-big"):
         await second.destroy(sandbox)
     assert await second.list() == []
-    await eventually(lambda: [p["metadata"]["name"] for p in apiserver.pods(NS)] == ["other-sb-foreign"])
+    await eventually(lambda: names(cluster.pods(namespace)) == {"other-sb-foreign"})
 
 
-async def test_watch_resumes_from_its_version_and_relists_after_410(
-        provider: KubernetesProvider, apiserver: StandInApiServer) -> None:
-    await provider.create(POOL, "sb-w1")
-    relists, requests = provider.watcher.relists, provider.watcher.watch_requests
-    await eventually(lambda: apiserver.open_watches() == 1)
-    apiserver.end_watches()  # the server ends the stream: resume from the last version, no list
-    await eventually(lambda: provider.watcher.watch_requests > requests)
-    await provider.create(POOL, "sb-w2")
-    assert provider.watcher.relists == relists
-
-    await eventually(lambda: apiserver.open_watches() == 1)
-    apiserver.compact()  # the stream drops and the history is gone: resuming gets 410 Expired
-    await eventually(lambda: provider.watcher.relists > relists)
-    info = await provider.create(POOL, "sb-w3")  # readiness still arrives through the new watch
-    assert info.ready
-    assert set(provider.watcher.pods) == {"test-sb-w1", "test-sb-w2", "test-sb-w3"}
-
-
-async def test_the_watch_lists_afresh_periodically(make_provider: Any, apiserver: StandInApiServer) -> None:
-    provider = await make_provider(kube_relist_seconds=0.01)
-    relists = provider.watcher.relists
-    await eventually(lambda: apiserver.open_watches() == 1)
-    apiserver.end_watches()  # a request ends; the period has passed: list, then watch again
-    await eventually(lambda: provider.watcher.relists > relists)
-    assert (await provider.create(POOL, "sb-p1")).ready
+async def test_the_watch_resumes_when_the_server_ends_it_and_lists_afresh_periodically(
+        make_provider: Any) -> None:
+    """The real server ends each watch request after `timeoutSeconds`; the watch resumes from its
+    version (no list), or lists afresh once `--kube-relist-seconds` have passed."""
+    resuming = await make_provider(kube_watch_timeout_seconds=5)
+    relisting = await make_provider(kube_watch_timeout_seconds=5, kube_relist_seconds=0.01)
+    await resuming.create(POOL, "sb-w1")
+    lists = (resuming.watcher.relists, relisting.watcher.relists)
+    await eventually(lambda: resuming.watcher.watch_requests >= 2 and relisting.watcher.watch_requests >= 2,
+                     timeout=15)
+    assert resuming.watcher.relists == lists[0]
+    assert relisting.watcher.relists > lists[1]
+    assert (await resuming.create(POOL, "sb-w2")).ready  # readiness still arrives through the resumed watch
+    assert {"test-sb-w1", "test-sb-w2"} <= set(relisting.watcher.pods)
 
 
 async def test_pod_deleted_behind_our_back_is_forgotten_and_dead_pod_is_not_ready(
-        provider: KubernetesProvider, apiserver: StandInApiServer) -> None:
+        provider: KubernetesProvider, cluster: RealCluster, namespace: str, kubelet: StandInKubelet) -> None:
     await provider.create(POOL, "sb-k1")
     await provider.create(POOL, "sb-k2")
-    apiserver.delete_object(NS, "pods", "test-sb-k1")  # kubectl delete pod
-    apiserver.kill_container(NS, "test-sb-k2")  # OOM kill: restartPolicy Never, the pod is Failed
+    cluster.delete_pod(namespace, "test-sb-k1")  # kubectl delete pod
+    kubelet.kill_container("test-sb-k2")  # OOM kill: restartPolicy Never, the pod is Failed
     await eventually(lambda: "test-sb-k1" not in provider.watcher.pods
                      and provider.watcher.pods["test-sb-k2"].phase == "Failed")
     assert [(s.sandbox_id, s.ready) for s in await provider.list()] == [("sb-k2", False)]
 
 
-async def test_throttling_and_server_errors_are_retried(provider: KubernetesProvider,
-                                                        apiserver: StandInApiServer) -> None:
-    apiserver.inject("create", "pods", 429, retry_after=1)
-    apiserver.inject("create", "secrets", 503, times=2)
-    started = time.monotonic()
-    info = await provider.create(POOL, "sb-t1")
-    assert info.ready
-    assert time.monotonic() - started >= 1.0  # Retry-After: 1 was honoured, not hammered
-    assert apiserver.status_count(429) == 1 and apiserver.status_count(503) == 2
-    stats = provider.describe()["api"]
-    assert stats["throttled"] == 1 and stats["server_errors"] == 2 and stats["retries"] == 3
-    apiserver.inject("delete", "pods", 504)
-    await provider.destroy("sb-t1")
-    await eventually(lambda: not apiserver.pods(NS))
-
-
-async def test_retries_are_bounded(make_provider: Any, apiserver: StandInApiServer) -> None:
-    provider = await make_provider(kube_max_retries=2)
-    apiserver.inject("create", "pods", 503, times=3)
-    with pytest.raises(ProviderError) as info:
-        await provider.create(POOL, "sb-b1")
-    assert info.value.transient
-    assert apiserver.count("create", "pods") == 3  # one try and two retries
-    assert apiserver.pods(NS) == [] and apiserver.secrets(NS) == []
-    apiserver.inject("delete", "pods", 503, times=3)
-    await provider.create(POOL, "sb-b2")
-    with pytest.raises(ProviderError):
-        await provider.destroy("sb-b2")
-    await provider.destroy("sb-b2")  # the controller tries again later: now it goes
-    await eventually(lambda: not apiserver.pods(NS))
-
-
-async def test_a_retried_create_whose_first_answer_was_lost_adopts_its_own_pod(
-        provider: KubernetesProvider, apiserver: StandInApiServer) -> None:
-    apiserver.inject("create", "pods", 504, commit=True)  # created, but the answer never came back
-    apiserver.inject("create", "secrets", 504, commit=True)
-    info = await provider.create(POOL, "sb-lost")
-    assert info.ready
-    assert apiserver.count("create", "pods") == 2 and apiserver.status_count(409) == 2
-    assert len(apiserver.pods(NS)) == 1 and len(apiserver.secrets(NS)) == 1
-
-
-async def test_a_pod_that_is_not_ours_is_left_alone(provider: KubernetesProvider,
-                                                    apiserver: StandInApiServer) -> None:
-    squatter = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "test-sb-taken", "labels": {"x": "y"}},
-                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
-    apiserver.enforce_restricted = False
-    apiserver.kubelet = "none"
-    apiserver.create_object(NS, "pods", squatter)
+async def test_a_pod_that_is_not_ours_is_left_alone(provider: KubernetesProvider, cluster: RealCluster,
+                                                    namespace: str) -> None:
+    squatter = build_pod(POOL, "sb-taken", PodOptions(namespace=namespace, installation="test"), attempt="theirs")
+    squatter["metadata"]["labels"] = {"x": "y"}
+    squatter["metadata"]["annotations"] = {}
+    cluster.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=squatter)
     with pytest.raises(ProviderError, match="already exists") as info:
         await provider.create(POOL, "sb-taken")
     assert not info.value.transient
-    assert [p["metadata"]["labels"] for p in apiserver.pods(NS)] == [{"x": "y"}]
-    assert apiserver.secrets(NS) == []
+    assert [p["metadata"]["labels"] for p in cluster.pods(namespace)] == [{"x": "y"}]
+    assert cluster.secrets(namespace, "sandpool.dev/sandbox") == []
 
 
-async def test_a_leftover_secret_of_an_earlier_pod_is_never_mounted(provider: KubernetesProvider,
-                                                                     apiserver: StandInApiServer) -> None:
-    """The kubelet mounts whatever Secret carries the name it is given, at once: names are per attempt."""
+async def test_a_leftover_secret_of_an_earlier_pod_is_never_mounted(
+        provider: KubernetesProvider, cluster: RealCluster, namespace: str) -> None:
+    """The kubelet mounts whatever Secret carries the name it is given, at once: names are per attempt.
+
+    Without a garbage collector the earlier pod's Secret stays, as it does on a cluster whose
+    collector lags."""
     first = await provider.create(POOL, "sb-again")
-    (old_secret,) = apiserver.secrets(NS)
+    (old_secret,) = cluster.secrets(namespace, "sandpool.dev/sandbox=sb-again")
     await provider.destroy("sb-again")
-    await eventually(lambda: not apiserver.pods(NS))
-    # The garbage collector lags: the earlier pod's Secret is still there when the id comes back.
-    apiserver.create_object(NS, "secrets", {"metadata": {"name": old_secret["metadata"]["name"]},
-                                            "data": old_secret["data"]})
+    await eventually(lambda: not cluster.pods(namespace))
     second = await provider.create(POOL, "sb-again")
     assert second.secret != first.secret
     async with httpx.AsyncClient() as client:
@@ -204,104 +187,98 @@ async def test_a_leftover_secret_of_an_earlier_pod_is_never_mounted(provider: Ku
         assert ok.status_code == 200
         stale = await client.get(second.address + "/x", headers={"Authorization": f"Bearer {first.secret}"})
         assert stale.status_code == 401
-    (pod,) = apiserver.pods(NS)
-    mounted = pod["spec"]["volumes"][2]["secret"]["secretName"]
+    (pod,) = cluster.pods(namespace)
+    mounted = next(v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v)
     assert mounted != old_secret["metadata"]["name"]
-    (owned,) = [s for s in apiserver.secrets(NS) if s["metadata"].get("ownerReferences")]
-    assert owned["metadata"]["name"] == mounted and owned["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+    owned = [s for s in cluster.secrets(namespace, "sandpool.dev/sandbox=sb-again")
+             if s["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]]
+    assert [s["metadata"]["name"] for s in owned] == [mounted]
 
 
-@pytest.mark.standin(kubelet="agent")
+@pytest.mark.kubelet("agent")
 async def test_a_container_that_exits_fails_the_create_and_is_deleted(
-        provider: KubernetesProvider, apiserver: StandInApiServer) -> None:
+        provider: KubernetesProvider, cluster: RealCluster, namespace: str) -> None:
     crashing = PoolSpec(name="broken", image="python", command=("sh", "-c", "exit 3"))
     with pytest.raises(ProviderError, match=r"stopped \(Failed, Error\)") as info:
         await provider.create(crashing, "sb-crash")
     assert info.value.transient
-    await eventually(lambda: not apiserver.pods(NS) and not apiserver.secrets(NS))
+    await eventually(lambda: not cluster.pods(namespace))
 
 
-async def test_unknown_runtime_class_is_a_permanent_error(provider: KubernetesProvider,
-                                                          apiserver: StandInApiServer) -> None:
+async def test_unknown_runtime_class_is_a_permanent_error(provider: KubernetesProvider, cluster: RealCluster,
+                                                          namespace: str) -> None:
+    cluster.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", ok=(201, 409),
+                    body={"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "gvisor"},
+                          "handler": "runsc"})
+    calls = provider.api.stats.by_operation.copy()
     pool = PoolSpec(name="firecracker", image="python", runtime_class="firecracker")
     with pytest.raises(ProviderError, match='RuntimeClass "firecracker" not found') as info:
         await provider.create(pool, "sb-rc")
     assert not info.value.transient
-    assert apiserver.count("create", "pods") == 1  # a 403 is not retried
-    assert apiserver.count("delete", "pods") == 0  # nor followed by a delete of what was never made
-    assert apiserver.pods(NS) == [] and apiserver.secrets(NS) == []
-    assert (await provider.create(PoolSpec(name="gvisor", image="python", runtime_class="gvisor"), "sb-rc2")).ready
+    after = provider.api.stats.by_operation
+    assert after.get("create_pod", 0) - calls.get("create_pod", 0) == 1  # a 403 is not retried
+    assert after.get("delete_pod", 0) == calls.get("delete_pod", 0)  # nor followed by a delete
+    assert cluster.pods(namespace) == []
+    stored = await provider.create(PoolSpec(name="gvisor", image="python", runtime_class="gvisor"), "sb-rc2")
+    assert stored.ready
+    (pod,) = cluster.pods(namespace)
+    assert pod["spec"]["runtimeClassName"] == "gvisor"
 
 
-@pytest.mark.standin(pod_quota=1)
-async def test_exhausted_quota_is_transient(provider: KubernetesProvider, apiserver: StandInApiServer) -> None:
+async def test_exhausted_quota_is_transient(provider: KubernetesProvider, cluster: RealCluster,
+                                            namespace: str) -> None:
+    quota = f"/api/v1/namespaces/{namespace}/resourcequotas"
+    cluster.request("POST", quota, body={"metadata": {"name": "pods"}, "spec": {"hard": {"pods": "1"}}})
+    # The resource-quota controller (not running here) publishes the quota's status; play it.
+    cluster.request("PATCH", f"{quota}/pods/status", body={"status": {"hard": {"pods": "1"}, "used": {"pods": "0"}}},
+                    **{"Content-Type": "application/merge-patch+json"})
     await provider.create(POOL, "sb-q1")
     with pytest.raises(ProviderError, match="exceeded quota") as info:
         await provider.create(POOL, "sb-q2")
     assert info.value.transient
-    assert len(apiserver.pods(NS)) == 1
+    assert names(cluster.pods(namespace)) == {"test-sb-q1"}
 
 
-@pytest.mark.standin(kubelet="none")
+@pytest.mark.kubelet("none")
 async def test_a_pod_that_never_gets_ready_is_deleted_after_the_ready_timeout(
-        make_provider: Any, apiserver: StandInApiServer) -> None:
+        make_provider: Any, cluster: RealCluster, namespace: str) -> None:
     provider = await make_provider(kube_ready_timeout_seconds=0.5)
     with pytest.raises(ProviderError, match="not ready in time") as info:
         await provider.create(POOL, "sb-slow")
     assert info.value.transient
-    assert apiserver.pods(NS) == [] and apiserver.secrets(NS) == []
+    assert cluster.pods(namespace) == []  # an unscheduled pod goes at once
 
 
-@pytest.mark.standin(kubelet="none")
-async def test_a_cancelled_create_deletes_its_pod(provider: KubernetesProvider, apiserver: StandInApiServer) -> None:
+@pytest.mark.kubelet("none")
+async def test_a_cancelled_create_deletes_its_pod(provider: KubernetesProvider, cluster: RealCluster,
+                                                  namespace: str) -> None:
     task = asyncio.create_task(provider.create(POOL, "sb-cancel"))
-    await eventually(lambda: apiserver.secrets(NS))  # pod and Secret are made; Ready never comes
+    await eventually(lambda: cluster.secrets(namespace, "sandpool.dev/sandbox=sb-cancel"))  # Ready never comes
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await eventually(lambda: not apiserver.pods(NS) and not apiserver.secrets(NS))
+    await eventually(lambda: not cluster.pods(namespace))
 
 
 @pytest.mark.parametrize("bad", ["SB-UPPER", "sb_underscore", "", "x" * 64])
-async def test_bad_sandbox_id_makes_no_api_call(provider: KubernetesProvider, apiserver: StandInApiServer,
-                                                bad: str) -> None:
-    before = apiserver.count("create", "pods")
+async def test_bad_sandbox_id_makes_no_api_call(provider: KubernetesProvider, bad: str) -> None:
+    before = provider.api.stats.calls
     with pytest.raises(ProviderError, match="is not a DNS label") as info:
         await provider.create(POOL, bad)
     assert not info.value.transient
-    assert apiserver.count("create", "pods") == before
     await provider.destroy(bad)  # nothing can exist under such an id: a no-op
+    assert provider.api.stats.calls == before
 
 
-async def test_bad_configuration_stops_the_start(make_settings: Any, apiserver: StandInApiServer,
-                                                 tmp_path: Any) -> None:
+async def test_bad_configuration_stops_the_start(make_settings: Any, cluster: RealCluster, tmp_path: Any) -> None:
     missing = KubernetesProvider(make_settings(kubeconfig=tmp_path / "nope"))
     with pytest.raises(ProviderError, match="no usable cluster configuration") as info:
         await missing.start()
     assert not info.value.transient and str(tmp_path / "nope") in str(info.value)
 
-    wrong_token = tmp_path / "wrong"
-    wrong_token.write_text(apiserver.kubeconfig(tmp_path / "k").read_text().replace(apiserver.token, "wrong"))
-    refused = KubernetesProvider(make_settings(kubeconfig=wrong_token))
+    refused = KubernetesProvider(make_settings(kubeconfig=cluster.kubeconfig(tmp_path / "k", token="not-a-token")))
     with pytest.raises(ProviderError, match="401") as info:
         await refused.start()
     assert not info.value.transient
     with pytest.raises(ProviderError, match="not started"):
         await refused.create(POOL, "sb-1")
-
-
-async def test_the_stand_in_enforces_what_the_pod_builder_promises(apiserver: StandInApiServer) -> None:
-    """The restricted check can fail: a pod without the builder's hardening is refused."""
-    import kubernetes.client
-    from kubernetes.client.exceptions import ApiException
-
-    configuration = kubernetes.client.Configuration()
-    configuration.host = apiserver.url
-    configuration.api_key = {"authorization": f"Bearer {apiserver.token}"}
-    with kubernetes.client.ApiClient(configuration) as api_client:
-        core = kubernetes.client.CoreV1Api(api_client)
-        with pytest.raises(ApiException) as info:
-            core.create_namespaced_pod(NS, {"metadata": {"name": "lax"},
-                                            "spec": {"containers": [{"name": "c", "image": "i"}]}})
-    assert info.value.status == 403
-    assert "allowPrivilegeEscalation" in info.value.body and "seccompProfile" in info.value.body

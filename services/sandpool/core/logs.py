@@ -1,7 +1,8 @@
 """Structured (JSON) logs on stderr with stable keys.
 
 A request id set by the HTTP edge (`request_id_var`) is added to every line
-logged while that request is being served.
+logged while that request is being served. Credentials in URLs are blanked in
+every part of a line (message, fields, traceback): see `core/redact.py`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import logging
 import sys
 import time
+
+from sandpool.core.redact import redact
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
@@ -28,17 +31,17 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "service": self.service,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact(record.getMessage()),
         }
         rid = request_id_var.get()
         if rid:
             line["request_id"] = rid
         for key, value in record.__dict__.items():
             if key not in _RESERVED and not key.startswith("_"):
-                line[key] = value
+                line[key] = redact(value)
         if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
+            line["exc"] = redact(self.formatException(record.exc_info))
+        return json.dumps(line, default=lambda value: redact(str(value)))
 
 
 def configure_logging(service: str, level: str = "info") -> None:

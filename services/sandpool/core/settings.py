@@ -18,6 +18,8 @@ from typing import Annotated, Any, get_args, get_origin
 from pydantic import BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from sandpool.core.redact import redact
+
 ENV_PREFIX = "SANDPOOL_"
 
 
@@ -140,11 +142,11 @@ def read_secret(value: str | None, file: Path | None, *, what: str) -> str | Non
 
 
 def dump_settings(settings: BaseSettings) -> str:
-    """Settings as JSON with secrets blanked, for the start-up log line."""
+    """Settings as JSON with secrets blanked (and credentials in URLs), for the start-up log line."""
     out = {}
     for name, info in type(settings).model_fields.items():
         value = getattr(settings, name)
-        out[name] = "***" if (not _is_cli(info) and value) else value
+        out[name] = "***" if (not _is_cli(info) and value) else redact(value)
     return json.dumps(out, default=str, sort_keys=True)
 
 

@@ -10,6 +10,7 @@ and destroys sandboxes with everything they started.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -49,6 +50,19 @@ class SandboxInfo:
     ready: bool = False
 
 
+LostListener = Callable[[str, str], None]
+"""Told that a sandbox died on its own: called with its sandbox id and a short reason.
+
+Reasons: `deleted` (its pod or process was removed by someone else), `failed` (it
+exited or its pod failed), `not_running` (its pod left the Running phase or lost
+its address). Called on the event loop as soon as the provider learns it; it must
+not block. Never called for a sandbox the provider is creating (the create fails
+instead) or destroying on request.
+"""
+
+LOSS_REASONS = ("deleted", "failed", "not_running")
+
+
 class ProviderError(Exception):
     """The provider could not do what was asked; `transient` ones are worth retrying later."""
 
@@ -78,3 +92,10 @@ class Provider(Protocol):
 
     def describe(self) -> dict[str, object]:
         """What the provider is and what isolation is in force, for logs and /readyz."""
+
+    def on_lost(self, listener: LostListener) -> None:
+        """Optional: register the one listener told at once when a sandbox dies on its own.
+
+        The owner calls it once, after `start()`. A provider that cannot tell accepts the
+        listener and never calls it; reconciliation (`list`) still finds the loss later.
+        """

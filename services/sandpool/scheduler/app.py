@@ -138,6 +138,9 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
                     await the_provider.start()
                 except ProviderError as exc:
                     raise StartFailed(f"{the_provider.name} provider: {exc}") from exc
+                register_metrics = getattr(the_provider, "register_metrics", None)  # its own counters
+                if register_metrics is not None:
+                    register_metrics(metrics.registry)
                 factory = controller_factory or _default_controller_factory
                 controller = factory(settings=settings, redis=redis, keys=keys, provider=the_provider,
                                      pools=pool_specs, metrics=metrics, replica_id=replica_id())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -25,6 +26,24 @@ FORWARDED_REQUEST_HEADERS = ("content-type", "content-length", "accept", "x-requ
 FORWARDED_RESPONSE_HEADERS = ("content-type", "content-length", "content-disposition", "content-encoding",
                               "last-modified", "etag")
 OUTCOME_HEADER = "x-sandpool-outcome"
+
+AGENT_TCP_SOCKET_OPTIONS: list[tuple[int, int, int]] = [
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    *((socket.IPPROTO_TCP, getattr(socket, name), value)
+      for name, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 11_000))
+      if hasattr(socket, name)),  # Linux names; elsewhere only SO_KEEPALIVE
+]
+"""Socket options of connections to agents at `http://` addresses (pods).
+
+A pod whose node died or whose network was cut sends nothing, not even a reset:
+without these a call waiting on its connection hangs for the exec timeout, and
+an idle pooled connection stays ESTABLISHED for ever. Keepalive probes after
+5 s of silence, every 2 s, 3 unanswered and the connection is dead; TCP_USER_TIMEOUT
+(11 s, in ms) ends it as well when data we sent stays unacknowledged (keepalive
+alone does not cover that). A live agent's kernel answers probes however busy
+the sandbox is, so a long call is never cut by them. Unix-socket agents are local
+processes: none of this applies to them.
+"""
 
 
 class BadAddress(ValueError):
@@ -61,7 +80,8 @@ def _build_client(address: str, *, connect_timeout: float) -> httpx.AsyncClient:
         transport = httpx.AsyncHTTPTransport(uds=path, retries=0, limits=limits, verify=False)
         return httpx.AsyncClient(transport=transport, base_url="http://sandbox", timeout=timeout, trust_env=False)
     if address.startswith("http://"):
-        transport = httpx.AsyncHTTPTransport(retries=0, limits=limits, verify=False)
+        transport = httpx.AsyncHTTPTransport(retries=0, limits=limits, verify=False,
+                                             socket_options=AGENT_TCP_SOCKET_OPTIONS)
         return httpx.AsyncClient(transport=transport, base_url=address.rstrip("/"), timeout=timeout,
                                  trust_env=False)
     raise BadAddress("unsupported agent address scheme")

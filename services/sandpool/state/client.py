@@ -7,7 +7,7 @@ from typing import Any
 import redis as redis_sync
 import redis.asyncio as aioredis
 
-from sandpool.core.redact import redact_url
+from sandpool.core.redact import redact
 from sandpool.state.errors import UNREACHABLE, StateUnavailable, translated
 
 Client = aioredis.Redis
@@ -37,7 +37,7 @@ def ping_sync(url: str, *, timeout: float = 2.0) -> None:
     try:
         client.ping()
     except (*UNREACHABLE, redis_sync.RedisError, OSError) as exc:
-        raise StateUnavailable(f"Redis at {redact_url(url)} does not answer ({exc})") from None
+        raise StateUnavailable(f"Redis at {redact(url)} does not answer ({exc})") from None
     finally:
         client.close()
 

@@ -118,6 +118,7 @@ class KubeApi:
         self._core: Any = None
         self._watch_lock = threading.Lock()
         self._watch_resp: Any = None
+        self._watch_stopped = False
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -274,6 +275,9 @@ class KubeApi:
             self.stats.connection_errors += 1
             raise ApiError("watch_pods", 0, type(exc).__name__, transient=True) from None
         with self._watch_lock:
+            if self._watch_stopped:  # stop_watch() came while the request was being made
+                resp.close()
+                return
             self._watch_resp = resp
         try:
             for line in iter_resp_lines(resp):
@@ -296,8 +300,10 @@ class KubeApi:
             resp.close()  # a watch connection is not worth returning to the pool
 
     def stop_watch(self) -> None:
-        """Unblock a watch stream read from another thread (its socket is shut down)."""
+        """End the watch for good from another thread: a stream being read (its socket is shut
+        down), and one whose request is still being made (it ends as soon as it is answered)."""
         with self._watch_lock:
+            self._watch_stopped = True
             resp = self._watch_resp
         if resp is None:
             return

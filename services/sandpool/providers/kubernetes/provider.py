@@ -13,6 +13,10 @@ sandboxes), paced by their own token bucket. Creations are paced by another.
 `list` asks the API server for every pod with this installation's label, so a
 restarted controller finds what its predecessor started.
 
+`on_lost(listener)` registers who is told, from the watch and at once, that a
+sandbox's pod was deleted, failed or stopped running behind our back (not for
+pods this provider is creating or was asked to destroy).
+
 Nothing here is on the CreateSession path: the scheduler leases from Redis.
 """
 
@@ -21,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections import OrderedDict
 from typing import Any
 
 import httpx
 
-from sandpool.pool.provider import PoolSpec, ProviderError, SandboxInfo
+from sandpool.pool.provider import LostListener, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.kubernetes.client import ApiError, Conflict, KubeApi, NotFound
 from sandpool.providers.kubernetes.pods import (
     ANNOTATION_ATTEMPT,
@@ -36,6 +41,7 @@ from sandpool.providers.kubernetes.pods import (
     build_pod,
     build_secret,
     check_sandbox_id,
+    PodState,
     installation_selector,
     object_name,
     read_pod,
@@ -43,7 +49,7 @@ from sandpool.providers.kubernetes.pods import (
 )
 from sandpool.providers.kubernetes.ratelimit import TokenBucket
 from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
-from sandpool.providers.kubernetes.watch import PodGone, PodWatcher
+from sandpool.providers.kubernetes.watch import GONE_REMEMBERED, PodGone, PodWatcher
 
 log = logging.getLogger("sandpool.providers.kubernetes")
 
@@ -62,7 +68,8 @@ class KubernetesProvider:
         self.watcher = PodWatcher(self.api, self.selector,
                                   watch_timeout_seconds=self.settings.kube_watch_timeout_seconds,
                                   backoff_max_seconds=self.settings.kube_backoff_max_seconds,
-                                  relist_seconds=self.settings.kube_relist_seconds)
+                                  relist_seconds=self.settings.kube_relist_seconds,
+                                  on_lost=self._pod_lost)
         self._create_bucket = TokenBucket(self.settings.kube_create_rate, self.settings.kube_create_burst)
         self._delete_bucket = TokenBucket(self.settings.kube_delete_rate, self.settings.kube_delete_burst)
         self._http: httpx.AsyncClient | None = None
@@ -71,7 +78,10 @@ class KubernetesProvider:
         self._deleter: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._started = False
-        self.counts = {"created": 0, "create_failed": 0, "destroyed": 0, "delete_calls": 0}
+        self._lost_listener: LostListener | None = None
+        self._creating: set[str] = set()  # sandbox ids whose create() is in flight
+        self._deleting: OrderedDict[str, None] = OrderedDict()  # uids of pods we delete ourselves
+        self.counts = {"created": 0, "create_failed": 0, "destroyed": 0, "delete_calls": 0, "lost": 0}
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -128,6 +138,7 @@ class KubernetesProvider:
         deadline = loop.time() + self.settings.kube_ready_timeout_seconds
         uid: str | None = None
         created = False
+        self._creating.add(sandbox_id)
         try:
             uid = await self._create_pod(pod, attempt)
             created = True
@@ -137,6 +148,7 @@ class KubernetesProvider:
             await self._wait_for_agent(address, name, uid, deadline)
         except asyncio.CancelledError:
             # The caller gave up (its own start timeout): clean up without making it wait.
+            self._deleting_now(uid)
             self._spawn(self._delete_quietly(name, uid))
             self.counts["create_failed"] += 1
             raise
@@ -145,11 +157,14 @@ class KubernetesProvider:
             # Delete what we made; after a lost answer (transient) the pod may exist too. A refused
             # POST (4xx) or a pod that is not ours (ProviderError before `created`) is left alone.
             if created or (isinstance(exc, ApiError) and exc.transient):
+                self._deleting_now(uid)
                 await self._delete_quietly(name, uid)
             if isinstance(exc, ProviderError):
                 raise
             transient = getattr(exc, "transient", True)
             raise ProviderError(f"sandbox {sandbox_id}: {exc}", transient=transient) from None
+        finally:
+            self._creating.discard(sandbox_id)
         self.counts["created"] += 1
         return SandboxInfo(sandbox_id=sandbox_id, pool=pool.name, address=address, secret=agent_secret, ready=True)
 
@@ -221,6 +236,9 @@ class KubernetesProvider:
             check_sandbox_id(sandbox_id)
         except InvalidPool:
             return  # no pod can carry such an id: nothing to destroy
+        known = self.watcher.pods.get(object_name(self.settings.kube_installation, sandbox_id))
+        if known is not None:
+            self._deleting_now(known.uid)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending_deletes.setdefault(sandbox_id, []).append(future)
         assert self._delete_wakeup is not None
@@ -262,6 +280,42 @@ class KubernetesProvider:
                 else:
                     future.set_exception(error)
 
+    # --- losses -------------------------------------------------------------------------------
+
+    def on_lost(self, listener: LostListener) -> None:
+        """Register the listener told at once (from the watch) that a sandbox's pod died on its own."""
+        self._lost_listener = listener
+
+    def _deleting_now(self, uid: str | None) -> None:
+        """Our own deletion of this pod (by uid: a sandbox id may come back) is no loss to report."""
+        if not uid:
+            return
+        self._deleting[uid] = None
+        while len(self._deleting) > GONE_REMEMBERED:
+            self._deleting.popitem(last=False)
+
+    def _pod_lost(self, state: PodState, reason: str) -> None:
+        """From the watcher, on the event loop: a pod of ours will not serve any more."""
+        sandbox_id = state.sandbox_id
+        if not sandbox_id or state.attempt is None:
+            return  # not a sandbox pod this provider made
+        if state.uid in self._deleting:
+            if reason == "deleted":
+                del self._deleting[state.uid]  # the watcher reports a pod once: forget it
+            return
+        if sandbox_id in self._creating:
+            return  # its create() fails on its own, and deletes it
+        self.counts["lost"] += 1
+        log.warning("sandbox lost", extra={"sandbox": sandbox_id, "pod": state.name, "reason": reason,
+                                           "phase": state.phase, "why": state.reason})
+        listener = self._lost_listener
+        if listener is None:
+            return
+        try:
+            listener(sandbox_id, reason)
+        except Exception:  # noqa: BLE001 - the listener's bug must not stop the watch
+            log.exception("sandbox loss listener failed", extra={"sandbox": sandbox_id})
+
     # --- list and describe --------------------------------------------------------------------
 
     async def list(self) -> list[SandboxInfo]:
@@ -289,6 +343,12 @@ class KubernetesProvider:
             ))
         return out
 
+    def register_metrics(self, registry: Any) -> None:
+        """Export the counters below on the owner's Prometheus registry (its `/metrics`)."""
+        from sandpool.providers.kubernetes.metrics import KubernetesProviderCollector
+
+        registry.register(KubernetesProviderCollector(self))
+
     def describe(self) -> dict[str, object]:
         return {
             "provider": self.name,
@@ -305,7 +365,8 @@ class KubernetesProvider:
                       "delete_per_second": self.settings.kube_delete_rate},
             "api": self.api.stats.as_dict(),
             "watch": {"pods": len(self.watcher.pods), "relists": self.watcher.relists,
-                      "requests": self.watcher.watch_requests, "events": self.watcher.events},
+                      "requests": self.watcher.watch_requests, "events": self.watcher.events,
+                      "expired": self.watcher.expired},
             "sandboxes": dict(self.counts),
         }
 

@@ -7,8 +7,15 @@ The watch runs on its own thread (the client blocks while it reads the stream)
 and hands each event to the event loop. It resumes from the last
 resourceVersion it saw (bookmarks included) when the server ends a request,
 and lists afresh when the server answers `410 Gone` (the version is older than
-the server keeps) or after repeated failures. Every change wakes whoever waits
+the server keeps; a restarted API server says so) or after repeated refusals;
+an unreachable server is retried with backoff, never re-listed for that alone. Every change wakes whoever waits
 for that pod.
+
+Every change is also checked for a loss: a pod that is being deleted or was
+deleted (a `DELETED` event, or missing from a fresh list), that failed
+(`Failed`/`Succeeded`: restartPolicy Never), or that left the `Running` phase or
+lost its IP is reported once, at once, to `on_lost(state, reason)`. The Ready
+condition alone is not a loss: it flaps while sandboxed code keeps the agent busy.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from sandpool.providers.kubernetes.client import ApiError, Gone, KubeApi
@@ -26,6 +34,27 @@ from sandpool.providers.kubernetes.pods import PodState, read_pod
 log = logging.getLogger("sandpool.providers.kubernetes")
 
 GONE_REMEMBERED = 4096  # deleted pods remembered, so a waiter learns its pod vanished
+
+PodLost = Callable[[PodState, str], None]
+"""Told of a pod that will not serve any more, with the reason (`deleted`, `failed`, `not_running`)."""
+
+
+def loss_of(old: PodState | None, new: PodState | None) -> str | None:
+    """Why a pod that was `old` and is now `new` (None: gone) can no longer serve, if it cannot.
+
+    Pure, for the watcher and its tests. A pod never seen running (`old` None or
+    Pending) is lost only by being deleted or failing: its create is still waiting.
+    """
+    if new is None or new.terminating:
+        return "deleted"
+    if new.phase in ("Failed", "Succeeded"):
+        return "failed"
+    if new.phase == "Unknown":
+        return "not_running"
+    if old is not None and old.uid == new.uid and old.phase == "Running" and old.pod_ip and (
+            new.phase != "Running" or not new.pod_ip):
+        return "not_running"
+    return None
 
 
 class PodGone(Exception):
@@ -39,7 +68,8 @@ class PodGone(Exception):
 
 class PodWatcher:
     def __init__(self, api: KubeApi, selector: str, *, watch_timeout_seconds: int,
-                 backoff_max_seconds: float, relist_seconds: float = 600.0) -> None:
+                 backoff_max_seconds: float, relist_seconds: float = 600.0,
+                 on_lost: PodLost | None = None) -> None:
         self.api = api
         self.selector = selector
         self.watch_timeout_seconds = watch_timeout_seconds
@@ -50,6 +80,9 @@ class PodWatcher:
         self.relists = 0
         self.watch_requests = 0
         self.events = 0
+        self.expired = 0  # 410 Gone answers to a resumed watch (each followed by a list)
+        self.on_lost = on_lost
+        self._lost: OrderedDict[str, None] = OrderedDict()  # uids already reported lost
         self._gone: OrderedDict[str, str] = OrderedDict()  # name -> uid of pods seen deleted
         self._waiters: dict[str, asyncio.Event] = {}
         self._resource_version = ""
@@ -102,6 +135,7 @@ class PodWatcher:
                 if time.monotonic() - self._listed_at >= self.relist_seconds:
                     self._relist_from_thread()
             except Gone:
+                self.expired += 1
                 log.info("pod watch expired (410 Gone); listing again")
                 if not self._relist_from_thread():
                     failures += 1
@@ -112,7 +146,11 @@ class PodWatcher:
                 failures += 1
                 log.warning("pod watch failed; resuming", extra={"error": str(exc), "failures": failures})
                 self._stop.wait(self._backoff(failures))
-                if failures >= 3:  # something is off with our version: start from a fresh list
+                # A server that answers but keeps refusing: start from a fresh list. One that does not
+                # answer at all (a restart, a partition) is resumed, not re-listed: when it is back it
+                # serves our version or says 410, and a list of every pod per outage is what turns an
+                # API-server restart into a storm of LISTs.
+                if exc.status and failures >= 3:
                     self._relist_from_thread()
             except Exception:  # noqa: BLE001 - the watch must outlive any one bad event
                 failures += 1
@@ -151,21 +189,50 @@ class PodWatcher:
 
     def _apply(self, kind: str, state: PodState) -> None:
         self.events += 1
+        old = self.pods.get(state.name)
+        if old is not None and old.uid != state.uid:
+            self._changed(old, None)  # replaced by a namesake: the old one went unseen
+            old = None
         if kind == "DELETED":
             self.pods.pop(state.name, None)
             self._remember_gone(state)
+            self._changed(old or state, None)
         else:
             self.pods[state.name] = state
+            self._changed(old, state)
         self._wake(state.name)
 
     def _replace(self, states: list[PodState]) -> None:
         fresh = {s.name: s for s in states}
-        for name, old in self.pods.items():
-            if name not in fresh or fresh[name].uid != old.uid:
+        previous, self.pods = self.pods, fresh
+        for name, old in previous.items():
+            new = fresh.get(name)
+            if new is None or new.uid != old.uid:
                 self._remember_gone(old)
-        self.pods = fresh
+                self._changed(old, None)  # deleted while the watch was not looking
+        for name, new in fresh.items():
+            old = previous.get(name)
+            self._changed(old if old is not None and old.uid == new.uid else None, new)
         for name in list(self._waiters):
             self._wake(name)
+
+    def _changed(self, old: PodState | None, new: PodState | None) -> None:
+        """Report a pod the first time a change shows it lost; forget it once it is gone."""
+        state = new or old
+        if state is None:
+            return
+        reason = loss_of(old, new)
+        if reason is not None and state.uid not in self._lost:
+            self._lost[state.uid] = None
+            while len(self._lost) > GONE_REMEMBERED:
+                self._lost.popitem(last=False)
+            if self.on_lost is not None:
+                try:
+                    self.on_lost(state, reason)
+                except Exception:  # noqa: BLE001 - a listener's bug must not stop the watch
+                    log.exception("pod loss listener failed", extra={"pod": state.name})
+        if new is None:
+            self._lost.pop(state.uid, None)
 
     def _remember_gone(self, state: PodState) -> None:
         self._gone[state.name] = state.uid

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import httpx
 
-from sandpool.pool.provider import SANDBOX_ID_LENGTH, PoolSpec, ProviderError, SandboxInfo
+from sandpool.pool.provider import SANDBOX_ID_LENGTH, LostListener, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.local import fsmount
 from sandpool.providers.local.isolation.detect import required_missing
 from sandpool.providers.local.sockets import SocketDir, SocketDirError
@@ -71,6 +71,8 @@ class LocalProvider:
         if self.sandbox_python is None and self.privileged:
             self.sandbox_python = default_sandbox_python(self.settings.agent_python or sys.executable)
         self.warnings: list[str] = []
+        self._lost_listener: LostListener | None = None
+        self._creating: set[str] = set()  # a sandbox that dies while created fails its create instead
 
     # --- lifecycle of the provider itself ------------------------------------------------
     async def start(self) -> None:
@@ -156,6 +158,22 @@ class LocalProvider:
         }
 
     # --- the provider protocol -----------------------------------------------------------
+    def on_lost(self, listener: LostListener) -> None:
+        """Tell `listener` at once when a sandbox's agent exits on its own (the zygote reports it;
+        the plain subprocess launcher cannot, and reconciliation finds those later)."""
+        self._lost_listener = listener
+        if hasattr(self.launcher, "on_exit"):
+            self.launcher.on_exit = self._sandbox_exited  # type: ignore[attr-defined]
+
+    def _sandbox_exited(self, sandbox_id: str) -> None:
+        listener = self._lost_listener
+        if listener is None or sandbox_id in self._creating:
+            return
+        try:
+            listener(sandbox_id, "failed")
+        except Exception:  # noqa: BLE001 - the listener's bug must not break the zygote channel
+            log.exception("sandbox loss listener failed", extra={"sandbox_id": sandbox_id})
+
     async def create(self, pool: PoolSpec, sandbox_id: str) -> SandboxInfo:
         sandbox_dir = self._dir(sandbox_id)
         try:
@@ -164,6 +182,7 @@ class LocalProvider:
             raise ProviderError(f"sandbox {sandbox_id} already exists", transient=False) from None
         except OSError as exc:
             raise ProviderError(f"cannot create sandbox directory: {exc.strerror}") from None
+        self._creating.add(sandbox_id)
         try:
             return await self._create_in(pool, sandbox_id, sandbox_dir)
         except BaseException as exc:
@@ -174,6 +193,8 @@ class LocalProvider:
             if isinstance(exc, OSError):
                 raise ProviderError(f"sandbox {sandbox_id} failed to start: {exc.strerror or exc}") from None
             raise ProviderError(f"sandbox {sandbox_id} failed to start: {type(exc).__name__}") from exc
+        finally:
+            self._creating.discard(sandbox_id)
 
     async def _create_in(self, pool: PoolSpec, sandbox_id: str, sandbox_dir: Path) -> SandboxInfo:
         os.chmod(sandbox_dir, 0o711)

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,8 @@ class ZygoteClient:
         self._hello: asyncio.Future[dict[str, Any]] | None = None
         # Sandboxes that died on their own (most recent last), for logs and debugging.
         self.exits: collections.deque[dict[str, Any]] = collections.deque(maxlen=1000)
+        # Told (with the sandbox id, on the event loop) when a sandbox exits on its own.
+        self.on_exit: Callable[[str], None] | None = None
         self._closed = False
 
     @property
@@ -151,6 +154,12 @@ class ZygoteClient:
             self.exits.append(message)
             log.info("sandbox exited on its own", extra={"sandbox_id": message.get("sandbox_id"),
                                                          "status": message.get("status")})
+            sandbox_id = message.get("sandbox_id")
+            if self.on_exit is not None and isinstance(sandbox_id, str):
+                try:
+                    self.on_exit(sandbox_id)
+                except Exception:  # noqa: BLE001 - a listener's bug must not break the channel
+                    log.exception("sandbox exit listener failed", extra={"sandbox_id": sandbox_id})
             return
         rid = message.get("id")
         future = self._pending.pop(rid, None) if isinstance(rid, int) else None
@@ -309,8 +318,19 @@ class ZygoteLauncher:
         self.restart_interval = restart_interval
         self.fallback = fallback
         self.using_fallback = False
+        self._on_exit: Callable[[str], None] | None = None
         self._last_start = 0.0
         self._starting: asyncio.Lock | None = None
+
+    @property
+    def on_exit(self) -> Callable[[str], None] | None:
+        """Told (with the sandbox id) when a sandbox exits on its own; kept across zygote restarts."""
+        return self._on_exit
+
+    @on_exit.setter
+    def on_exit(self, listener: Callable[[str], None] | None) -> None:
+        self._on_exit = listener
+        self.client.on_exit = listener
 
     async def start(self) -> IsolationReport | None:
         """Start the zygote and log its isolation (idempotent)."""
@@ -346,6 +366,7 @@ class ZygoteLauncher:
                 log.error("the zygote died; starting a new one")
                 await self.client.close()
                 self.client = ZygoteClient(**self._client_args)
+                self.client.on_exit = self._on_exit
             await self.start()
 
     async def aclose(self) -> None:

@@ -1,4 +1,4 @@
-"""The real pool controller (Redis, leases, releases) driving the Kubernetes provider at the stand-in.
+"""The real pool controller (Redis, leases, releases) driving the Kubernetes provider at the stand-in, which throttles.
 
 Target: with a pool of 50 warm, a burst of 50 leases (so 50 creates) and then 50
 releases (50 destroys) passes without the API server throttling anyone: the
@@ -53,7 +53,7 @@ async def wait_for(check: Any, *, timeout: float, what: str, state: Any = None) 
         await asyncio.sleep(0.05)
 
 
-async def burst(redis: Any, keys: Keys, provider: Any, apiserver: StandInApiServer) -> None:
+async def burst(redis: Any, keys: Keys, provider: Any, standin: StandInApiServer) -> None:
     """Fill 50, lease all 50, wait for 50 replacements, release all 50, wait for 50 pods again."""
     pool = PoolSpec(name="default", image="python", warm=WARM, ceiling=2 * WARM)
     controller = PoolController(redis, keys, provider, [pool], replica_id="k8s", tick_seconds=0.1,
@@ -67,14 +67,14 @@ async def burst(redis: Any, keys: Keys, provider: Any, apiserver: StandInApiServ
         return await redis.llen(keys.pool_ready("default")) >= n
 
     def live_pods() -> int:
-        return sum(1 for p in apiserver.pods(NS) if not p["metadata"].get("deletionTimestamp"))
+        return sum(1 for p in standin.pods(NS) if not p["metadata"].get("deletionTimestamp"))
 
     async def state() -> dict[str, Any]:
-        return {"ready": await redis.llen(keys.pool_ready("default")), "pods": len(apiserver.pods(NS)),
+        return {"ready": await redis.llen(keys.pool_ready("default")), "pods": len(standin.pods(NS)),
                 "live": live_pods(), "doomed": await redis.scard(keys.doomed),
                 "members": await redis.scard(keys.pool_members("default")),
                 "starting": len(controller._starting), "destroying": len(controller._destroying),
-                "provider": provider.describe(), "requests": dict(apiserver.requests)}
+                "provider": provider.describe(), "requests": dict(standin.requests)}
 
     try:
         await wait_for(lambda: ready(WARM), timeout=30, what="50 warm sandboxes", state=state)
@@ -119,24 +119,24 @@ async def stop_controller(task: asyncio.Task[None]) -> None:
 
 
 async def test_fifty_warm_through_a_burst_without_throttling(
-        redis: Any, redis_prefix: str, make_provider: Any, apiserver: StandInApiServer) -> None:
-    apiserver.throttle_writes(SERVER_WRITES_PER_SECOND, SERVER_WRITES_PER_SECOND)
-    provider = await make_provider(**PROVIDER_LIMITS)
-    await burst(redis, Keys(prefix=redis_prefix), provider, apiserver)
-    assert apiserver.status_count(429) == 0
+        redis: Any, redis_prefix: str, make_standin_provider: Any, standin: StandInApiServer) -> None:
+    standin.throttle_writes(SERVER_WRITES_PER_SECOND, SERVER_WRITES_PER_SECOND)
+    provider = await make_standin_provider(**PROVIDER_LIMITS)
+    await burst(redis, Keys(prefix=redis_prefix), provider, standin)
+    assert standin.status_count(429) == 0
     assert provider.describe()["api"]["throttled"] == 0
-    assert apiserver.count("create", "pods") >= 2 * WARM
+    assert standin.count("create", "pods") >= 2 * WARM
     # 50 destroys left in batches: far fewer delete calls than sandboxes.
-    delete_calls = apiserver.count("deletecollection", "pods") + apiserver.count("delete", "pods")
+    delete_calls = standin.count("deletecollection", "pods") + standin.count("delete", "pods")
     assert delete_calls < WARM // 2
     assert provider.counts["destroyed"] == WARM
 
 
 async def test_without_the_rate_limiter_the_same_burst_is_throttled_and_still_recovers(
-        redis: Any, redis_prefix: str, make_provider: Any, apiserver: StandInApiServer) -> None:
-    apiserver.throttle_writes(SERVER_WRITES_PER_SECOND / 2, SERVER_WRITES_PER_SECOND / 2)
-    provider = await make_provider(kube_create_rate=1000, kube_create_burst=WARM, kube_delete_rate=1000,
+        redis: Any, redis_prefix: str, make_standin_provider: Any, standin: StandInApiServer) -> None:
+    standin.throttle_writes(SERVER_WRITES_PER_SECOND / 2, SERVER_WRITES_PER_SECOND / 2)
+    provider = await make_standin_provider(kube_create_rate=1000, kube_create_burst=WARM, kube_delete_rate=1000,
                                    kube_delete_burst=WARM, kube_max_retries=8)
-    await burst(redis, Keys(prefix=redis_prefix), provider, apiserver)
-    assert apiserver.status_count(429) > 0  # the server did push back ...
-    assert provider.describe()["api"]["throttled"] == apiserver.status_count(429)  # ... and every 429 was retried
+    await burst(redis, Keys(prefix=redis_prefix), provider, standin)
+    assert standin.status_count(429) > 0  # the server did push back ...
+    assert provider.describe()["api"]["throttled"] == standin.status_count(429)  # ... and every 429 was retried

