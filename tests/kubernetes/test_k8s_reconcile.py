@@ -21,8 +21,8 @@ from realapi import RealCluster
 
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
-from sandpool.scheduler.limits import SessionLimits
-from sandpool.scheduler.store import Leased, SessionStore
+from sandpool.state.sessions import SessionLimits
+from sandpool.state.sessions import Leased, SessionStore
 from sandpool.state.keys import Keys
 
 WARM = 3
@@ -80,7 +80,7 @@ async def test_reconciliation_against_the_real_api_server(
         assert "sb-orphan" not in live()  # the orphan was destroyed by reconciliation
 
         leased = await store.lease(session_id="s1", workspace="ws", pool="default", image="python",
-                                   now=time.time(), limits=LIMITS, max_concurrent=0, daily_budget=0)
+                                   now=time.time(), limits=LIMITS, workspace_limits={})
         assert isinstance(leased, Leased)
         sandbox = await redis.hget(keys.session("s1"), "sandbox")
         cluster.delete_pod(namespace, f"test-{sandbox}", grace_seconds=0)  # its node went away

@@ -237,8 +237,9 @@ def test_usage_is_exact_after_a_scripted_workload(stack, r, keys) -> None:
             c.post(f"/sessions/{sid}/exec", json=code("print(1)"))
             c.post(f"/sessions/{sid}/exec", json={"tool": "bash_code_execution", "input": {"command": "true"}})
         c.post(f"/sessions/{sids[0]}/exec", json=code("print(2)"))
-        upload = c.build_request("POST", f"/sessions/{sids[0]}/files", files={"file": ("a.txt", b"hello" * 100)})
-        upload_size = len(upload.read())
+        upload = c.build_request("POST", f"/sessions/{sids[0]}/files", files={"file": ("a.txt", b"hello" * 100)},
+                                 data={"path": "a.txt"})
+        assert len(upload.read()) > 500  # the multipart framing, which is not metered
         assert c.send(upload).status_code == 201
         assert c.get(f"/sessions/{sids[0]}/files", params={"path": "a.txt"}).content == b"hello" * 100
         assert c.get(f"/sessions/{sids[0]}/files", params={"path": "missing"}).status_code == 404  # not metered
@@ -248,8 +249,12 @@ def test_usage_is_exact_after_a_scripted_workload(stack, r, keys) -> None:
             spans.append(time.time() - created)
     total = r.hgetall(keys.usage_total(ws))
     assert total["sessions_created"] == "2"
+    assert total["executions"] == "5"
     assert total["executions:code_execution"] == "3" and total["executions:bash_code_execution"] == "2"
-    assert total["bytes_uploaded"] == str(upload_size) and total["bytes_downloaded"] == "500"
+    assert total["bytes_uploaded"] == "500" and total["bytes_downloaded"] == "500"  # file bytes only
+    assert float(total["execution_seconds"]) == pytest.approx(
+        float(total["execution_seconds:code_execution"]) + float(total["execution_seconds:bash_code_execution"]),
+        abs=0.002)
     assert 0 < float(total["execution_seconds:code_execution"]) < sum(spans)
     assert 0 < float(total["session_seconds"]) <= sum(spans) + 0.01
     assert r.sismember(keys.usage_workspaces, ws)

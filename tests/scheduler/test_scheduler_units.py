@@ -90,7 +90,7 @@ def test_budget_retry_after_points_at_utc_midnight() -> None:
     assert limits.seconds_until_utc_midnight(midnight - 10) == 11
     assert 1 <= limits.seconds_until_utc_midnight(midnight) <= 86401
     assert utc_day(midnight - 1) != utc_day(midnight)
-    assert limits.utc_day(0) == "1970-01-01"
+    assert utc_day(0) == "1970-01-01"
 
 
 # --- callers ---------------------------------------------------------------------------------
