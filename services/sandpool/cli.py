@@ -1,4 +1,4 @@
-"""`sandpool up | proxy | scheduler | agent | keygen | token`.
+"""`sandpool up | proxy | scheduler | agent | keygen | token | admin`.
 
 Each subcommand lives next to its service (`<service>/cli.py` exposes
 `register(subparsers)`); this module only wires them together, importing each
@@ -23,6 +23,7 @@ COMMANDS = {
     "agent": "sandpool.agent.cli",
     "keygen": "sandpool.proxy.keys_cli",
     "token": "sandpool.proxy.keys_cli",
+    "admin": "sandpool.client.admin_cli",
 }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import tool
 
 from chart_support import ROOT, SCENARIOS, Helm
 
@@ -38,15 +39,7 @@ DOC = ROOT / "docs" / "helm.md"
 
 @pytest.fixture(scope="module")
 def checkov_findings(helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str, str]]:
-    try:
-        proc = subprocess.run(["bash", str(ROOT / ".ci" / "install-checkov")], capture_output=True, text=True,
-                              timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"CHECKOV UNAVAILABLE: .ci/install-checkov failed ({exc}); the chart is NOT scanned")
-    checkov = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-    if proc.returncode != 0 or not Path(checkov).is_file():
-        pytest.skip(f"CHECKOV UNAVAILABLE: .ci/install-checkov exited {proc.returncode}: "
-                    f"{proc.stderr.strip()[-300:]}; the chart is NOT scanned")
+    checkov = tool("checkov")
     out = tmp_path_factory.mktemp("rendered")
     for scenario in (None, *SCENARIOS):
         name = scenario or "defaults.yaml"

@@ -7,6 +7,7 @@ runner inside its sandboxes and no sandbox ever became ready.
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,7 @@ PROBE = textwrap.dedent("""
     print(open(os.path.join(src, "marker.txt")).read())
     print("tmp-writable", os.access("/tmp", os.W_OK))
     print("tmp-entries", sorted(os.listdir("/tmp")))
+    print("tmp-binds", sorted({b.split("/")[2] for b in plan.binds if b.startswith("/tmp/")}))
 """)
 
 
@@ -47,8 +49,11 @@ def test_paths_under_tmp_stay_visible_and_read_only_inside_the_sandbox_root() ->
         lines = out.stdout.splitlines()
         assert lines[0] == "visible"
         assert lines[1] == "tmp-writable True"
-        # Only the path leading to the bound checkout shows in the sandbox's /tmp: not the
-        # host's other /tmp entries (other sandboxes' harness dirs, the data dir, sockets).
-        assert lines[2] == f"tmp-entries {[base.name]}"
+        # Only the paths leading to what is bound show in the sandbox's /tmp (this checkout, and
+        # sandpool's own checkout or venv when they live under /tmp too): not the host's other
+        # /tmp entries (other sandboxes' harness dirs, the data dir, sockets).
+        bound_under_tmp = set(ast.literal_eval(lines[3].removeprefix("tmp-binds ")))
+        assert base.name in bound_under_tmp
+        assert lines[2] == f"tmp-entries {sorted(bound_under_tmp)}"
     finally:
         shutil.rmtree(base, ignore_errors=True)

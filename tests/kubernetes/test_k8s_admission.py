@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import tool
 import yaml
 from kubelet import StandInKubelet
 from realapi import RealCluster
@@ -35,15 +36,7 @@ STRICT = {"dryRun": "All", "fieldValidation": "Strict"}
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    try:
-        proc = subprocess.run(["bash", str(ROOT / ".ci" / "install-helm")], capture_output=True, text=True,
-                              timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"HELM UNAVAILABLE: .ci/install-helm failed ({exc}); the chart is NOT checked here")
-    path = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-    if proc.returncode != 0 or not Path(path).is_file():
-        pytest.skip(f"HELM UNAVAILABLE: .ci/install-helm exited {proc.returncode}; the chart is NOT checked here")
-    return path
+    return tool("helm")
 
 
 def render(helm: str, release_namespace: str, sandbox_namespace: str) -> str:
@@ -87,9 +80,7 @@ async def test_the_rendered_chart_passes_a_server_side_dry_run_and_its_role_is_e
     release_namespace = cluster.namespace(f"r-{uuid.uuid4().hex[:10]}")
     text = render(helm, release_namespace, namespace)
     (tmp_path / "chart.yaml").write_text(text)
-    kubectl = Path(helm).parent.parent / "kubectl" / "kubectl"
-    if not kubectl.is_file():
-        pytest.skip(f"KUBECTL UNAVAILABLE next to helm ({kubectl}); the chart is NOT dry-run here")
+    kubectl = tool("kubectl")
     admin = cluster.kubeconfig(tmp_path / "admin-kubeconfig")
     applied = subprocess.run(
         [str(kubectl), "--kubeconfig", str(admin), "apply", "--server-side", "--dry-run=server",

@@ -57,13 +57,14 @@ def assert_usage_exact(stack: Stack, workspace: str, record: Record, *, unmetere
     assert len({e["session"] for e in released}) == len(released), "a session was released twice"
     seconds = sum(float(e["session_seconds"]) for e in released)
     assert math.isclose(total.get(usage.SESSION_SECONDS, 0.0), seconds, rel_tol=1e-9, abs_tol=1e-6)
-    for tool in {k.split(":", 1)[1] for k in total if k.startswith("executions:")}:
-        counted = sum(int(e.get(usage.executions(tool), 0)) for e in evs if e["type"] == "execution")
-        assert total[usage.executions(tool)] == counted, tool
+    executions = [e for e in evs if e["type"] == "execution"]
+    for tool in {k.split(":", 1)[1] for k in total if k.startswith(usage.EXECUTIONS + ":")}:
+        counted = sum(int(e[usage.EXECUTIONS]) for e in executions if e["tool"] == tool)
+        assert total[usage.per_tool(usage.EXECUTIONS, tool)] == counted, tool
         # A call can run and be metered even though its answer never reached the client.
         assert counted >= record.executions[tool] - unmetered_allowed, (tool, counted, record.executions[tool])
-    assert sum(int(e.get(k, 0)) for e in evs if e["type"] == "execution" for k in e if k.startswith("executions:")) \
-        >= sum(record.executions.values()) - unmetered_allowed
+    assert total.get(usage.EXECUTIONS, 0) == sum(int(e[usage.EXECUTIONS]) for e in executions)
+    assert total.get(usage.EXECUTIONS, 0) >= sum(record.executions.values()) - unmetered_allowed
 
 
 def assert_sessions_work_or_are_gone(clients: list[httpx.Client], record: Record) -> dict[str, int]:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from invariants import assert_pool_refilled, events
 from sp_harness import INTERNAL_TOKEN, Stack, build_stack, wait_for
+from testkit import injected_headers
 
 from sandpool.state.keys import Keys
 
@@ -132,8 +133,7 @@ def test_an_unreachable_redis_is_a_prompt_503_everywhere_and_nothing_breaks(stac
         sid = session(stack, client)
         assert client.post(f"/sessions/{sid}/files", files={"file": ("a.txt", b"kept")}).status_code == 201
         scheduler = httpx.Client(base_url=stack.schedulers[0].url, timeout=30,
-                                 headers={"Authorization": f"Bearer {INTERNAL_TOKEN}",
-                                          "X-Sandpool-Workspace": "redisless"})
+                                 headers=injected_headers(INTERNAL_TOKEN, "redisless"))
         stack.redis.pause()  # SIGSTOP: connections are accepted, nothing is answered
         try:
             answers = {

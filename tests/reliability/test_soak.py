@@ -138,7 +138,8 @@ def test_soak_leaves_nothing_behind_and_memory_returns(stacks: list[Stack]) -> N
     assert done[usage.SESSIONS_CREATED] - usage_before.get(usage.SESSIONS_CREATED, 0) == SESSIONS
     for body in EXECS:
         tool = body["tool"]
-        assert done[usage.executions(tool)] - usage_before.get(usage.executions(tool), 0) == record.executions[tool]
+        field = usage.per_tool(usage.EXECUTIONS, tool)
+        assert done[field] - usage_before.get(field, 0) == record.executions[tool]
     downloads = record.statuses["get 200"]  # this run's own record (the warm-up had another)
     assert downloads >= SESSIONS // FILES_EVERY - THREADS
     assert done[usage.BYTES_DOWNLOADED] - usage_before.get(usage.BYTES_DOWNLOADED, 0) == 3 * downloads

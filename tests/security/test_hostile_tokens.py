@@ -22,8 +22,8 @@ import pytest
 from proxy.conftest import Keys as ProxyKeys  # the proxy suite's key holder (token(), private, public)
 from proxy.test_auth import BAD
 from sp_harness import INTERNAL_TOKEN, Stack, keys_under
+from testkit import injected_headers
 
-from sandpool.contract import limits as catalogue
 from sandpool.proxy.keys_cli import generate_keypair
 
 OPERATIONS: list[tuple[str, str, dict[str, Any]]] = [
@@ -164,9 +164,7 @@ def test_the_scheduler_refuses_anything_but_the_internal_credential(stack: Stack
         assert response.status_code == status, (headers, response.text)
         assert b"intact" not in response.content and response.json()["reason"], response.text
     # The real credential with the owner's tenant does work: the table can fail.
-    every_limit = {limit.header: "0" for limit in catalogue.forwarded() if limit.header is not None}
     ok = httpx.get(f"{scheduler}/sessions/{victim}/files", params={"path": "marker.txt"}, timeout=30,
-                   headers={"Authorization": f"Bearer {INTERNAL_TOKEN}", "X-Sandpool-Workspace": "acme",
-                            **every_limit})
+                   headers=injected_headers(INTERNAL_TOKEN, "acme"))
     assert ok.status_code == 200 and ok.content == b"intact"
     time.sleep(0)

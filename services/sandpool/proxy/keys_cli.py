@@ -148,5 +148,10 @@ def run_token(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as exc:
         print(f"sandpool token: {exc}", file=sys.stderr)
         return 1
+    claims = jwt.decode(token, options={"verify_signature": False})
+    expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claims["exp"]))
+    # The token alone on stdout (pipe-friendly); what an operator needs to revoke it, on stderr.
+    print(f"jti={claims['jti']} expires={expires} workspace={claims['workspace']}"
+          + (f" scope={claims['scope']}" if claims.get("scope") else ""), file=sys.stderr)
     print(token)
     return 0

@@ -27,6 +27,11 @@ PER_TOOL = (EXECUTIONS, EXECUTION_SECONDS)
 """Counters also kept per tool kind."""
 
 
+def per_tool(field: str, tool: str) -> str:
+    """The hash field of one tool's share of a counter (`executions:code_execution`)."""
+    return f"{field}:{tool}"
+
+
 def _number(value: str) -> int | float:
     try:
         return int(value)
