@@ -147,10 +147,16 @@ def matplotlib_dir(seed: Path | None, policy: ChildPolicy) -> str | None:
     in the sandbox image, which has only matplotlib's own fonts; more with system fonts). None
     when no directory can be made: matplotlib then falls back by itself.
     """
-    try:
-        path = Path(tempfile.mkdtemp(prefix="sandpool-mpl-"))
-    except OSError as exc:
-        log.warning("no private matplotlib directory (%s): matplotlib will make its own", exc.strerror)
+    path = None
+    # The temp dir found at start may be a host path a sandbox root does not have: /tmp then.
+    for where in dict.fromkeys((tempfile.gettempdir(), "/tmp")):  # noqa: S108 - the sandbox's own /tmp
+        try:
+            path = Path(tempfile.mkdtemp(prefix="sandpool-mpl-", dir=where))
+            break
+        except OSError as exc:
+            error = exc.strerror
+    if path is None:
+        log.warning("no private matplotlib directory (%s): matplotlib will make its own", error)
         return None
     copied = []
     if seed is not None:
