@@ -18,7 +18,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from chart_support import CHART, ROOT
+from chart_support import CHART, ROOT, Helm, find, parse
 
 DEPLOY = ROOT / "deploy"
 LOCKS = {"control-plane": DEPLOY / "requirements" / "control-plane.txt",
@@ -141,3 +141,58 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path) -> None:
     bad.write_text("FROM python\nRUN pip install numpy\nRUN cd /tmp && apt-get install curl\n")
     proc = subprocess.run([hadolint, "--no-color", str(bad)], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "DL3006" in proc.stdout
+
+
+def _ci_image_names() -> dict[str, str]:
+    """What `.ci/images` builds and tags: `.ci/images --print-images` (it reads the chart's values)."""
+    proc = subprocess.run(["bash", str(ROOT / ".ci" / "images"), "--print-images"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return dict(line.split("=", 1) for line in proc.stdout.split())
+
+
+def test_ci_builds_the_images_the_chart_defaults_name(helm: Helm) -> None:
+    names = _ci_image_names()
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert names == {"CONTROL_PLANE_IMAGE": f"sandpool/control-plane:{version}",
+                     "SANDBOX_IMAGE": f"sandpool/sandbox:{version}"}
+    objs = helm.render()
+    for suffix in ("-proxy", "-scheduler"):
+        deployment = find(objs, "Deployment", suffix)
+        images = {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
+        assert images == {names["CONTROL_PLANE_IMAGE"]}, suffix
+    pools = yaml.safe_load(find(objs, "ConfigMap", "-pools")["data"]["pools.yaml"])
+    assert [p["image"] for p in pools["pools"]] == [names["SANDBOX_IMAGE"]]
+
+
+def test_ci_image_names_follow_the_values(helm: Helm, tmp_path: Path) -> None:
+    """One place: a changed repository or tag in values.yaml is what .ci/images builds next."""
+    chart = tmp_path / "sandpool"
+    shutil.copytree(CHART, chart)
+    values = (chart / "values.yaml").read_text()
+    values = values.replace("  repository: sandpool/sandbox\n  # -- Image tag; empty means the chart's appVersion.\n"
+                            "  tag: \"\"", "  repository: registry.example.com/team/sandbox\n"
+                            "  # -- Image tag; empty means the chart's appVersion.\n  tag: \"2024.1\"")
+    assert "registry.example.com/team/sandbox" in values, "values.yaml's sandboxImage block changed shape"
+    (chart / "values.yaml").write_text(values)
+    proc = subprocess.run(["python3", str(ROOT / ".ci" / "images.d" / "names.py"), str(chart)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    names = dict(line.split("=", 1) for line in proc.stdout.split())
+    assert names["SANDBOX_IMAGE"] == "registry.example.com/team/sandbox:2024.1"
+    pools = yaml.safe_load(find(parse(helm.template_text(chart=chart)), "ConfigMap", "-pools")["data"]["pools.yaml"])
+    assert pools["pools"][0]["image"] == names["SANDBOX_IMAGE"]
+
+
+def test_chart_app_version_is_the_project_version() -> None:
+    """The images' tag is the chart's appVersion: it must be the version of the sandpool they hold."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"] == project
+
+
+def test_local_provider_data_dir_is_one_the_scheduler_makes(helm: Helm) -> None:
+    """The emptyDir's root belongs to root; the scheduler (uid 10001) must own its data dir, so it makes one inside."""
+    objs = helm.render(sets=("scheduler.provider=local",))
+    container = find(objs, "Deployment", "-scheduler")["spec"]["template"]["spec"]["containers"][0]
+    assert "--data-dir=/var/lib/sandpool/data" in container["args"]
+    assert {"name": "sandboxes", "mountPath": "/var/lib/sandpool"} in container["volumeMounts"]

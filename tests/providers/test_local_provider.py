@@ -13,7 +13,7 @@ from local_helpers import agent_client, output, run
 from sandpool.pool.provider import PoolSpec, Provider, ProviderError
 from sandpool.providers import build_provider
 from sandpool.providers.local import procs
-from sandpool.providers.local.provider import LocalProvider
+from sandpool.providers.local.provider import LocalProvider, data_dir_need
 from sandpool.providers.local.settings import LocalProviderSettings
 
 POOL = PoolSpec(name="default", image="python")
@@ -247,6 +247,17 @@ async def test_a_data_dir_that_cannot_be_made_is_refused_at_start(data_dir: Path
         await provider.start()
     assert err.value.transient is False
     assert blocker.read_text() == "not a directory"
+    assert f"uid {os.geteuid()} must be able to create it" in str(err.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another uid needs root")
+def test_a_data_dir_of_another_uid_is_explained_with_both_uids(data_dir: Path) -> None:
+    """The control-plane image's scheduler (uid 10001) on a volume root owns: say who must own what."""
+    theirs = data_dir / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    need = data_dir_need(theirs)
+    assert need.startswith(f"uid {os.geteuid()} must own it, and uid 65534 does")
 
 
 def test_build_provider_picks_fields_by_name(data_dir: Path) -> None:

@@ -327,7 +327,9 @@ pools:
 {{- end }}
 {{- end }}
 {{- if eq .Values.scheduler.provider "local" }}
-- --data-dir=/var/lib/sandpool
+{{- /* A directory the scheduler (uid securityContext.runAsUser) makes inside the emptyDir: it
+       chmods its data dir, and the emptyDir's root belongs to root, not to that uid. */}}
+- --data-dir=/var/lib/sandpool/data
 {{- end }}
 {{- range .Values.scheduler.extraArgs }}
 - {{ . | quote }}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -33,11 +34,12 @@ class Runtime:
         self.workspace = Workspace(workspace, owner=(self.policy.uid, self.policy.gid))
         self.lock = asyncio.Lock()
         self.reaper = procs.Reaper()
-        env = hardening.child_env(str(workspace))
+        self.mplconfigdir = hardening.matplotlib_dir(settings.matplotlib_cache, self.policy)
+        env = hardening.child_env(str(workspace), python=settings.sandbox_python(), mplconfigdir=self.mplconfigdir)
         self.cap: process_cap.CodeCgroup | None = None
         preexec = hardening.preexec(self.policy, lambda: self.cap.join_fd if self.cap is not None else -1)
         self.interpreter = Interpreter(
-            python=settings.python_executable, workspace=str(workspace), env=env, preexec=preexec,
+            python=settings.sandbox_python(), workspace=str(workspace), env=env, preexec=preexec,
             reaper=self.reaper, max_output_bytes=settings.max_output_bytes,
             grace_seconds=settings.interrupt_grace_seconds, spare=settings.spare_interpreter)
         self.shell = Shell(
@@ -87,6 +89,8 @@ class Runtime:
         await asyncio.gather(self.interpreter.close(), self.shell.close(), return_exceptions=True)
         procs.kill_trees(set(), keep=set(), include_roots=False)  # whatever sandboxed code left behind
         self.reaper.reap()
+        if self.mplconfigdir is not None:
+            shutil.rmtree(self.mplconfigdir, ignore_errors=True)
         if self._reap_task is not None:
             self._reap_task.cancel()
         try:

@@ -7,6 +7,7 @@ request may lower but never raise.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -33,6 +34,9 @@ class AgentSettings(ServiceSettings):
     python_executable: str | None = Field(default=None, description="Python running sandboxed code "
                                                                     "(default: the agent's own)")
     shell: str = Field(default="/bin/bash", description="Bash running bash_code_execution commands")
+    matplotlib_cache: Path | None = Field(default=None, description=(
+        "Directory with a pre-built matplotlib font cache (fontlist-v*.json), copied into each "
+        "sandbox's private MPLCONFIGDIR so the first import does not rebuild it"))
 
     exec_timeout_seconds: float = Field(default=60.0, gt=0, description="Timeout of an exec that names none")
     max_exec_timeout_seconds: float = Field(default=300.0, gt=0,
@@ -88,6 +92,10 @@ class AgentSettings(ServiceSettings):
         if not path.is_dir():
             raise ConfigurationError(f"--workspace {path} is not a directory")
         return path.resolve()
+
+    def sandbox_python(self) -> str:
+        """The interpreter that runs sandboxed code: --python-executable, else the agent's own."""
+        return self.python_executable or sys.executable
 
     def effective_gid(self) -> int | None:
         return self.sandbox_gid if self.sandbox_gid is not None else self.sandbox_uid

@@ -52,6 +52,19 @@ log = logging.getLogger("sandpool.providers.local")
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 
+def data_dir_need(path: Path) -> str:
+    """What the data dir needs, said for this process's uid (the scheduler chmods it, so it must own it)."""
+    uid = os.geteuid()
+    try:
+        owner = path.stat().st_uid
+    except OSError:
+        return f"uid {uid} must be able to create it: its parent must exist and be writable by uid {uid}"
+    if owner != uid:
+        return (f"uid {uid} must own it, and uid {owner} does: chown {uid} it, or name a directory "
+                f"inside it that uid {uid} can create")
+    return f"uid {uid} owns it but cannot set its mode or write in it"
+
+
 class LocalProvider:
     name = "local"
 
@@ -82,8 +95,7 @@ class LocalProvider:
             os.chmod(self.root, 0o711)
         except OSError as exc:
             raise ProviderError(f"cannot use --data-dir {self.root.parent}: {exc.strerror} "
-                                f"(it must be a directory uid {os.geteuid()} can create and write)",
-                                transient=False) from None
+                                f"({data_dir_need(self.root.parent)})", transient=False) from None
         try:
             self.sockets.open(SANDBOX_ID_LENGTH)
         except OSError as exc:
