@@ -3,14 +3,16 @@
     python bench/load.py --url http://127.0.0.1:8080 [--token T] [--duration 15] [--clients 16,64]
     python bench/load.py --start-up [--pool-size 32 --max-sandboxes 96]   # runs `sandpool up --no-auth` itself
     python bench/load.py --start-up --auth                                  # ... or with auth (proxy in front)
+    python bench/load.py --start-up --auth --burst 5,20,100 --burst-only     # bursts from a cold pool
 
 Phase 1 (one client, sequential): CreateSession, first `print(1)` (time from CreateSession to
 the first result), later `print(1)` and `echo hi`, DestroySession; p50/p99 of each.
 Phase 2 (for each --clients N, for --duration seconds): N clients each loop create, 5 x
 `print(1)`, destroy; sessions/s, executions/s, CreateSession and Execute p50/p99, and how
 many CreateSessions were refused for capacity (503, retried after Retry-After or 50 ms).
-Loopback numbers only mean something next to the machine they ran on: the summary says
-how many cores it had.
+Bursts (--burst N,...): N simultaneous CreateSessions on a pool back at its floor; time until all
+were served, and how many were refused (503). Loopback numbers only mean something next to the
+machine they ran on: the summary says how many cores it had.
 """
 
 from __future__ import annotations
@@ -175,17 +177,38 @@ async def concurrent(url: str, token: str | None, clients: int, duration: float,
             "errors": counters.errors, "transport_errors": counters.transport_errors}
 
 
+async def burst(url: str, token: str | None, size: int) -> dict[str, object]:
+    """`size` simultaneous CreateSessions from a cold pool: how long until all were served, and how
+    many got 503 (a pool that waits below its ceiling refuses only when full)."""
+    async with http_client(url, token, size + 8) as http:
+        started = time.perf_counter()
+
+        async def create() -> tuple[int, float, str | None]:
+            response = await http.post("/sessions", json={})
+            session = response.json().get("session_id") if response.status_code == 201 else None
+            return response.status_code, time.perf_counter() - started, session
+
+        answers = await asyncio.gather(*(create() for _ in range(size)))
+        served = [seconds for status, seconds, _ in answers if status == 201]
+        await asyncio.gather(*(http.delete(f"/sessions/{sid}") for _, _, sid in answers if sid))
+    statuses: dict[str, int] = {}
+    for status, _, _ in answers:
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+    return {"burst": size, "statuses": statuses, "refused_503": statuses.get("503", 0),
+            "time_to_all_served_s": round(max(served), 3) if served else None,
+            "create_p50_ms": round(pct(served, 50) * 1000, 1) if served else None}
+
+
 class StartedUp:
     """`sandpool up [--no-auth]` in a subprocess for the run (stopped with SIGTERM after)."""
 
-    def __init__(self, pool_size: int, max_sandboxes: int, port: int, auth: bool) -> None:
-        self.data_dir = Path(tempfile.mkdtemp(prefix="spb", dir="/tmp"))
-        self.data_dir.chmod(0o711)
+    def __init__(self, pool_size: int | None, max_sandboxes: int | None, port: int, auth: bool) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix="spb"))
+        sizes = ([] if pool_size is None else ["--pool-size", str(pool_size)]) + (
+            [] if max_sandboxes is None else ["--max-sandboxes", str(max_sandboxes)])
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sandpool", "up", "--auth" if auth else "--no-auth", "--port", str(port),
-             "--data-dir",
-             str(self.data_dir), "--pool-size", str(pool_size), "--max-sandboxes", str(max_sandboxes),
-             "--log-level", "warning"],
+             "--data-dir", str(self.data_dir), *sizes, "--log-level", "warning"],
             stdout=subprocess.PIPE, stderr=sys.stderr, start_new_session=True)
         self.url: str | None = None
         self.token: str | None = None
@@ -222,6 +245,16 @@ class StartedUp:
 async def main_async(args: argparse.Namespace, url: str) -> dict[str, object]:
     report: dict[str, object] = {"url": url, "auth": bool(args.token), "cores": os.cpu_count(),
                                  "duration_s": args.duration}
+    if args.burst:
+        bursts = []
+        for size in args.burst:
+            await asyncio.sleep(args.settle)  # the pool back at its floor: a burst from cold
+            result = await burst(url, args.token, size)
+            print(json.dumps(result), flush=True)
+            bursts.append(result)
+        report["bursts"] = bursts
+        if args.burst_only:
+            return report
     report["latencies"] = await latencies(url, args.token, args.sessions, args.calls)
     print(json.dumps({"latencies": report["latencies"]}, indent=1), flush=True)
     runs = []
@@ -245,12 +278,16 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds to let the pool refill between phases")
     parser.add_argument("--start-up", action="store_true", help="run `sandpool up --no-auth` for the run")
     parser.add_argument("--auth", action="store_true", help="with --start-up: auth on (the proxy in front)")
-    parser.add_argument("--pool-size", type=int, default=32, help="with --start-up: warm sandboxes")
-    parser.add_argument("--max-sandboxes", type=int, default=96, help="with --start-up: ceiling")
+    parser.add_argument("--pool-size", type=int, default=None, help="with --start-up: warm floor (default: up's)")
+    parser.add_argument("--max-sandboxes", type=int, default=None, help="with --start-up: ceiling (default: up's)")
+    parser.add_argument("--burst", default="", help="comma-separated burst sizes: N simultaneous creates each, "
+                                                    "from a pool back at its floor")
+    parser.add_argument("--burst-only", action="store_true", help="run the bursts and nothing else")
     parser.add_argument("--port", type=int, default=18080, help="with --start-up: port")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    args.burst = [int(c) for c in args.burst.split(",") if c.strip()]
     if not args.url and not args.start_up:
         parser.error("give --url or --start-up")
     stack = StartedUp(args.pool_size, args.max_sandboxes, args.port, args.auth) if args.start_up else None

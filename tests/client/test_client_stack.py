@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import asyncio
 import io
 from collections.abc import Iterator
@@ -146,11 +148,16 @@ def test_capacity_exhausted_raises_at_capacity_after_bounded_retries(stack: Stac
         for _ in range(ceiling):
             held.append(client.create_session())
         with Client(stack.url, stack.token, max_retries=2, max_retry_wait=10) as impatient:
+            started = time.monotonic()
             with pytest.raises(AtCapacity) as info:
                 impatient.create_session()
+            waited = time.monotonic() - started
         err = info.value
-        assert (err.status, err.reason, err.retryable, err.attempts) == (503, "at_capacity", True, 3)
-        assert err.retry_after is not None and err.retry_after >= 1
+        # The server's Retry-After is an estimate from the pool's release rate: the client follows it
+        # while its own retry budget (10 s, 2 retries) allows, then gives up with the estimate on the error.
+        assert (err.status, err.reason, err.retryable) == (503, "at_capacity", True)
+        assert 1 <= err.attempts <= 3 and waited < 10 + 5
+        assert err.retry_after is not None and 1 <= err.retry_after <= 60
     finally:
         for s in held:
             s.destroy()

@@ -223,7 +223,7 @@ def stack_factory(redis_url: str, redis_prefix: str, keys: Keys, rdb: redis.Redi
         servers.clear()
         sched = scheduler_app.create_app(scheduler_settings.SchedulerSettings(
             standalone=False, internal_token=INTERNAL_TOKEN, controller=False, redis_url=redis_url,
-            redis_prefix=redis_prefix, reap_interval_seconds=0.2))
+            redis_prefix=redis_prefix, reap_interval_seconds=0.2, capacity_wait_seconds=0))
         scheduler = ThreadServer(sched).start()
         servers.append(scheduler)
         proxy = ThreadServer(create_app(ProxySettings(

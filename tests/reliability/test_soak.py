@@ -56,12 +56,13 @@ def key_shape(stack: Stack) -> Counter[str]:
     """Redis key names with ids made anonymous: what kinds of keys exist, and how many of each."""
     names = stack.keys()
     shape: Counter[str] = Counter()
+    windows = re.compile(r":rate:|:(leases|releases):\d+$")  # rate windows and lease/release buckets
     with stack.rdb() as r:
         for name in names:
-            if ":rate:" in name:  # per-minute rate windows: they must expire, and are left out of the shape
+            if windows.search(name):  # they must expire, and are left out of the shape
                 assert r.ttl(name) > 0, name
     for name in names:
-        if ":rate:" in name:
+        if windows.search(name):
             continue
         name = re.sub(r"sandbox:[^:]+$", "sandbox:<id>", name)
         name = re.sub(r":day:\d{4}-\d{2}-\d{2}$", ":day:<date>", name)

@@ -48,8 +48,11 @@ def scheduler(redis_url: str, redis_prefix: str) -> Iterator[Callable[..., Serve
     served: list[ServedApp] = []
 
     def make(**overrides: Any) -> ServedApp:
+        # No controller runs here (tests publish sandboxes themselves), so by default nothing
+        # is started for a waiter either: fail fast unless a test asks to wait.
         values: dict[str, Any] = {"standalone": True, "controller": False, "redis_url": redis_url,
-                                  "redis_prefix": redis_prefix, "reap_interval_seconds": 0.1}
+                                  "redis_prefix": redis_prefix, "reap_interval_seconds": 0.1,
+                                  "capacity_wait_seconds": 0}
         values.update(overrides)
         app = create_app(SchedulerSettings(**values))
         server = ServedApp(app).start()

@@ -25,6 +25,7 @@ import uvicorn
 
 from sandpool.contract import limits as catalogue
 from sandpool.contract import tenancy
+from sandpool.state import scripts
 from sandpool.state.keys import Keys
 
 INTERNAL_TOKEN = "test-internal-credential-0123456789"
@@ -118,15 +119,15 @@ class Agents:
 
 def publish(r: redis.Redis, keys: Keys, *, pool: str = "default", image: str = "python",
             address: str = "unix:///nonexistent.sock", secret: str = "unused") -> str:
-    """Publish one ready sandbox exactly as the controller does: starting, then ready."""
+    """Publish one ready sandbox exactly as the controller does: registered `starting`, then published
+    by the controller's own script (which promises it to the next waiter, if any)."""
     sandbox_id = "sb-" + uuid.uuid4().hex[:12]
     now = time.time()
-    r.hset(keys.sandbox(sandbox_id), mapping={"state": "starting", "pool": pool, "image": image,
-                                              "created_at": now, "owner": "tests"})
-    r.sadd(keys.pool_members(pool), sandbox_id)
-    r.hset(keys.sandbox(sandbox_id), mapping={"state": "ready", "address": address, "secret": secret,
-                                              "ready_at": time.time()})
-    r.rpush(keys.pool_ready(pool), sandbox_id)
+    assert r.eval(scripts.REGISTER_STARTING, 2, keys.sandbox(sandbox_id), keys.pool_members(pool),
+                  sandbox_id, 1 << 30, pool, image, f"{now:.3f}", "tests", 3_600_000) == 1
+    assert r.eval(scripts.PUBLISH_READY, 5, keys.sandbox(sandbox_id), keys.pool_ready(pool), keys.pool_members(pool),
+                  keys.pool_wait_ring(pool), keys.pool_queued(pool), sandbox_id, address, secret, f"{now:.3f}",
+                  3_600_000, keys.pool_wait_queue_prefix(pool), keys.waiter_prefix, keys.promised) in (1, 2)
     return sandbox_id
 
 
@@ -168,7 +169,9 @@ class SchedulerProcess:
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="sched", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
+            # No controller starts sandboxes for waiters here: fail fast unless `extra` says otherwise.
             [sys.executable, "-m", "sandpool", "scheduler", "--standalone", "--no-controller",
+             "--capacity-wait-seconds", "0",
              "--port", str(self.port), "--redis-url", redis_url, "--redis-prefix", prefix, *extra],
             stdout=self.log, stderr=self.log, env={**os.environ, **(env or {})},
         )

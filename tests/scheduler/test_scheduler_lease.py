@@ -72,14 +72,15 @@ def test_create_without_a_body_uses_the_defaults(scheduler, r, keys) -> None:
 
 
 def test_pool_of_n_under_concurrent_creates_gives_exactly_n(scheduler, r, keys) -> None:
-    app = scheduler(retry_after_seconds=3)
+    app = scheduler()  # capacity wait 0: fail fast, as an operator may choose
     published = {publish(r, keys) for _ in range(5)}
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda _: create(app.url), range(30)))
     granted = [a for a in answers if a.status_code == 201]
     refused = [a for a in answers if a.status_code != 201]
     assert len(granted) == 5
-    assert all(a.status_code == 503 and a.headers["retry-after"] == "3" and a.json()["reason"] == "at_capacity"
+    # Nothing was released in the last minute: the estimate is the longest Retry-After.
+    assert all(a.status_code == 503 and a.headers["retry-after"] == "60" and a.json()["reason"] == "at_capacity"
                for a in refused)
     leased = {r.hget(keys.session(a.json()["session_id"]), "sandbox") for a in granted}
     assert leased == published  # each sandbox exactly once
@@ -330,11 +331,16 @@ def test_capacity_wait_takes_a_sandbox_that_becomes_ready(scheduler, r, keys) ->
     assert "capacity_refusals" not in usage_total(r, keys)  # waiting is not a refusal
 
 
-def test_capacity_wait_ends_in_503(scheduler, r, keys) -> None:
-    app = scheduler(capacity_wait_seconds=0.3)
+def test_capacity_wait_ends_in_503_start_timeout_and_leaves_no_waiter(scheduler, r, keys) -> None:
+    app = scheduler(capacity_wait_seconds=0.3)  # no controller: nothing is ever started for the waiter
     resp = create(app.url)
-    assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+    assert resp.status_code == 503 and resp.json()["reason"] == "start_timeout", resp.text
+    assert resp.headers["retry-after"] == "1"
     assert usage_total(r, keys)["capacity_refusals"] == "1"  # counted once, at the end
+    refusals = [e for _, e in r.xrange(keys.usage_events) if e["type"] == "capacity_refusal"]
+    assert [e["limit"] for e in refusals] == ["start_timeout"]
+    assert r.scard(keys.pool_waiters("default")) == r.scard(keys.pool_queued("default")) == 0
+    assert not r.exists(keys.pool_wait_ring("default"))
 
 
 def test_workspace_maxima_lower_the_ceilings_a_hint_may_not_raise(tenant_scheduler, r, keys) -> None:

@@ -253,7 +253,7 @@ def test_documented_defaults() -> None:
     assert (s.default_idle_timeout_seconds, s.max_idle_timeout_seconds, s.default_lifetime_seconds,
             s.max_lifetime_seconds, s.default_exec_timeout_seconds, s.max_exec_timeout_seconds) == (
         300, 3600, 3600, 86400, 60, 300)
-    assert s.capacity_wait_seconds == 0 and s.reap_interval_seconds == 1 and s.controller is True
+    assert s.capacity_wait_seconds == 30 and s.reap_interval_seconds == 1 and s.controller is True
 
 
 # --- agent client cache ------------------------------------------------------------------------

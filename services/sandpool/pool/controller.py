@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sandpool.pool.demand import WarmTarget
 from sandpool.pool.metrics import ControllerMetrics
 from sandpool.pool.provider import PoolSpec, Provider, ProviderError, SandboxInfo, new_sandbox_id
 from sandpool.state import channels
@@ -52,6 +53,10 @@ class ControllerTiming:
     start_timeout_seconds: float = 60.0  # a create slower than this is abandoned and destroyed
     destroy_timeout_seconds: float = 30.0
     max_concurrent_starts: int = 8
+    demand_seconds: float = 1.0  # how often the warm targets follow the lease rate (and stale waiters go)
+    demand_window_buckets: int = 6  # the lease rate is taken over this many 10-second buckets (a minute)
+    demand_headroom: float = 2.0  # the warm target is lease rate x start time x this (within floor and cap)
+    demand_shrink_seconds: float = 10.0  # a target above demand comes down one sandbox per this long
     max_concurrent_destroys: int = 8
     retry_base_seconds: float = 0.5  # per-pool backoff after a failed create: base * 2^n ...
     retry_max_seconds: float = 15.0  # ... capped here
@@ -108,7 +113,15 @@ class PoolController:
         self._create_failures: dict[str, int] = {}
         self._backoff_until: dict[str, float] = {}
         self._last_reconcile = 0.0
+        self._last_demand = -math.inf
+        self.targets = {p.name: WarmTarget(floor=p.warm, cap=p.warm_cap, headroom=self.timing.demand_headroom,
+                                           shrink_every=self.timing.demand_shrink_seconds)
+                        for p in self.pools.values()}
+        self._lost_tasks: set[asyncio.Task[None]] = set()
         self.ticks = 0  # leader loop iterations, for status and tests that wait for "a few more"
+        register = getattr(provider, "on_lost", None)
+        if register is not None:
+            register(self._on_lost)
 
     # --- what /readyz asks ---------------------------------------------------------------
     @property
@@ -201,6 +214,10 @@ class PoolController:
             self._wake.clear()
             self.ticks += 1
             await self._step("drain", self.drain_doomed())
+            now = time.monotonic()
+            if now - self._last_demand >= self.timing.demand_seconds:
+                self._last_demand = now
+                await self._step("demand", self.follow_demand())
             await self._step("top-up", self.top_up())
             now = time.monotonic()
             if now - self._last_reconcile >= self.timing.reconcile_seconds or now >= self._recheck_at:
@@ -235,11 +252,17 @@ class PoolController:
             # twice (one tick of under-filling), never missed (one sandbox over the target).
             starting = sum(1 for p in self._starting.values() if p == pool.name)
             fill = await self.sandboxes.fill(pool.name)
-            if starting == 0 and fill.ready > pool.warm:
-                await self._retire_surplus(pool, fill.ready - pool.warm)
+            target = self.targets[pool.name].target
+            if starting == 0 and fill.queued == 0 and fill.ready > target:
+                # Demand may have moved since the last look (a waiter gave up and left its sandbox
+                # ready): follow it before throwing warm sandboxes away.
+                target = await self._follow(pool, time.time())
+                if fill.ready > target:
+                    await self._retire_surplus(pool, fill.ready - target)
                 continue
+            # Every queued waiter wants a sandbox started for it at once, beyond the warm target.
             slots = self.timing.max_concurrent_starts - len(self._starting)
-            wanted = min(pool.warm - fill.ready - starting, pool.ceiling - fill.members, slots)
+            wanted = min(target + fill.queued - fill.ready - starting, pool.ceiling - fill.members, slots)
             for _ in range(max(0, wanted)):
                 sandbox_id = new_sandbox_id()
                 registered = await self.sandboxes.register_starting(
@@ -251,6 +274,26 @@ class PoolController:
                 task = asyncio.create_task(self._start(pool, sandbox_id), name=f"start-{sandbox_id}")
                 self._start_tasks.add(task)
                 task.add_done_callback(self._start_tasks.discard)
+
+    async def follow_demand(self) -> None:
+        """Move each pool's warm target with its lease rate; forget waiters whose scheduler vanished."""
+        now = time.time()
+        for pool in self.pools.values():
+            await self._follow(pool, now)
+            fixed = await self.sandboxes.sweep_waiters(pool.name)
+            if fixed:
+                self.metrics.reconciled.labels(kind="stale_waiter").inc(fixed)
+                log.info("forgot waiters whose scheduler vanished", extra={"pool": pool.name, "count": fixed})
+
+    async def _follow(self, pool: PoolSpec, now: float) -> int:
+        """The pool's warm target after reading its lease rate (and the gauges saying why)."""
+        target = self.targets[pool.name]
+        rate = await self.sandboxes.lease_rate(pool.name, now, buckets=self.timing.demand_window_buckets)
+        target.update(rate, time.monotonic())
+        self.metrics.pool_target.labels(pool=pool.name).set(target.target)
+        self.metrics.pool_lease_rate.labels(pool=pool.name).set(target.lease_rate)
+        self.metrics.pool_start_estimate.labels(pool=pool.name).set(target.start_seconds)
+        return target.target
 
     async def _retire_surplus(self, pool: PoolSpec, surplus: int) -> None:
         """Doom warm sandboxes above the target: it was lowered, or a replaced leader's starts
@@ -276,9 +319,11 @@ class PoolController:
                 self._create_failures[pool.name] = failures
                 delay = min(self.timing.retry_base_seconds * 2 ** (failures - 1), self.timing.retry_max_seconds)
                 self._backoff_until[pool.name] = time.monotonic() + delay
+                error = str(exc) or type(exc).__name__
                 log.warning("sandbox create failed", extra={"pool": pool.name, "sandbox": sandbox_id,
-                                                            "error": str(exc) or type(exc).__name__,
-                                                            "retry_in_seconds": delay})
+                                                            "error": error, "retry_in_seconds": delay})
+                with contextlib.suppress(StateError):
+                    await self.sandboxes.record_error(pool.name, error)
                 await self._destroy_and_forget(sandbox_id, pool.name)
                 return
             published = await self.sandboxes.publish_ready(sandbox_id, pool=pool.name, address=info.address,
@@ -289,7 +334,9 @@ class PoolController:
                 await self._destroy_and_forget(sandbox_id, pool.name)
                 return
             self._create_failures.pop(pool.name, None)
-            self.metrics.sandbox_start.labels(pool=pool.name).observe(time.monotonic() - began)
+            took = time.monotonic() - began
+            self.metrics.sandbox_start.labels(pool=pool.name).observe(took)
+            self.targets[pool.name].observe_start(took)
         except (StateError, OSError) as exc:
             log.warning("sandbox publish failed", extra={"sandbox": sandbox_id, "error": str(exc)})
             await self._destroy_and_forget(sandbox_id, pool.name)
@@ -372,6 +419,33 @@ class PoolController:
 
     async def _forget(self, sandbox_id: str, pool: str) -> None:
         await self.sandboxes.forget(sandbox_id, pool)
+
+    # --- sandboxes the provider lost ------------------------------------------------------
+    def _on_lost(self, sandbox_id: str, reason: str) -> None:
+        """The provider's listener (on the event loop, must not block): act at once, in a task."""
+        task = asyncio.ensure_future(self.handle_lost(sandbox_id, reason))
+        self._lost_tasks.add(task)
+        task.add_done_callback(self._lost_tasks.discard)
+
+    async def handle_lost(self, sandbox_id: str, reason: str) -> None:
+        """A sandbox died on its own: never lease it again, end the session on it, replace it.
+
+        Any replica may act (the scripts are atomic and idempotent); the reconciliation
+        that follows later finds nothing left to do."""
+        try:
+            pool = await self.sandboxes.pool_of(sandbox_id)
+            lost = await self.sandboxes.lost(sandbox_id, pool)
+            if lost.session:
+                await self.sessions.release(session_id=lost.session, workspace=None, now=time.time(), mode="dead")
+        except StateError as exc:
+            log.warning("could not act on a lost sandbox; reconciliation will", extra={
+                "sandbox": sandbox_id, "error": str(exc)})
+            return
+        if lost.state:
+            self.metrics.reconciled.labels(kind="lost").inc()
+            log.warning("sandbox lost", extra={"sandbox": sandbox_id, "pool": pool, "reason": reason,
+                                               "state": lost.state, "session": lost.session or None})
+        self._wake.set()
 
     # --- reconciliation ------------------------------------------------------------------
     async def reconcile(self) -> None:
@@ -478,7 +552,8 @@ class PoolController:
         """For /readyz and logs: who leads here and what is in flight."""
         return {"running": self.running, "leader": self.is_leader, "replica": self.replica_id,
                 "starting": len(self._starting), "destroying": len(self._destroying),
-                "pools": {p.name: {"warm": p.warm, "ceiling": p.ceiling} for p in self.pools.values()}}
+                "pools": {p.name: {"warm": p.warm, "max_warm": p.warm_cap, "ceiling": p.ceiling,
+                                   "target": self.targets[p.name].target} for p in self.pools.values()}}
 
 
 __all__ = ["ControllerTiming", "PoolController", "SandboxInfo", "new_sandbox_id"]

@@ -1,10 +1,11 @@
 """The pool controller's Prometheus metrics (names fixed in `docs/architecture.md`).
 
-The scheduler owns the registry its `/metrics` serves and already defines these
-three metrics in it (`SchedulerMetrics`); the controller is handed them with
+The scheduler owns the registry its `/metrics` serves and creates these in it
+(`SchedulerMetrics.controller`); the controller is handed them with
 `ControllerMetrics.from_scheduler(...)`. Used on its own (tests, tools), the
 controller makes them in a private registry, so two controllers in one process
-never collide. Pool gauges are the scheduler's, read from Redis at scrape time.
+never collide. The warm-target gauges are set by the leading controller only;
+the pool sandbox gauges are the scheduler's, read from Redis at scrape time.
 Labels are closed sets: pool names from the operator's configuration, never ids.
 """
 
@@ -13,14 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 @dataclass(frozen=True)
 class ControllerMetrics:
     sandbox_start: Histogram  # sandpool_sandbox_start_seconds{pool}
-    reconciled: Counter  # sandpool_reconciled_total{kind: orphan_sandbox|stale_record|stuck_starting}
+    reconciled: Counter  # sandpool_reconciled_total{kind: orphan_sandbox|stale_record|stuck_starting|surplus_ready|lost|stale_waiter}
     provider_errors: Counter  # sandpool_provider_errors_total{provider, operation: create|destroy|list}
+    pool_target: Gauge  # sandpool_pool_target{pool}: the warm target the controller chose
+    pool_lease_rate: Gauge  # sandpool_pool_lease_rate{pool}: leases per second over the last minute
+    pool_start_estimate: Gauge  # sandpool_pool_start_seconds_estimate{pool}: the start time it assumes
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> ControllerMetrics:
@@ -32,10 +36,16 @@ class ControllerMetrics:
             reconciled=Counter("sandpool_reconciled_total", "Reconciliation fixes", ["kind"], registry=registry),
             provider_errors=Counter("sandpool_provider_errors_total", "Provider calls that failed",
                                     ["provider", "operation"], registry=registry),
+            pool_target=Gauge("sandpool_pool_target", "Sandboxes the controller keeps ready (its warm target)",
+                              ["pool"], registry=registry),
+            pool_lease_rate=Gauge("sandpool_pool_lease_rate", "Leases per second over the last minute",
+                                  ["pool"], registry=registry),
+            pool_start_estimate=Gauge("sandpool_pool_start_seconds_estimate",
+                                      "Start time the warm target assumes (moving estimate)", ["pool"],
+                                      registry=registry),
         )
 
     @classmethod
     def from_scheduler(cls, scheduler_metrics: Any) -> ControllerMetrics:
         """Share the scheduler's metric objects (`SchedulerMetrics`), so its /metrics shows them."""
-        return cls(sandbox_start=scheduler_metrics.sandbox_start, reconciled=scheduler_metrics.reconciled,
-                   provider_errors=scheduler_metrics.provider_errors)
+        return scheduler_metrics.controller  # type: ignore[no-any-return]

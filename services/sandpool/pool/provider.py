@@ -30,13 +30,21 @@ class PoolSpec:
     name: str
     image: str
     warm: int = 2
+    """The warm floor: sandboxes kept ready whatever the demand."""
     ceiling: int = 16
+    """Most sandboxes of the pool at once, whatever their state."""
+    max_warm: int | None = None
+    """The warm cap: the most kept ready when demand asks for more than the floor (None: the floor)."""
     cpu: str | None = None
     memory: str | None = None
     runtime_class: str | None = None
     command: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
     extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def warm_cap(self) -> int:
+        return max(self.warm, min(self.ceiling, self.max_warm if self.max_warm is not None else self.warm))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ pools:
     resources:
       requests: {cpu: 250m, memory: 256Mi}
       limits: {cpu: "1", memory: 1Gi}
-    warm: 50                     # sandboxes kept ready
+    warm: 50                     # sandboxes kept ready whatever the demand (the floor)
+    max_warm: 120                # most kept ready when demand asks for more (the cap; default: warm)
     ceiling: 200                 # most sandboxes of this pool at once
     runtime_class: gvisor        # optional RuntimeClass (gVisor, Kata)
     node_selector: {sandpool.dev/sandbox: "true"}
@@ -160,7 +161,9 @@ class PoolTemplate(_Strict):
                                "(default: sandpool agent)")
     args: list[str] = Field(default_factory=list, description="extra agent flags, after the provider's own")
     resources: Resources = Resources()
-    warm: int = Field(default=2, ge=0, description="sandboxes kept ready")
+    warm: int = Field(default=2, ge=0, description="sandboxes kept ready whatever the demand (the floor)")
+    max_warm: int | None = Field(default=None, ge=0, description=(
+        "most kept ready when demand asks for more (the cap; default: warm, a fixed target)"))
     ceiling: int = Field(default=16, ge=1, description="most sandboxes of this pool at once")
     runtime_class: str | None = Field(default=None, description="Kubernetes RuntimeClass, e.g. gvisor or kata")
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -216,6 +219,9 @@ class PoolTemplate(_Strict):
     def _warm_within_ceiling(self) -> PoolTemplate:
         if self.warm > self.ceiling:
             raise ValueError(f"warm ({self.warm}) is above ceiling ({self.ceiling})")
+        if self.max_warm is not None and not self.warm <= self.max_warm <= self.ceiling:
+            raise ValueError(f"max_warm ({self.max_warm}) must be between warm ({self.warm}) and ceiling "
+                             f"({self.ceiling})")
         return self
 
     def to_spec(self) -> PoolSpec:
@@ -229,7 +235,7 @@ class PoolTemplate(_Strict):
             "egress": self.egress,
         }
         return PoolSpec(
-            name=self.name, image=self.image, warm=self.warm, ceiling=self.ceiling,
+            name=self.name, image=self.image, warm=self.warm, ceiling=self.ceiling, max_warm=self.max_warm,
             cpu=self.resources.limits.cpu, memory=self.resources.limits.memory,
             runtime_class=self.runtime_class, command=tuple(self.command), args=tuple(self.args),
             extra=extra,

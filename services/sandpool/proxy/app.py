@@ -28,6 +28,7 @@ from sandpool.contract import tenancy
 from sandpool.contract.operations import operation_of
 from sandpool.contract.models import ErrorBody
 from sandpool.core import tracing
+from sandpool.core.asgi import client_gone
 from sandpool.core.errors import Forbidden, Invalid, SandpoolError, error_response, install_error_handlers
 from sandpool.proxy.admin import build_router
 from sandpool.proxy.auth import TokenVerifier
@@ -197,7 +198,20 @@ def create_app(settings: ProxySettings) -> FastAPI:
         injected = [("authorization", internal_authorization), (tenancy.WORKSPACE, principal.workspace),
                     *effective.headers]
         forwarder: Forwarder = request.app.state.forwarder
-        return await forwarder.forward(request, injected, request.scope[REQUEST_ID_KEY], body=body)
+        forward = forwarder.forward(request, injected, request.scope[REQUEST_ID_KEY], body=body)
+        if operation != "CreateSession":
+            return await forward
+        # A CreateSession may wait for a sandbox to be started: a client that leaves stops the
+        # wait upstream too (the scheduler sees the connection close), so its slot goes on.
+        call, gone = asyncio.ensure_future(forward), asyncio.ensure_future(client_gone(request))
+        done, _ = await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if call in done:
+            gone.cancel()
+            return call.result()
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError, SandpoolError):
+            await call
+        raise ClientDisconnect()
 
     app.add_middleware(ContractFastPath, handler=contract)
     app.add_middleware(EdgeMiddleware, metrics=metrics)  # outermost: request ids and metrics for everything

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandpool.contract.operations import operation_of
 from sandpool.core import tracing
+from sandpool.core.asgi import client_gone
 from sandpool.core.errors import Unavailable, error_response, install_error_handlers
 from sandpool.core.request_ids import RequestDone, RequestIdMiddleware
 from sandpool.core.serve import StartFailed
@@ -34,7 +35,8 @@ from sandpool.scheduler.reaper import Reaper
 from sandpool.scheduler.limits import Ceilings
 from sandpool.scheduler.service import Scheduler, read_capped
 from sandpool.scheduler.settings import SchedulerSettings
-from sandpool.state import StateUnavailable, connect
+from sandpool.scheduler.waiting import Waiters
+from sandpool.state import StateUnavailable, channels, close, connect
 from sandpool.state.keys import Keys
 from sandpool.state.sessions import SessionStore
 
@@ -114,7 +116,8 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         store = SessionStore(redis, keys)
         clients = AgentClients(max_clients=settings.agent_clients_max,
                                connect_timeout=settings.forward_connect_timeout_seconds)
-        scheduler = Scheduler(settings, store, clients, metrics, pools)
+        waiters = Waiters(redis, keys, store)
+        scheduler = Scheduler(settings, store, clients, metrics, pools, waiters)
         app.state.scheduler = scheduler
         app.state.store = store
         app.state.controller = None
@@ -128,6 +131,10 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         app.state.reaper = reaper
         stopping = asyncio.Event()
         reaper_task = asyncio.create_task(reaper.run(stopping), name="sandpool-reaper")
+        waiters_task = asyncio.create_task(waiters.run(), name="sandpool-waiters")
+        released_task = asyncio.create_task(
+            channels.listen(redis, keys.released_sessions, scheduler.session_released,
+                            while_=lambda: not stopping.is_set()), name="sandpool-released-sessions")
         controller = None
         controller_task: asyncio.Task[None] | None = None
         the_provider: Provider | None = None
@@ -153,6 +160,8 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         finally:
             stopping.set()
             await _finish(reaper_task)
+            await _finish(waiters_task)
+            await _finish(released_task)
             if controller_task is not None:
                 # Stepping down destroys the leader's half-made sandboxes: give it time.
                 await _finish(controller_task, grace=15.0)
@@ -160,7 +169,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
                 await the_provider.close()
             await scheduler.drain()
             await clients.aclose()
-            await redis.aclose()
+            await close(redis)
             await tracing.shutdown(app.state.tracer_provider)
 
     app = FastAPI(title="sandpool scheduler", lifespan=lifespan, redirect_slashes=False, docs_url=None, redoc_url=None, openapi_url=None)
@@ -182,7 +191,8 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
     async def create_session(request: Request) -> JSONResponse:
         caller = resolve_caller(request.headers)
         body = await read_capped(request, CREATE_BODY_CAP)
-        return JSONResponse(await scheduler_of(request).create_session(caller, body), status_code=201)
+        handle = await scheduler_of(request).create_session(caller, body, client_gone=lambda: client_gone(request))
+        return JSONResponse(handle, status_code=201)
 
     @app.get("/sessions/{session_id}")
     async def get_session(session_id: str, request: Request) -> JSONResponse:

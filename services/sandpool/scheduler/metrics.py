@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sandpool.pool.metrics import ControllerMetrics
+
 SERVICE = "scheduler"
 OPERATIONS = ("CreateSession", "Execute", "DestroySession", "ListFiles", "GetFile", "PutFile")
 EXEC_OUTCOMES = ("ok", "failed", "timeout", "limit")
@@ -39,9 +41,7 @@ class SchedulerMetrics:
         self.redis_errors = Counter("sandpool_redis_errors_total", "Redis calls that failed", ["service"],
                                     registry=r)
         # Owned by the pool controller running inside the scheduler process.
-        self.sandbox_start = Histogram("sandpool_sandbox_start_seconds", "Time from create to ready",
-                                       ["pool"], buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
-                                       registry=r)
-        self.reconciled = Counter("sandpool_reconciled_total", "Reconciliation fixes", ["kind"], registry=r)
-        self.provider_errors = Counter("sandpool_provider_errors_total", "Provider calls that failed",
-                                       ["provider", "operation"], registry=r)
+        self.controller = ControllerMetrics.create(r)
+        self.sandbox_start = self.controller.sandbox_start
+        self.reconciled = self.controller.reconciled
+        self.provider_errors = self.controller.provider_errors

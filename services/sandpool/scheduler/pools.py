@@ -23,12 +23,19 @@ def pools_from_settings(settings: SchedulerSettings) -> list[PoolSpec]:
         if not pools:
             raise ConfigurationError(f"--pools-file {settings.pools_file} defines no pool")
     else:
+        cap = settings.max_warm if settings.max_warm is not None else default_max_warm(settings.pool_size,
+                                                                                      settings.max_sandboxes)
         pools = [PoolSpec(name=DEFAULT_POOL, image=settings.image, warm=settings.pool_size,
-                          ceiling=settings.max_sandboxes)]
+                          ceiling=settings.max_sandboxes, max_warm=cap)]
     names = [p.name for p in pools]
     if len(set(names)) != len(names):
         raise ConfigurationError("pool names must be unique")
     return pools
+
+
+def default_max_warm(floor: int, ceiling: int) -> int:
+    """The warm cap when none is set: room for demand to grow to four times the floor (or 4)."""
+    return min(ceiling, max(4 * floor, 4))
 
 
 class PoolDirectory:

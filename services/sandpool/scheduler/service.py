@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import secrets
 import time
@@ -32,6 +33,7 @@ from sandpool.core.errors import (
     NotFound,
     PayloadTooLarge,
     QuotaExceeded,
+    SandpoolError,
     Unavailable,
     UnknownToolKind,
 )
@@ -45,7 +47,8 @@ from sandpool.scheduler.settings import SchedulerSettings
 from sandpool.scheduler.uploads import FileBytes
 from sandpool.state import usage
 from sandpool.state.errors import StateUnavailable
-from sandpool.state.sessions import Leased, SessionStore, Target
+from sandpool.scheduler.waiting import Waiters
+from sandpool.state.sessions import Leased, Refused, SessionStore, Target, Waiting
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +58,49 @@ SMALL_ANSWER_BYTES = 256 * 1024
 """Agent answers up to this size (with a Content-Length) are relayed whole; larger ones stream."""
 ABANDON_RETRY_SECONDS = 60.0
 """How long an abandoned lease's release is retried; past it, the session's idle timeout reaps it."""
+MAX_RETRY_AFTER_SECONDS = 60
+"""The longest Retry-After a capacity refusal estimates."""
 
 
 class SandboxUnavailable(Unavailable):
     """The session's agent could not be reached: the call did not run, the session is gone."""
 
     reason = "sandbox_unavailable"
+
+
+class StartTimeout(Unavailable):
+    """Below the ceiling, but no sandbox could be started within the capacity wait."""
+
+    reason = "start_timeout"
+
+
+class ClientLeft(SandpoolError):
+    """The caller disconnected while waiting; nobody reads this answer (nginx's 499)."""
+
+    status_code = 499
+    reason = "client_closed_request"
+
+
+class SessionEnded(BadGateway):
+    """The session was released while a call to it ran (destroyed, ended by an admin, reaped, or its
+    sandbox was lost): the call is cut short rather than left to hang on a sandbox that is going."""
+
+    reason = "session_ended"
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (rather than something it awaits)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def retry_after(refused: Refused) -> int:
+    """When a slot may be free, from the pool's release rate: its waiters and this caller each need one
+    release (a pool that released nothing in the last minute: a minute)."""
+    per_second = refused.releases_per_minute / 60.0
+    if per_second <= 0:
+        return MAX_RETRY_AFTER_SECONDS
+    return max(1, min(MAX_RETRY_AFTER_SECONDS, math.ceil((refused.waiters + 1) / per_second)))
 
 
 def new_session_id() -> str:
@@ -115,57 +155,47 @@ NOTHING = Metered("", {})
 
 class Scheduler:
     def __init__(self, settings: SchedulerSettings, store: SessionStore, clients: AgentClients,
-                 metrics: SchedulerMetrics, pools: PoolDirectory) -> None:
+                 metrics: SchedulerMetrics, pools: PoolDirectory, waiters: Waiters | None = None) -> None:
         self.settings = settings
         self.store = store
         self.clients = clients
         self.metrics = metrics
         self.pools = pools
+        self.waiters = waiters
         self.ceilings = limits.Ceilings.from_settings(settings)
         self._background: set[asyncio.Task[Any]] = set()
         self._abandons: set[asyncio.Task[Any]] = set()  # retries that may outlast Redis: not awaited at exit
+        self._in_flight: dict[str, set[asyncio.Future[Any]]] = {}  # session id -> its calls to the agent
 
     # --- CreateSession ------------------------------------------------------------------------
 
-    async def create_session(self, caller: Caller, body: bytes) -> dict[str, Any]:
+    async def create_session(self, caller: Caller, body: bytes, *,
+                             client_gone: Callable[[], Awaitable[None]] | None = None) -> dict[str, Any]:
+        """Lease a sandbox; with none ready below the ceiling, wait (up to the capacity wait) while the
+        controller starts one. `client_gone` returns when the caller disconnects: it stops waiting."""
         hints = self._parse_create(body)
         pool = self.pools.for_image(hints.image)
         policy = limits.in_force(self.ceilings, caller.policy)
         in_force = limits.session_limits(self.ceilings, policy, idle_hint=hints.idle_timeout_seconds,
                                          lifetime_hint=hints.max_lifetime_seconds)
-        lease_limits = limits.lease_limits(self.ceilings, caller.policy)
         session_id = new_session_id()
-        give_up_at = time.monotonic() + self.settings.capacity_wait_seconds
-        pause = 0.01
-        while True:
+        wait = self.settings.capacity_wait_seconds if self.waiters is not None else 0.0
+        now = time.time()
+        try:
+            result = await self.store.lease(
+                session_id=session_id, workspace=caller.workspace, pool=pool.name, image=pool.image, now=now,
+                limits=in_force, workspace_limits=limits.lease_limits(self.ceilings, caller.policy),
+                ceiling=pool.ceiling, wait_seconds=wait)
+        except StateUnavailable:
+            # The script may already be on its way and run once a slow Redis catches up: a
+            # lease nobody was answered for. Release that id as soon as Redis answers again.
+            self._spawn(self._abandon(caller, session_id, pool.name), cancel_on_drain=True)
+            raise
+        if isinstance(result, Waiting):
+            result = await self._wait_for_sandbox(caller, session_id, pool.name, wait, client_gone)
             now = time.time()
-            last_try = time.monotonic() >= give_up_at
-            try:
-                result = await self.store.lease(
-                    session_id=session_id, workspace=caller.workspace, pool=pool.name, image=pool.image,
-                    now=now, limits=in_force, workspace_limits=lease_limits, meter_capacity_refusal=last_try,
-                )
-            except StateUnavailable:
-                # The script may already be on its way and run once a slow Redis catches up: a
-                # lease nobody was answered for. Release that id as soon as Redis answers again.
-                self._spawn(self._abandon(caller, session_id), cancel_on_drain=True)
-                raise
-            if isinstance(result, Leased):
-                break
-            if result.kind == "quota":
-                self.metrics.leases.labels(outcome="quota").inc()
-                retry = (limits.seconds_until_utc_midnight(now) if result.limit == "daily_session_seconds_budget"
-                         else self.settings.retry_after_seconds)
-                raise QuotaExceeded(f"the workspace's {result.limit.replace('_', ' ')} limit is reached",
-                                    retry_after=retry, limit=result.limit)
-            if last_try:
-                self.metrics.leases.labels(outcome="capacity").inc()
-                raise AtCapacity("no sandbox is available; retry later",
-                                 retry_after=self.settings.retry_after_seconds, pool=pool.name)
-            # A sandbox may be starting: poll the lease (one round trip each, backing off to 100 ms
-            # so many waiting clients cannot flood Redis) until the wait ends.
-            await asyncio.sleep(min(pause, max(0.0, give_up_at - time.monotonic())))
-            pause = min(pause * 2, 0.1)
+        if isinstance(result, Refused):
+            raise self._refusal(result, pool.name, now)
         self.metrics.leases.labels(outcome="granted").inc()
         log.info("session created", extra={"session": session_id, "workspace": caller.workspace,
                                            "pool": pool.name, "sandbox": result.sandbox})
@@ -180,6 +210,60 @@ class Scheduler:
             "exec_timeout_seconds": in_force.exec_timeout_seconds,
             "max_exec_timeout_seconds": in_force.max_exec_timeout_seconds,
         }
+
+    def _refusal(self, refused: Refused, pool: str, now: float) -> SandpoolError:
+        if refused.kind == "quota":
+            self.metrics.leases.labels(outcome="quota").inc()
+            retry = (limits.seconds_until_utc_midnight(now) if refused.limit == "daily_session_seconds_budget"
+                     else self.settings.retry_after_seconds)
+            return QuotaExceeded(f"the workspace's {refused.limit.replace('_', ' ')} limit is reached",
+                                 retry_after=retry, limit=refused.limit)
+        self.metrics.leases.labels(outcome="capacity").inc()
+        return AtCapacity("every sandbox of the pool is in use or promised to an earlier caller; retry later",
+                          retry_after=retry_after(refused), pool=pool)
+
+    async def _wait_for_sandbox(self, caller: Caller, session_id: str, pool: str, wait: float,
+                                client_gone: Callable[[], Awaitable[None]] | None) -> Leased:
+        """Wait, queued in Redis, until a sandbox is promised to this caller, then claim it."""
+        assert self.waiters is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        promised = self.waiters.register(session_id)
+        gone = asyncio.ensure_future(client_gone()) if client_gone is not None else None
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining > 0:
+                    woken = asyncio.ensure_future(promised.wait())
+                    done, _ = await asyncio.wait({woken, *([gone] if gone else [])}, timeout=remaining,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    woken.cancel()
+                    if gone is not None and gone in done:
+                        raise ClientLeft("the client left while waiting for a sandbox")
+                promised.clear()
+                claimed = await self.store.claim(waiter=session_id, workspace=caller.workspace, pool=pool,
+                                                 now=time.time())
+                if isinstance(claimed, Leased):
+                    return claimed
+                if claimed is None or loop.time() >= deadline:
+                    break
+        except BaseException:
+            # The caller left (or this task was cancelled): hand on whatever was promised to it.
+            self._spawn(self.store.cancel_wait(waiter=session_id, workspace=caller.workspace, pool=pool,
+                                               now=time.time(), timed_out=False))
+            raise
+        finally:
+            self.waiters.forget(session_id)
+            if gone is not None:
+                gone.cancel()
+        await self.store.cancel_wait(waiter=session_id, workspace=caller.workspace, pool=pool, now=time.time(),
+                                     timed_out=True)
+        self.metrics.leases.labels(outcome="start_timeout").inc()
+        cause = await self.store.last_error(pool)
+        log.warning("no sandbox could be started in time", extra={"pool": pool, "wait_seconds": wait,
+                                                                  "provider_error": cause or None})
+        raise StartTimeout(f"no sandbox could be started within {wait:g}s; retry later",
+                           retry_after=self.settings.retry_after_seconds, pool=pool)
 
     @staticmethod
     def _parse_create(body: bytes) -> CreateSessionRequest:
@@ -340,10 +424,22 @@ class Scheduler:
             raise BadGateway("the session's sandbox has no usable address; the session is gone") from None
         timeout = httpx.Timeout(read_timeout, connect=self.settings.forward_connect_timeout_seconds)
         started = time.monotonic()
+        # The call is a future of its own so that a release of the session (from any replica: the
+        # `released` channel) cuts it short at once instead of leaving it to its exec deadline.
+        call = asyncio.ensure_future(entry.client.send(
+            entry.client.build_request(method, url, content=content, headers=headers, timeout=timeout), stream=True))
+        calls = self._in_flight.setdefault(session_id, set())
+        calls.add(call)
         try:
-            upstream = await entry.client.send(
-                entry.client.build_request(method, url, content=content, headers=headers, timeout=timeout),
-                stream=True)
+            upstream = await call
+        except asyncio.CancelledError:
+            if call.cancelled() and not _cancelling():  # the session was released, not this request
+                self.clients.give_back(entry)
+                self.clients.forget(target.address)
+                raise SessionEnded("the session was released while the call ran; the session is gone") from None
+            self.clients.give_back(entry)
+            self._spawn(self._done(caller, session_id))
+            raise
         except _TooLarge:
             self.clients.give_back(entry)
             await self._done(caller, session_id)
@@ -367,6 +463,10 @@ class Scheduler:
             self.clients.give_back(entry)
             self._spawn(self._done(caller, session_id))
             raise
+        finally:
+            calls.discard(call)
+            if not calls:
+                self._in_flight.pop(session_id, None)
 
         raw_outcome = upstream.headers.get(OUTCOME_HEADER, "ok")
         outcome = raw_outcome if raw_outcome in EXEC_OUTCOMES else "failed"
@@ -422,6 +522,11 @@ class Scheduler:
 
         return StreamingResponse(relay(), status_code=status, headers=headers_out)
 
+    def session_released(self, session_id: str) -> None:
+        """A replica released this session: end this replica's calls to it now."""
+        for call in self._in_flight.get(session_id, ()):
+            call.cancel()
+
     async def _done(self, caller: Caller, session_id: str, metered: Metered | None = None) -> None:
         """Meter a finished call and mark the session active.
 
@@ -449,8 +554,9 @@ class Scheduler:
             log.warning("session released: its sandbox died", extra={"session": session_id,
                                                                      "sandbox": released.sandbox})
 
-    async def _abandon(self, caller: Caller, session_id: str) -> None:
-        """Release a session whose CreateSession failed on a Redis error (a no-op if it never leased).
+    async def _abandon(self, caller: Caller, session_id: str, pool: str) -> None:
+        """Release a session whose CreateSession failed on a Redis error (a no-op if it never leased),
+        and take it out of the waiters' queue should the lease have queued it.
 
         Retried with backoff for a bounded time; a second release after the first one went
         through covers a lease script that Redis ran only after that release."""
@@ -458,6 +564,8 @@ class Scheduler:
         while releases < 2 and time.monotonic() < give_up_at:
             await asyncio.sleep(pause)
             try:
+                await self.store.cancel_wait(waiter=session_id, workspace=caller.workspace, pool=pool,
+                                             now=time.time(), timed_out=False)
                 released = await self.store.release(session_id=session_id, workspace=caller.workspace,
                                                     now=time.time(), mode="abandoned")
             except StateUnavailable:

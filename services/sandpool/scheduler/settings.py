@@ -45,7 +45,11 @@ class SchedulerSettings(ServiceSettings):
     provider: Literal["local", "kubernetes"] = Field(default="local", description="Who runs sandboxes")
     controller: bool = Field(default=True, description=(
         "Run the pool controller in this process (one leader is active across replicas)"))
-    pool_size: int = Field(default=2, ge=0, description="Warm target of the default pool (ready sandboxes)")
+    pool_size: int = Field(default=2, ge=0, description=(
+        "Warm floor of the default pool: sandboxes kept ready whatever the demand"))
+    max_warm: int | None = Field(default=None, ge=0, description=(
+        "Warm cap of the default pool: the most kept ready when demand asks for more (default: 4 x the floor, "
+        "at least 4, within the ceiling)"))
     max_sandboxes: int = Field(default=16, ge=1, description="Ceiling of the default pool (sandboxes of any state)")
     image: str = Field(default="python", min_length=1, description="Image of the default pool")
     pools_file: Path | None = Field(default=None, description=(
@@ -66,9 +70,11 @@ class SchedulerSettings(ServiceSettings):
         "Session-seconds one workspace may use per UTC day; a workspace policy may lower it (0: none)"))
 
     # --- capacity and forwarding -------------------------------------------------------------
-    capacity_wait_seconds: float = Field(default=0.0, ge=0, le=60, description=(
-        "How long CreateSession may wait for a sandbox when none is ready (0: answer 503 at once)"))
-    retry_after_seconds: int = Field(default=1, ge=1, description="Retry-After of a 503 at capacity")
+    capacity_wait_seconds: float = Field(default=30.0, ge=0, le=600, description=(
+        "How long CreateSession waits, below the ceiling, for a sandbox started for it when none is ready "
+        "(0: fail fast with 503 at once)"))
+    retry_after_seconds: int = Field(default=1, ge=1, description=(
+        "Retry-After of a 503 other than a capacity refusal (whose Retry-After follows the pool's release rate)"))
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description=(
         "Largest request body (an upload, an exec call) forwarded to a sandbox; larger is 413"))
     forward_connect_timeout_seconds: float = Field(default=2.0, gt=0, description=(
@@ -89,7 +95,9 @@ class SchedulerSettings(ServiceSettings):
         # A default above its ceiling is lowered to it where it is used (the ceiling wins),
         # so `--max-exec-timeout-seconds 30` alone is a complete setting.
         if self.pool_size > self.max_sandboxes:
-            raise ValueError("pool_size (the warm target) exceeds max_sandboxes (the ceiling)")
+            raise ValueError("pool_size (the warm floor) exceeds max_sandboxes (the ceiling)")
+        if self.max_warm is not None and not self.pool_size <= self.max_warm <= self.max_sandboxes:
+            raise ValueError("max_warm (the warm cap) must be between pool_size and max_sandboxes")
         return self
 
     def resolve_internal_token(self) -> str | None:

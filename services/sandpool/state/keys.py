@@ -55,6 +55,51 @@ class Keys:
         """Set of the pool's leased sandbox ids (what its ceiling has promised away)."""
         return f"{self.base}pool:{pool}:leased"
 
+    # --- waiting for a sandbox (a CreateSession below the ceiling with none ready) --------------
+    def pool_waiters(self, pool: str) -> str:
+        """Set of the pool's waiter ids, queued or promised a sandbox (the ceiling counts these)."""
+        return f"{self.base}pool:{pool}:waiters"
+
+    def pool_queued(self, pool: str) -> str:
+        """Set of the pool's waiter ids no sandbox is promised to yet (the controller starts one each)."""
+        return f"{self.base}pool:{pool}:queued"
+
+    def pool_wait_ring(self, pool: str) -> str:
+        """List of the workspaces with queued waiters, served round-robin."""
+        return f"{self.base}pool:{pool}:wait:ring"
+
+    def pool_wait_queue(self, pool: str, workspace: str) -> str:
+        """List of one workspace's queued waiter ids, oldest first."""
+        return f"{self.pool_wait_queue_prefix(pool)}{workspace}"
+
+    def pool_wait_queue_prefix(self, pool: str) -> str:
+        return f"{self.base}pool:{pool}:wait:ws:"
+
+    def waiter(self, waiter_id: str) -> str:
+        """Hash: session, workspace, pool, state (queued|promised), sandbox, the lease asked for."""
+        return f"{self.waiter_prefix}{waiter_id}"
+
+    @property
+    def waiter_prefix(self) -> str:
+        return f"{self.base}waiter:"
+
+    def workspace_waiters(self, workspace: str) -> str:
+        """Set of the workspace's waiter ids (its concurrency counts them with its sessions)."""
+        return f"{self.base}ws:{workspace}:waiting"
+
+    @property
+    def promised(self) -> str:
+        """Pub/sub channel of waiter ids just promised a sandbox (their scheduler claims it)."""
+        return f"{self.base}waiters:promised"
+
+    def pool_rate_prefix(self, pool: str, what: str) -> str:
+        """Counters of `what` (leases, releases) per 10-second bucket: `<prefix><bucket>`."""
+        return f"{self.base}pool:{pool}:{what}:"
+
+    def pool_last_error(self, pool: str) -> str:
+        """String with expiry: the provider's last error starting a sandbox of the pool."""
+        return f"{self.base}pool:{pool}:last_error"
+
     @property
     def doomed(self) -> str:
         """Set of sandbox ids to destroy (released, reaped, dead); the controller drains it."""

@@ -15,8 +15,9 @@ from sandpool.state import scripts
 from sandpool.state.client import Client
 from sandpool.state.errors import translated
 from sandpool.state.keys import Keys
+from sandpool.state.sessions import RATE_BUCKET_SECONDS, rate_bucket
 
-STATES = ("starting", "ready", "leased", "doomed")
+STATES = ("starting", "ready", "promised", "leased", "doomed")
 """What a sandbox record's `state` field may hold."""
 
 
@@ -24,6 +25,15 @@ STATES = ("starting", "ready", "leased", "doomed")
 class PoolFill:
     ready: int
     members: int
+    queued: int = 0  # waiters no sandbox is promised to yet: each wants one started
+
+
+@dataclass(frozen=True)
+class Lost:
+    """What a sandbox the provider lost was doing: its state then, and its session ('' when none)."""
+
+    state: str
+    session: str
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,8 @@ class SandboxStore:
         self._publish = client.register_script(scripts.PUBLISH_READY)
         self._forget = client.register_script(scripts.FORGET)
         self._retire = client.register_script(scripts.RETIRE_SURPLUS)
+        self._sweep = client.register_script(scripts.SWEEP_WAITERS)
+        self._lost = client.register_script(scripts.LOST)
 
     @translated
     async def fill(self, pool: str) -> PoolFill:
@@ -63,8 +75,23 @@ class SandboxStore:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.llen(self.keys.pool_ready(pool))
             pipe.scard(self.keys.pool_members(pool))
-            ready, members = await pipe.execute()
-        return PoolFill(int(ready), int(members))
+            pipe.scard(self.keys.pool_queued(pool))
+            ready, members, queued = await pipe.execute()
+        return PoolFill(int(ready), int(members), int(queued))
+
+    @translated
+    async def lease_rate(self, pool: str, now: float, *, buckets: int = 6) -> float:
+        """The pool's leases per second over the last `buckets` 10-second buckets (6: a minute; the
+        counters are kept two minutes)."""
+        bucket = rate_bucket(now)
+        prefix = self.keys.pool_rate_prefix(pool, "leases")
+        counts = await self.redis.mget([f"{prefix}{bucket - i}" for i in range(buckets)])
+        return sum(int(c or 0) for c in counts) / (buckets * RATE_BUCKET_SECONDS)
+
+    @translated
+    async def record_error(self, pool: str, error: str, *, ttl_seconds: int = 300) -> None:
+        """The provider's last error starting a sandbox of `pool`, for whoever answers `start_timeout`."""
+        await self.redis.set(self.keys.pool_last_error(pool), error[:500], ex=ttl_seconds)
 
     @translated
     async def register_starting(self, sandbox_id: str, *, pool: str, image: str, ceiling: int, now: float,
@@ -77,9 +104,31 @@ class SandboxStore:
     @translated
     async def publish_ready(self, sandbox_id: str, *, pool: str, address: str, secret: str, now: float) -> bool:
         """Make a started sandbox leasable; False when it was forgotten or doomed meanwhile."""
+        k = self.keys
         return bool(await self._publish(
-            keys=[self.keys.sandbox(sandbox_id), self.keys.pool_ready(pool), self.keys.pool_members(pool)],
-            args=[sandbox_id, address, secret, f"{now:.3f}", self.record_ttl_ms]))
+            keys=[k.sandbox(sandbox_id), k.pool_ready(pool), k.pool_members(pool), k.pool_wait_ring(pool),
+                  k.pool_queued(pool)],
+            args=[sandbox_id, address, secret, f"{now:.3f}", self.record_ttl_ms, k.pool_wait_queue_prefix(pool),
+                  k.waiter_prefix, k.promised]))
+
+    @translated
+    async def sweep_waiters(self, pool: str) -> int:
+        """Forget waiters whose scheduler vanished; hand on what was promised to them."""
+        k = self.keys
+        return int(await self._sweep(
+            keys=[k.pool_waiters(pool), k.pool_queued(pool), k.pool_wait_ring(pool), k.pool_ready(pool),
+                  k.pool_members(pool)],
+            args=[k.waiter_prefix, k.sandbox_prefix, k.pool_wait_queue_prefix(pool), k.promised]))
+
+    @translated
+    async def lost(self, sandbox_id: str, pool: str) -> Lost:
+        """The provider lost this sandbox: take it out of the ready list now and doom it (atomically with
+        leases), queue its waiter again if it was promised; the session on it is the caller's to release."""
+        k = self.keys
+        state, session = await self._lost(
+            keys=[k.sandbox(sandbox_id), k.pool_ready(pool), k.doomed, k.pool_queued(pool), k.pool_wait_ring(pool)],
+            args=[sandbox_id, k.waiter_prefix, k.pool_wait_queue_prefix(pool), k.pool_events])
+        return Lost(state=str(state), session=str(session))
 
     @translated
     async def forget(self, sandbox_id: str, pool: str) -> None:

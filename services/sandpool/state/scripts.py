@@ -38,36 +38,112 @@ local function event(stream_key, maxlen, fields)
 end
 """
 
-LEASE = _METER + r"""
--- Lease a ready sandbox for a new session, enforcing the workspace's lease limits.
+# Shared Lua helpers of leasing and waiting: the waiters' round-robin queue, promising a sandbox to
+# a waiter, the per-10-second rate buckets, and granting a sandbox to a new session.
+_WAITING = r"""
+local function bump(prefix, bucket)
+  local key = prefix .. bucket
+  redis.call('INCR', key)
+  redis.call('EXPIRE', key, 120)
+end
+
+local function rate(prefix, bucket)
+  local total = 0
+  for i = 0, 5 do total = total + tonumber(redis.call('GET', prefix .. (bucket - i)) or '0') end
+  return total
+end
+
+-- The next queued waiter, round-robin across workspaces (ids whose waiter is gone are skipped).
+local function next_waiter(ring, queue_prefix, waiter_prefix, queued)
+  for _ = 1, 64 do
+    local ws = redis.call('LPOP', ring)
+    if not ws then return nil end
+    local qkey = queue_prefix .. ws
+    local id = redis.call('LPOP', qkey)
+    if redis.call('LLEN', qkey) > 0 then redis.call('RPUSH', ring, ws) end
+    if id then
+      redis.call('SREM', queued, id)
+      if redis.call('HGET', waiter_prefix .. id, 'state') == 'queued' then return id end
+    end
+  end
+  return nil
+end
+
+-- Hand a ready sandbox to the next waiter (their scheduler claims it), or back to the ready list.
+local function hand_on(sandbox, sandbox_key, ready, front, ring, queue_prefix, waiter_prefix, queued, channel)
+  local waiter = next_waiter(ring, queue_prefix, waiter_prefix, queued)
+  if waiter then
+    redis.call('HSET', sandbox_key, 'state', 'promised', 'promised_to', waiter)
+    redis.call('HSET', waiter_prefix .. waiter, 'state', 'promised', 'sandbox', sandbox)
+    redis.call('PUBLISH', channel, waiter)
+    return 2
+  end
+  redis.call('HSET', sandbox_key, 'state', 'ready')
+  redis.call('HDEL', sandbox_key, 'promised_to')
+  if front then redis.call('LPUSH', ready, sandbox) else redis.call('RPUSH', ready, sandbox) end
+  return 1
+end
+"""
+
+# Writes a leased sandbox's new session. `a` is the lease (see LEASE); `k` names the keys.
+_GRANT = r"""
+local function grant(a, sandbox, sandbox_key, address, secret, k)
+  local now, idle, lifetime = tonumber(a.now), tonumber(a.idle), tonumber(a.lifetime)
+  redis.call('HSET', sandbox_key, 'state', 'leased', 'session', a.session, 'leased_at', tostring(a.now))
+  redis.call('HDEL', sandbox_key, 'promised_to')
+  redis.call('SADD', k.leased, sandbox)
+  redis.call('HSET', k.session, 'sandbox', sandbox, 'pool', a.pool, 'image', a.image, 'workspace', a.workspace,
+    'address', address, 'secret', secret, 'created_at', tostring(a.now), 'last_activity_at', tostring(a.now),
+    'idle_timeout_seconds', idle, 'max_lifetime_seconds', lifetime, 'exec_timeout_seconds', a.exec,
+    'max_exec_timeout_seconds', a.max_exec, 'limits', cjson.encode(a.limits or {}), 'inflight', 0)
+  local expiry = lifetime + tonumber(a.expiry_margin)
+  redis.call('EXPIRE', k.session, expiry)
+  redis.call('ZADD', k.deadlines, math.min(now + lifetime, now + idle), a.session)
+  redis.call('SADD', k.ws_sessions, a.session)
+  if redis.call('TTL', k.ws_sessions) < expiry then redis.call('EXPIRE', k.ws_sessions, expiry) end
+  meter(k.usage_total, k.usage_day, k.usage_workspaces, a.workspace, a.retention, 'sessions_created', 1)
+  event(k.events, a.maxlen, {'type', 'session_created', 'workspace', a.workspace, 'ts', tostring(a.now),
+    'session', a.session, 'pool', a.pool, 'image', a.image, 'sandbox', sandbox})
+  redis.call('PUBLISH', a.nudge, sandbox)
+end
+"""
+
+LEASE = _METER + _WAITING + _GRANT + r"""
+-- Lease a ready sandbox for a new session, within the workspace's lease limits; with none ready and
+-- the pool below its ceiling, queue the caller as a waiter instead (the controller starts a sandbox
+-- for each waiter at once, and promises it to the waiters in order, round-robin across workspaces).
 -- KEYS[1] pool ready list        KEYS[2] the new session's hash   KEYS[3] deadlines zset
 -- KEYS[4] workspace sessions set KEYS[5] usage total hash          KEYS[6] usage day hash
 -- KEYS[7] usage workspaces set   KEYS[8] usage event stream       KEYS[9] doomed set
--- KEYS[10] pool leased set
+-- KEYS[10] pool leased set       KEYS[11] pool waiters set        KEYS[12] pool queued set
+-- KEYS[13] pool wait ring        KEYS[14] the workspace's wait queue in the pool
+-- KEYS[15] the waiter's hash     KEYS[16] workspace waiters set
 -- ARGV[1] the lease, JSON: {session, workspace, pool, image, now, idle, lifetime, exec, max_exec,
---         limits: {name: value (0: none)}, meter_refusal (bool), retention, maxlen, expiry_margin,
---         nudge (channel), sandbox_prefix, session_prefix}
--- Returns {'ok', sandbox, address, secret} | {'quota', limit} | {'capacity'}.
+--         limits: {name: value (0: none)}, ceiling, wait (seconds a waiter may wait; 0: never wait),
+--         bucket (now // 10), lease_rate_prefix, release_rate_prefix, retention, maxlen,
+--         expiry_margin, nudge (channel), sandbox_prefix, session_prefix, waiter_prefix}
+-- Returns {'ok', sandbox, address, secret} | {'wait'} | {'quota', limit} |
+--         {'capacity', waiters, releases in the last minute}.
 local a = cjson.decode(ARGV[1])
-local ws_key, sid, ws, now = KEYS[4], a.session, a.workspace, tonumber(a.now)
+local ws_key, ws_waiting, ws, now = KEYS[4], KEYS[16], a.workspace, tonumber(a.now)
 local limits = a.limits or {}
 
-local function refuse(field, kind, extra, always)
-  if always or a.meter_refusal then
-    meter(KEYS[5], KEYS[6], KEYS[7], ws, a.retention, field, 1)
-    event(KEYS[8], a.maxlen, {'type', kind, 'workspace', ws, 'ts', tostring(a.now), 'pool', a.pool,
-      'limit', extra})
-  end
+local function refuse(field, kind, extra)
+  meter(KEYS[5], KEYS[6], KEYS[7], ws, a.retention, field, 1)
+  event(KEYS[8], a.maxlen, {'type', kind, 'workspace', ws, 'ts', tostring(a.now), 'pool', a.pool, 'limit', extra})
 end
 
 local max_concurrent = tonumber(limits.max_concurrent_sessions or 0)
-if max_concurrent > 0 and redis.call('SCARD', ws_key) >= max_concurrent then
-  -- Drop ids whose session hash expired without a release (the keys' safety net), then recount.
+if max_concurrent > 0 and redis.call('SCARD', ws_key) + redis.call('SCARD', ws_waiting) >= max_concurrent then
+  -- Drop ids whose session or waiter expired without a release (the keys' safety net), then recount.
   for _, member in ipairs(redis.call('SMEMBERS', ws_key)) do
     if redis.call('EXISTS', a.session_prefix .. member) == 0 then redis.call('SREM', ws_key, member) end
   end
-  if redis.call('SCARD', ws_key) >= max_concurrent then
-    refuse('quota_refusals', 'quota_refusal', 'max_concurrent_sessions', true)
+  for _, member in ipairs(redis.call('SMEMBERS', ws_waiting)) do
+    if redis.call('EXISTS', a.waiter_prefix .. member) == 0 then redis.call('SREM', ws_waiting, member) end
+  end
+  if redis.call('SCARD', ws_key) + redis.call('SCARD', ws_waiting) >= max_concurrent then
+    refuse('quota_refusals', 'quota_refusal', 'max_concurrent_sessions')
     return {'quota', 'max_concurrent_sessions'}
   end
 end
@@ -81,14 +157,13 @@ if budget > 0 then
     if created then used = used + math.max(0, now - tonumber(created)) end
   end
   if used >= budget then
-    refuse('quota_refusals', 'quota_refusal', 'daily_session_seconds_budget', true)
+    refuse('quota_refusals', 'quota_refusal', 'daily_session_seconds_budget')
     return {'quota', 'daily_session_seconds_budget'}
   end
 end
 
 -- Pop until a sandbox that is really ready (a reconciler may have doomed one still listed);
 -- a "ready" record without an address or secret is broken: doom it rather than lease it.
-local sandbox, sandbox_key, found
 for _ = 1, 64 do
   local id = redis.call('LPOP', KEYS[1])
   if not id then break end
@@ -96,35 +171,104 @@ for _ = 1, 64 do
   local f = redis.call('HMGET', key, 'state', 'address', 'secret')
   if f[1] == 'ready' then
     if f[2] and f[3] and f[2] ~= '' and f[3] ~= '' then
-      sandbox, sandbox_key, found = id, key, {f[2], f[3]}
-      break
+      bump(a.lease_rate_prefix, a.bucket)  -- demand: a session asked for (the warm target follows it)
+      grant(a, id, key, f[2], f[3], {session = KEYS[2], deadlines = KEYS[3], ws_sessions = ws_key,
+        usage_total = KEYS[5], usage_day = KEYS[6], usage_workspaces = KEYS[7], events = KEYS[8],
+        leased = KEYS[10]})
+      return {'ok', id, f[2], f[3]}
     end
     redis.call('HSET', key, 'state', 'doomed')
     redis.call('SADD', KEYS[9], id)
   end
 end
-if not sandbox then
-  refuse('capacity_refusals', 'capacity_refusal', 'capacity', false)
-  return {'capacity'}
-end
 
-redis.call('HSET', sandbox_key, 'state', 'leased', 'session', sid, 'leased_at', tostring(a.now))
-redis.call('SADD', KEYS[10], sandbox)
-local idle, lifetime = tonumber(a.idle), tonumber(a.lifetime)
-redis.call('HSET', KEYS[2], 'sandbox', sandbox, 'pool', a.pool, 'image', a.image, 'workspace', ws,
-  'address', found[1], 'secret', found[2], 'created_at', tostring(a.now), 'last_activity_at', tostring(a.now),
-  'idle_timeout_seconds', idle, 'max_lifetime_seconds', lifetime, 'exec_timeout_seconds', a.exec,
-  'max_exec_timeout_seconds', a.max_exec, 'limits', cjson.encode(limits), 'inflight', 0)
-local expiry = lifetime + tonumber(a.expiry_margin)
-redis.call('EXPIRE', KEYS[2], expiry)
-redis.call('ZADD', KEYS[3], math.min(now + lifetime, now + idle), sid)
-redis.call('SADD', ws_key, sid)
-if redis.call('TTL', ws_key) < expiry then redis.call('EXPIRE', ws_key, expiry) end
-meter(KEYS[5], KEYS[6], KEYS[7], ws, a.retention, 'sessions_created', 1)
-event(KEYS[8], a.maxlen, {'type', 'session_created', 'workspace', ws, 'ts', tostring(a.now), 'session', sid,
-  'pool', a.pool, 'image', a.image, 'sandbox', sandbox})
-redis.call('PUBLISH', a.nudge, sandbox)
-return {'ok', sandbox, found[1], found[2]}
+-- None ready. Full when every slot up to the ceiling is leased or promised to an earlier waiter.
+local waiting = redis.call('SCARD', KEYS[11])
+if tonumber(a.wait) <= 0 or redis.call('SCARD', KEYS[10]) + waiting >= tonumber(a.ceiling) then
+  refuse('capacity_refusals', 'capacity_refusal', 'at_capacity')
+  return {'capacity', waiting, rate(a.release_rate_prefix, a.bucket)}
+end
+bump(a.lease_rate_prefix, a.bucket)  -- demand too, served by a start (the claim does not count it again)
+local waiter = KEYS[15]
+redis.call('HSET', waiter, 'session', a.session, 'workspace', ws, 'pool', a.pool, 'state', 'queued',
+  'queued_at', tostring(a.now), 'lease', ARGV[1])
+local ttl = math.ceil(tonumber(a.wait)) + 60
+redis.call('EXPIRE', waiter, ttl)
+redis.call('SADD', KEYS[11], a.session)
+redis.call('SADD', KEYS[12], a.session)
+redis.call('SADD', ws_waiting, a.session)
+if redis.call('TTL', ws_waiting) < ttl then redis.call('EXPIRE', ws_waiting, ttl) end
+if redis.call('RPUSH', KEYS[14], a.session) == 1 then redis.call('RPUSH', KEYS[13], ws) end
+redis.call('EXPIRE', KEYS[14], ttl)
+redis.call('PUBLISH', a.nudge, 'wait')
+return {'wait'}
+"""
+
+CLAIM = _METER + _WAITING + _GRANT + r"""
+-- A waiter takes the sandbox promised to it, as a new session (the lease it asked for, at `now`).
+-- KEYS[1] the waiter's hash      KEYS[2] the new session's hash   KEYS[3] deadlines zset
+-- KEYS[4] workspace sessions set KEYS[5] usage total hash          KEYS[6] usage day hash
+-- KEYS[7] usage workspaces set   KEYS[8] usage event stream       KEYS[9] pool leased set
+-- KEYS[10] pool waiters set      KEYS[11] workspace waiters set    KEYS[12] pool queued set
+-- KEYS[13] pool wait ring        KEYS[14] the workspace's wait queue in the pool
+-- ARGV[1] {now, bucket}, JSON
+-- Returns {'ok', sandbox, address, secret} | {'waiting'} (nothing promised yet) | {'gone'} (no such waiter).
+local f = redis.call('HMGET', KEYS[1], 'state', 'sandbox', 'lease')
+if not f[1] then return {'gone'} end
+if f[1] ~= 'promised' then return {'waiting'} end
+local a = cjson.decode(f[3])
+local now = cjson.decode(ARGV[1])
+a.now, a.bucket = now.now, now.bucket
+local sandbox = f[2]
+local sandbox_key = a.sandbox_prefix .. sandbox
+local s = redis.call('HMGET', sandbox_key, 'state', 'promised_to', 'address', 'secret')
+if s[1] ~= 'promised' or s[2] ~= a.session then
+  -- The promised sandbox was lost meanwhile (destroyed, reconciled): queue again, first in line.
+  redis.call('HSET', KEYS[1], 'state', 'queued', 'sandbox', '')
+  redis.call('SADD', KEYS[12], a.session)
+  if redis.call('LPUSH', KEYS[14], a.session) == 1 then redis.call('LPUSH', KEYS[13], a.workspace) end
+  redis.call('PUBLISH', a.nudge, 'wait')
+  return {'waiting'}
+end
+grant(a, sandbox, sandbox_key, s[3], s[4], {session = KEYS[2], deadlines = KEYS[3], ws_sessions = KEYS[4],
+  usage_total = KEYS[5], usage_day = KEYS[6], usage_workspaces = KEYS[7], events = KEYS[8], leased = KEYS[9]})
+redis.call('SREM', KEYS[10], a.session)
+redis.call('SREM', KEYS[11], a.session)
+redis.call('DEL', KEYS[1])
+return {'ok', sandbox, s[3], s[4]}
+"""
+
+CANCEL_WAIT = _METER + _WAITING + r"""
+-- A waiter stops waiting (its wait ended, or its client left): it leaves the queue, and a sandbox
+-- promised to it goes to the next waiter or back to the ready list (it was never leased).
+-- KEYS[1] the waiter's hash      KEYS[2] pool waiters set          KEYS[3] pool queued set
+-- KEYS[4] pool wait ring         KEYS[5] the workspace's wait queue in the pool
+-- KEYS[6] workspace waiters set  KEYS[7] pool ready list
+-- KEYS[8] usage total hash       KEYS[9] usage day hash    KEYS[10] usage workspaces set
+-- KEYS[11] usage event stream
+-- ARGV[1] {waiter, workspace, pool, now, timed_out (meter a `start_timeout` refusal), retention,
+--          maxlen, sandbox_prefix, queue_prefix, waiter_prefix, promised (channel)}, JSON
+-- Returns 1.
+local a = cjson.decode(ARGV[1])
+local f = redis.call('HMGET', KEYS[1], 'state', 'sandbox')
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], a.waiter)
+redis.call('SREM', KEYS[3], a.waiter)
+redis.call('SREM', KEYS[6], a.waiter)
+redis.call('LREM', KEYS[5], 0, a.waiter)
+if redis.call('LLEN', KEYS[5]) == 0 then redis.call('LREM', KEYS[4], 0, a.workspace) end
+if f[1] == 'promised' and f[2] and f[2] ~= '' then
+  local key = a.sandbox_prefix .. f[2]
+  if redis.call('HGET', key, 'state') == 'promised' and redis.call('HGET', key, 'promised_to') == a.waiter then
+    hand_on(f[2], key, KEYS[7], true, KEYS[4], a.queue_prefix, a.waiter_prefix, KEYS[3], a.promised)
+  end
+end
+if a.timed_out then
+  meter(KEYS[8], KEYS[9], KEYS[10], a.workspace, a.retention, 'capacity_refusals', 1)
+  event(KEYS[11], a.maxlen, {'type', 'capacity_refusal', 'workspace', a.workspace, 'ts', tostring(a.now),
+    'pool', a.pool, 'limit', 'start_timeout'})
+end
+return 1
 """
 
 TOUCH = r"""
@@ -202,6 +346,7 @@ RELEASE = _METER + r"""
 -- ARGV[12] usage-day retention (s)  ARGV[13] stream maxlen  ARGV[14] pool events channel
 -- ARGV[15], ARGV[16] pool leased set key   = ARGV[15] .. pool .. ARGV[16]
 -- ARGV[17] released-sessions channel (every scheduler replica ends the session's calls in flight)
+-- ARGV[18], ARGV[19] release rate bucket key = ARGV[18] .. pool .. ARGV[19] (counted per 10 seconds)
 -- Returns {reason, session_seconds, address, sandbox, workspace, pool} or nil (nothing released).
 -- `reap` re-checks the deadline here, so replicas racing over one session are harmless.
 local sid, now, mode = ARGV[1], tonumber(ARGV[3]), ARGV[4]
@@ -236,6 +381,9 @@ event(KEYS[5], ARGV[13], {'type', 'session_released', 'workspace', ws, 'ts', ARG
   'pool', f[6], 'sandbox', sandbox, 'reason', reason, 'session_seconds', used})
 redis.call('PUBLISH', ARGV[14], sandbox)
 redis.call('PUBLISH', ARGV[17], sid)
+local bucket = ARGV[18] .. (f[6] or '') .. ARGV[19]
+redis.call('INCR', bucket)
+redis.call('EXPIRE', bucket, 120)
 return {reason, used, f[5], sandbox, ws, f[6]}
 """
 
@@ -243,9 +391,11 @@ POOL_STATS = r"""
 -- Count a pool's sandboxes by state (read only; bounded by the pool's ceiling).
 -- KEYS[1] pool members set   ARGV[1] sandbox key prefix
 -- Returns {starting, ready, leased, doomed}.
+-- (A sandbox promised to a waiter counts as leased: it is taken.)
 local counts = {starting = 0, ready = 0, leased = 0, doomed = 0}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local state = redis.call('HGET', ARGV[1] .. id, 'state')
+  if state == 'promised' then state = 'leased' end
   if state and counts[state] then counts[state] = counts[state] + 1 end
 end
 return {counts.starting, counts.ready, counts.leased, counts.doomed}
@@ -268,21 +418,21 @@ redis.call('SADD', KEYS[2], ARGV[1])
 return 1
 """
 
-PUBLISH_READY = r"""
--- A started sandbox's agent answers: make it leasable.
--- KEYS[1] sandbox hash, KEYS[2] pool ready list, KEYS[3] pool members set
--- ARGV: sandbox_id, address, secret, ready_at, record_ttl_ms
--- -> 1 published; 0 the record is no longer `starting` (forgotten or doomed meanwhile):
---    the caller must destroy what it created, nobody else will lease it.
+PUBLISH_READY = _WAITING + r"""
+-- A started sandbox's agent answers: promise it to the next waiter, or make it leasable.
+-- KEYS[1] sandbox hash, KEYS[2] pool ready list, KEYS[3] pool members set, KEYS[4] pool wait ring,
+-- KEYS[5] pool queued set
+-- ARGV: sandbox_id, address, secret, ready_at, record_ttl_ms, wait queue prefix, waiter prefix,
+--       promised channel
+-- -> 2 promised to a waiter, 1 published ready; 0 the record is no longer `starting` (forgotten or
+--    doomed meanwhile): the caller must destroy what it created, nobody else will lease it.
 if redis.call('HGET', KEYS[1], 'state') ~= 'starting'
    or redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 0 then
   return 0
 end
-redis.call('HSET', KEYS[1], 'state', 'ready', 'address', ARGV[2], 'secret', ARGV[3],
-           'ready_at', ARGV[4])
+redis.call('HSET', KEYS[1], 'address', ARGV[2], 'secret', ARGV[3], 'ready_at', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('RPUSH', KEYS[2], ARGV[1])
-return 1
+return hand_on(ARGV[1], KEYS[1], KEYS[2], false, KEYS[4], ARGV[6], ARGV[7], KEYS[5], ARGV[8])
 """
 
 FORGET = r"""
@@ -316,6 +466,60 @@ for _ = 1, tonumber(ARGV[2]) do
   end
 end
 return retired
+"""
+
+SWEEP_WAITERS = _WAITING + r"""
+-- Forget waiters whose scheduler vanished (their hash expired) and hand on what was promised to them.
+-- KEYS[1] pool waiters set, KEYS[2] pool queued set, KEYS[3] pool wait ring, KEYS[4] pool ready list,
+-- KEYS[5] pool members set
+-- ARGV: waiter prefix, sandbox prefix, wait queue prefix, promised channel
+-- -> how many waiters were forgotten plus how many promised sandboxes were handed on.
+local fixed = 0
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if redis.call('EXISTS', ARGV[1] .. id) == 0 then
+    redis.call('SREM', KEYS[1], id)
+    redis.call('SREM', KEYS[2], id)
+    fixed = fixed + 1
+  end
+end
+for _, sandbox in ipairs(redis.call('SMEMBERS', KEYS[5])) do
+  local key = ARGV[2] .. sandbox
+  local f = redis.call('HMGET', key, 'state', 'promised_to')
+  if f[1] == 'promised' and (not f[2] or redis.call('HGET', ARGV[1] .. f[2], 'sandbox') ~= sandbox) then
+    hand_on(sandbox, key, KEYS[4], true, KEYS[3], ARGV[3], ARGV[1], KEYS[2], ARGV[4])
+    fixed = fixed + 1
+  end
+end
+return fixed
+"""
+
+LOST = r"""
+-- The provider says a sandbox died on its own: nobody may lease it any more. A ready one leaves the
+-- ready list now (atomically with leases), a promised one's waiter is queued again; either is doomed.
+-- (A leased one's session is released by the release script: its reason is `dead`.)
+-- KEYS[1] sandbox hash, KEYS[2] pool ready list, KEYS[3] doomed set, KEYS[4] pool queued set,
+-- KEYS[5] pool wait ring
+-- ARGV: sandbox_id, waiter prefix, wait queue prefix, nudge channel
+-- -> {state before, session ('' when none)}.
+local f = redis.call('HMGET', KEYS[1], 'state', 'session', 'promised_to')
+local state = f[1] or ''
+if state == 'ready' or state == 'starting' then
+  redis.call('LREM', KEYS[2], 0, ARGV[1])
+elseif state == 'promised' and f[3] then
+  local waiter = ARGV[2] .. f[3]
+  local w = redis.call('HMGET', waiter, 'state', 'workspace')
+  if w[1] == 'promised' then
+    redis.call('HSET', waiter, 'state', 'queued', 'sandbox', '')
+    redis.call('SADD', KEYS[4], f[3])
+    if redis.call('LPUSH', ARGV[3] .. w[2], f[3]) == 1 then redis.call('LPUSH', KEYS[5], w[2]) end
+  end
+end
+if state ~= '' and state ~= 'leased' and state ~= 'doomed' then
+  redis.call('HSET', KEYS[1], 'state', 'doomed')
+  redis.call('SADD', KEYS[3], ARGV[1])
+end
+redis.call('PUBLISH', ARGV[4], ARGV[1])
+return {state, f[2] or ''}
 """
 
 # --- the controller's leader lease ------------------------------------------------------------

@@ -34,6 +34,14 @@ def _split(template: str) -> tuple[str, str]:
     return head, tail
 
 
+RATE_BUCKET_SECONDS = 10
+
+
+def rate_bucket(now: float) -> int:
+    """The 10-second bucket lease and release rates are counted in (a minute is six of them)."""
+    return int(now // RATE_BUCKET_SECONDS)
+
+
 @dataclass(frozen=True)
 class SessionLimits:
     """What is in force for one session, reported on its handle."""
@@ -54,7 +62,17 @@ class Leased:
 @dataclass(frozen=True)
 class Refused:
     kind: str  # "capacity" | "quota"
-    limit: str  # "capacity" or the name of the workspace limit that refused
+    limit: str  # "at_capacity" or the name of the workspace limit that refused
+    waiters: int = 0  # at capacity: how many callers the pool had promised slots to
+    releases_per_minute: int = 0  # at capacity: the pool's releases over the last minute
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """No sandbox was ready, the pool is below its ceiling: the caller is queued as waiter
+    `waiter` (its session id) until one is promised to it (`claim`) or it gives up (`cancel_wait`)."""
+
+    waiter: str
 
 
 @dataclass(frozen=True)
@@ -121,6 +139,8 @@ class SessionStore:
         self.redis = client
         self.keys = keys
         self._lease = client.register_script(scripts.LEASE)
+        self._claim = client.register_script(scripts.CLAIM)
+        self._cancel_wait = client.register_script(scripts.CANCEL_WAIT)
         self._touch = client.register_script(scripts.TOUCH)
         self._done = client.register_script(scripts.DONE)
         self._release = client.register_script(scripts.RELEASE)
@@ -128,11 +148,13 @@ class SessionStore:
         self._ws_sessions = _split(keys.workspace_sessions(_HOLE))
         self._usage_total = _split(keys.usage_total(_HOLE))
         self._pool_leased = _split(keys.pool_leased(_HOLE))
+        self._release_rate = _split(keys.pool_rate_prefix(_HOLE, "releases"))
 
     @translated
     async def load_scripts(self) -> None:
         """Load every script up front so the first request pays no SCRIPT LOAD."""
-        for script in (self._lease, self._touch, self._done, self._release, self._pool_stats):
+        for script in (self._lease, self._claim, self._cancel_wait, self._touch, self._done, self._release,
+                       self._pool_stats):
             await self.redis.script_load(script.script)
 
     @translated
@@ -141,28 +163,88 @@ class SessionStore:
 
     @translated
     async def lease(self, *, session_id: str, workspace: str, pool: str, image: str, now: float,
-                    limits: SessionLimits, workspace_limits: Mapping[str, int],
-                    meter_capacity_refusal: bool = True) -> Leased | Refused:
-        """Lease a ready sandbox of `pool` for a new session, within the workspace's lease limits."""
+                    limits: SessionLimits, workspace_limits: Mapping[str, int], ceiling: int = 1 << 30,
+                    wait_seconds: float = 0.0) -> Leased | Waiting | Refused:
+        """Lease a ready sandbox of `pool` for a new session, within the workspace's lease limits.
+
+        With none ready, the pool below its `ceiling` and `wait_seconds` > 0, the caller is queued
+        (`Waiting`); a pool at its ceiling is a capacity refusal, metered."""
         k = self.keys
         request = {
             "session": session_id, "workspace": workspace, "pool": pool, "image": image, "now": repr(now),
             "idle": limits.idle_timeout_seconds, "lifetime": limits.max_lifetime_seconds,
             "exec": limits.exec_timeout_seconds, "max_exec": limits.max_exec_timeout_seconds,
             "limits": {name: int(value) for name, value in workspace_limits.items()},
-            "meter_refusal": meter_capacity_refusal, "retention": RETENTION_SECONDS,
-            "maxlen": USAGE_STREAM_MAXLEN, "expiry_margin": KEY_EXPIRY_MARGIN_SECONDS, "nudge": k.pool_events,
-            "sandbox_prefix": k.sandbox_prefix, "session_prefix": k.session_prefix,
+            "ceiling": ceiling, "wait": wait_seconds, "bucket": rate_bucket(now),
+            "lease_rate_prefix": k.pool_rate_prefix(pool, "leases"),
+            "release_rate_prefix": k.pool_rate_prefix(pool, "releases"),
+            "retention": RETENTION_SECONDS, "maxlen": USAGE_STREAM_MAXLEN, "expiry_margin": KEY_EXPIRY_MARGIN_SECONDS,
+            "nudge": k.pool_events, "sandbox_prefix": k.sandbox_prefix, "session_prefix": k.session_prefix,
+            "waiter_prefix": k.waiter_prefix,
         }
         result = await self._lease(
             keys=[k.pool_ready(pool), k.session(session_id), k.deadlines, k.workspace_sessions(workspace),
                   k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
-                  k.usage_events, k.doomed, k.pool_leased(pool)],
+                  k.usage_events, k.doomed, k.pool_leased(pool), k.pool_waiters(pool), k.pool_queued(pool),
+                  k.pool_wait_ring(pool), k.pool_wait_queue(pool, workspace), k.waiter(session_id),
+                  k.workspace_waiters(workspace)],
             args=[json.dumps(request, separators=(",", ":"))],
         )
         if result[0] == "ok":
             return Leased(sandbox=result[1], address=result[2], secret=result[3])
-        return Refused(kind=result[0], limit=result[1] if len(result) > 1 else "capacity")
+        if result[0] == "wait":
+            return Waiting(waiter=session_id)
+        if result[0] == "capacity":
+            return Refused(kind="capacity", limit="at_capacity", waiters=int(result[1]),
+                           releases_per_minute=int(result[2]))
+        return Refused(kind=result[0], limit=result[1])
+
+    @translated
+    async def claim(self, *, waiter: str, workspace: str, pool: str, now: float) -> Leased | Waiting | None:
+        """Take the sandbox promised to `waiter` as its session; `Waiting` while none is, None when the
+        waiter is gone (it expired)."""
+        k = self.keys
+        result = await self._claim(
+            keys=[k.waiter(waiter), k.session(waiter), k.deadlines, k.workspace_sessions(workspace),
+                  k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
+                  k.usage_events, k.pool_leased(pool), k.pool_waiters(pool), k.workspace_waiters(workspace),
+                  k.pool_queued(pool), k.pool_wait_ring(pool), k.pool_wait_queue(pool, workspace)],
+            args=[json.dumps({"now": repr(now), "bucket": rate_bucket(now)})],
+        )
+        if result[0] == "ok":
+            return Leased(sandbox=result[1], address=result[2], secret=result[3])
+        return Waiting(waiter=waiter) if result[0] == "waiting" else None
+
+    @translated
+    async def cancel_wait(self, *, waiter: str, workspace: str, pool: str, now: float, timed_out: bool) -> None:
+        """Stop waiting; a sandbox already promised goes to the next waiter or back to the ready list."""
+        k = self.keys
+        request = {"waiter": waiter, "workspace": workspace, "pool": pool, "now": repr(now), "timed_out": timed_out,
+                   "retention": RETENTION_SECONDS, "maxlen": USAGE_STREAM_MAXLEN, "sandbox_prefix": k.sandbox_prefix,
+                   "queue_prefix": k.pool_wait_queue_prefix(pool), "waiter_prefix": k.waiter_prefix,
+                   "promised": k.promised}
+        await self._cancel_wait(
+            keys=[k.waiter(waiter), k.pool_waiters(pool), k.pool_queued(pool), k.pool_wait_ring(pool),
+                  k.pool_wait_queue(pool, workspace), k.workspace_waiters(workspace), k.pool_ready(pool),
+                  k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
+                  k.usage_events],
+            args=[json.dumps(request, separators=(",", ":"))])
+
+    @translated
+    async def promised(self, waiters: list[str]) -> set[str]:
+        """Which of these waiters have a sandbox promised (or are gone: they must look), in one round trip."""
+        if not waiters:
+            return set()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for waiter in waiters:
+                pipe.hget(self.keys.waiter(waiter), "state")
+            states = await pipe.execute()
+        return {waiter for waiter, state in zip(waiters, states) if state != "queued"}
+
+    @translated
+    async def last_error(self, pool: str) -> str:
+        """The provider's last error starting a sandbox of `pool` ('' when none is recorded)."""
+        return str(await self.redis.get(self.keys.pool_last_error(pool)) or "")
 
     @translated
     async def touch(self, *, session_id: str, workspace: str, now: float, busy_for: float) -> Target | None:
@@ -199,7 +281,8 @@ class SessionStore:
             keys=[k.session(session_id), k.deadlines, k.doomed, k.usage_workspaces, k.usage_events],
             args=[session_id, workspace or "", repr(now), mode, k.sandbox_prefix, *self._ws_sessions,
                   *self._usage_total, day_head, day_tail, RETENTION_SECONDS, USAGE_STREAM_MAXLEN,
-                  k.pool_events, *self._pool_leased, k.released_sessions],
+                  k.pool_events, *self._pool_leased, k.released_sessions, self._release_rate[0],
+                  self._release_rate[1] + str(rate_bucket(now))],
         )
         if not result:
             return None

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from sandpool.core.settings import ServiceSettings, add_settings_arguments, flag_name
 
 SCHEDULER_FIELDS = (
-    "pools_file", "capacity_wait_seconds",
+    "pools_file", "max_warm", "capacity_wait_seconds",
     "default_idle_timeout_seconds", "max_idle_timeout_seconds",
     "default_lifetime_seconds", "max_lifetime_seconds",
     "default_exec_timeout_seconds", "max_exec_timeout_seconds", "max_body_bytes",

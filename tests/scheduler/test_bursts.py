@@ -1,0 +1,221 @@
+"""Bursts past the warm pool: callers below the ceiling wait for a sandbox started for them, 503 means full.
+
+Real Redis, the real scheduler with its pool controller, real local sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sched_harness import INTERNAL_TOKEN, ServedApp, tenant_headers, wait_for
+
+PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """The local provider's directory; every sandbox left in it is destroyed afterwards."""
+    from sandpool.providers import build_provider
+
+    path = Path(tempfile.mkdtemp(prefix="spb"))
+    yield path
+
+    async def destroy_all() -> None:
+        provider = build_provider("local", None, data_dir=path)
+        await provider.start()
+        try:
+            await provider.destroy_all()
+        finally:
+            await provider.close()
+
+    asyncio.run(destroy_all())
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def pool(data_dir: Path, scheduler: Callable[..., ServedApp]) -> Callable[..., ServedApp]:
+    """A standalone scheduler with its controller and local sandboxes, warm before it is returned."""
+
+    def make(**settings: object) -> ServedApp:
+        values = {"controller": True, "data_dir": data_dir, "capacity_wait_seconds": 30, **settings}
+        app = scheduler(**values)
+        wait_for(lambda: httpx.get(app.url + "/readyz").status_code == 200, timeout=30, what="ready")
+        return app
+
+    return make
+
+
+async def burst(url: str, count: int, *, headers: dict[str, str] | None = None,
+                timeout: float = 60) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=count + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, headers=headers) as client:
+        return await asyncio.gather(*(client.post("/sessions", json={}) for _ in range(count)))
+
+
+def ready(r, keys, pool: str = "default") -> int:  # type: ignore[no-untyped-def]
+    return int(r.llen(keys.pool_ready(pool)))
+
+
+def no_waiters_left(r, keys, pool: str = "default") -> bool:  # type: ignore[no-untyped-def]
+    return (r.scard(keys.pool_waiters(pool)) == 0 and r.scard(keys.pool_queued(pool)) == 0
+            and not r.exists(keys.pool_wait_ring(pool)) and not list(r.scan_iter(keys.waiter_prefix + "*")))
+
+
+def test_a_burst_of_20_on_a_warm_pool_of_2_below_the_ceiling_is_served_whole(pool, r, keys) -> None:
+    app = pool(pool_size=2, max_sandboxes=32)
+    wait_for(lambda: ready(r, keys) == 2, timeout=30, what="two warm sandboxes")
+    answers = asyncio.run(burst(app.url, 20))
+    assert [a.status_code for a in answers] == [201] * 20, [a.text for a in answers if a.status_code != 201]
+    sessions = [a.json()["session_id"] for a in answers]
+    sandboxes = {r.hget(keys.session(sid), "sandbox") for sid in sessions}
+    assert len(sandboxes) == 20  # one sandbox per session, never shared
+    with httpx.Client(base_url=app.url, timeout=60) as client:
+        for sid in sessions:
+            result = client.post(f"/sessions/{sid}/exec", json=PRINT_1).json()["result_block"]["content"]
+            assert result["stdout"] == "1\n"
+            assert client.delete(f"/sessions/{sid}").status_code == 204
+    assert "capacity_refusals" not in r.hgetall(keys.usage_total("_standalone"))  # waiting is not a refusal
+    assert no_waiters_left(r, keys)
+
+
+def test_at_the_ceiling_503_at_capacity_comes_at_once(pool, r, keys) -> None:
+    app = pool(pool_size=2, max_sandboxes=5)
+    wait_for(lambda: ready(r, keys) == 2, timeout=30, what="two warm sandboxes")
+    started = time.monotonic()
+    answers = asyncio.run(burst(app.url, 20))
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [201] * 5 + [503] * 15
+    refused = [a for a in answers if a.status_code == 503]
+    assert all(a.json()["reason"] == "at_capacity" for a in refused)
+    assert all(1 <= int(a.headers["retry-after"]) <= 60 for a in refused)
+    # Refused at once, not after the capacity wait (30 s): the 5 granted needed starts, the 15 did not.
+    assert time.monotonic() - started < 30
+    total = r.hgetall(keys.usage_total("_standalone"))
+    assert total["capacity_refusals"] == "15" and total["sessions_created"] == "5"
+    assert no_waiters_left(r, keys)
+
+
+def test_a_provider_that_cannot_start_gives_start_timeout_after_the_wait(redis_url, redis_prefix, r, keys,
+                                                                         data_dir) -> None:
+    from sandpool.providers.local.provider import LocalProvider
+    from sandpool.providers.local.settings import LocalProviderSettings
+    from sandpool.scheduler.app import create_app
+    from sandpool.scheduler.settings import SchedulerSettings
+
+    broken = LocalProvider(LocalProviderSettings(data_dir=data_dir, launcher="subprocess",
+                                                 agent_python="/nonexistent/python"))
+    settings = SchedulerSettings(standalone=True, redis_url=redis_url, redis_prefix=redis_prefix, pool_size=0,
+                                 max_sandboxes=4, capacity_wait_seconds=2)
+    app = ServedApp(create_app(settings, provider=broken)).start()
+    try:
+        answer = httpx.post(app.url + "/sessions", json={}, timeout=30)
+    finally:
+        app.stop()
+    assert answer.status_code == 503 and answer.json()["reason"] == "start_timeout", answer.text
+    assert no_waiters_left(r, keys)
+    assert r.get(keys.pool_last_error("default")), "the provider's last error is kept for the log"
+    refusals = [e for _, e in r.xrange(keys.usage_events) if e["type"] == "capacity_refusal"]
+    assert [e["limit"] for e in refusals] == ["start_timeout"]
+
+
+def test_a_waiter_that_disconnects_leaks_nothing_and_its_sandbox_goes_to_the_pool(pool, r, keys) -> None:
+    app = pool(pool_size=0, max_sandboxes=3)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(app.url + "/sessions", json={}, timeout=0.05)  # gives up before any sandbox can start
+    # The sandbox started for it lands in the warm pool (nobody waits for it any more): no session, no
+    # waiter, no promise left anywhere.
+    wait_for(lambda: no_waiters_left(r, keys), timeout=10, what="the waiter gone")
+    wait_for(lambda: ready(r, keys) >= 1, timeout=30, what="its sandbox in the warm pool")
+    assert not list(r.scan_iter(keys.session_prefix + "*"))
+    states = {r.hget(keys.sandbox(s), "state") for s in r.smembers(keys.pool_members("default"))}
+    assert "promised" not in states and "leased" not in states
+    assert "sessions_created" not in r.hgetall(keys.usage_total("_standalone"))
+
+
+def test_one_workspaces_burst_does_not_starve_another_asking_for_one(data_dir, tenant_scheduler, r, keys) -> None:
+    app = tenant_scheduler(controller=True, data_dir=data_dir, capacity_wait_seconds=60, pool_size=0,
+                           max_sandboxes=32)
+    wait_for(lambda: httpx.get(app.url + "/readyz").status_code == 200, timeout=30, what="ready")
+
+    async def scenario() -> tuple[list[httpx.Response], httpx.Response]:
+        bursting = asyncio.ensure_future(burst(app.url, 50, headers=tenant_headers("bursty", max_concurrent=20)))
+        await asyncio.sleep(0.3)  # the burst is queued (20 waiters, 30 refused by its own quota)
+        async with httpx.AsyncClient(base_url=app.url, timeout=60) as client:
+            lone = await client.post("/sessions", json={}, headers=tenant_headers("quiet"))
+        return await bursting, lone
+
+    answers, lone = asyncio.run(scenario())
+    assert lone.status_code == 201, lone.text
+    assert sorted(a.status_code for a in answers) == [201] * 20 + [429] * 30  # its waiters count to its quota
+    created = [e for _, e in r.xrange(keys.usage_events) if e["type"] == "session_created"]
+    order = [e["workspace"] for e in created]
+    # Round-robin across workspaces: the lone caller, queued after 20 waiters of the other workspace,
+    # is served with the next sandboxes started, not after the whole burst.
+    assert order.index("quiet") < 12, order
+    assert no_waiters_left(r, keys)
+
+
+def test_the_warm_target_follows_demand_between_floor_and_cap(data_dir, redis_url, redis_prefix) -> None:
+    """A steady 2-3 leases/s lifts the target above the floor; once it stops, the target comes back down."""
+    from sandpool.pool.controller import PoolController
+    from sandpool.pool.provider import PoolSpec
+    from sandpool.providers import build_provider
+    from sandpool.state import close, connect
+    from sandpool.state.keys import Keys
+    from sandpool.state.sessions import Leased, SessionLimits, SessionStore
+
+    limits = SessionLimits(idle_timeout_seconds=60, max_lifetime_seconds=600, exec_timeout_seconds=30,
+                           max_exec_timeout_seconds=30)
+
+    async def scenario() -> tuple[list[tuple[int, float, float]], list[int]]:
+        redis = connect(redis_url, timeout=5)
+        keys = Keys(redis_prefix)
+        provider = build_provider("local", None, data_dir=data_dir)
+        await provider.start()
+        spec = PoolSpec(name="default", image="python", warm=1, max_warm=6, ceiling=12)
+        # A short test: the rate over 20 s instead of a minute, a bigger margin, a quick shrink.
+        controller = PoolController(redis, keys, provider, [spec], replica_id="test", demand_seconds=0.2,
+                                    demand_window_buckets=2, demand_headroom=20.0, demand_shrink_seconds=0.3)
+        target = controller.targets["default"]
+        running = asyncio.create_task(controller.run())
+        store = SessionStore(redis, keys)
+        rising: list[tuple[int, float, float]] = []  # (target, lease rate, start time estimate)
+        falling: list[int] = []
+        try:
+            for n in range(12):  # ~2.5 sessions a second for 5 seconds
+                lease = await store.lease(session_id=f"s{n}", workspace="w", pool="default", image="python",
+                                          now=time.time(), limits=limits, workspace_limits={}, ceiling=12,
+                                          wait_seconds=30)
+                if not isinstance(lease, Leased):
+                    for _ in range(300):
+                        claimed = await store.claim(waiter=f"s{n}", workspace="w", pool="default", now=time.time())
+                        if isinstance(claimed, Leased):
+                            break
+                        await asyncio.sleep(0.05)
+                await store.release(session_id=f"s{n}", workspace="w", now=time.time(), mode="destroy")
+                rising.append((target.target, round(target.lease_rate, 2), round(target.start_seconds, 2)))
+                await asyncio.sleep(0.4)
+            deadline = time.monotonic() + 40  # the leases age out of the two 10-second buckets
+            while time.monotonic() < deadline and target.target > spec.warm:
+                falling.append(target.target)
+                await asyncio.sleep(0.5)
+            falling.append(target.target)
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            await provider.destroy_all()
+            await provider.close()
+            await close(redis)
+        return rising, falling
+
+    rising, falling = asyncio.run(scenario())
+    assert max(t for t, _, _ in rising) > 1, rising  # above the floor under load
+    assert max(t for t, _, _ in rising) <= 6  # never past the cap
+    assert falling[-1] == 1, falling  # back to the floor once the load stopped
