@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from asyncio.trsock import TransportSocket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-
 from sandpool.scheduler.forward import AGENT_TCP_SOCKET_OPTIONS, AgentClients
 
 
@@ -37,7 +37,7 @@ async def tcp_agent() -> AsyncIterator[str]:
     await server.wait_closed()
 
 
-def options(sock: socket.socket) -> dict[str, int]:
+def options(sock: socket.socket | TransportSocket) -> dict[str, int]:
     out = {"SO_KEEPALIVE": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)}
     for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT", "TCP_USER_TIMEOUT"):
         if hasattr(socket, name):
@@ -49,11 +49,13 @@ async def test_a_real_connection_to_an_agent_probes_a_silent_peer(tcp_agent: str
     clients = AgentClients(max_clients=4, connect_timeout=2)
     slot = clients.take(tcp_agent)
     try:
-        async with slot.client.stream("GET", "/healthz") as response:
-            assert response.status_code == 200
-            sock = response.extensions["network_stream"].get_extra_info("socket")
-            assert sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM
-            found = options(sock)
+        response = await slot.pool.request("GET", "/healthz", timeout=5)
+        assert response.status == 200 and await response.read() == b"ok"
+        sock = response.transport_info("socket")
+        assert isinstance(sock, (socket.socket, TransportSocket))
+        assert sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM
+        found = options(sock)
+        await response.close()
     finally:
         clients.give_back(slot)
         await clients.aclose()
@@ -73,11 +75,13 @@ async def test_unix_socket_agents_get_no_tcp_options(tmp_path: Path) -> None:
     clients = AgentClients(max_clients=4, connect_timeout=2)
     slot = clients.take(f"unix://{path}")
     try:
-        async with slot.client.stream("GET", "/healthz") as response:
-            assert response.status_code == 200
-            sock = response.extensions["network_stream"].get_extra_info("socket")
-            assert sock.family == socket.AF_UNIX
-            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+        response = await slot.pool.request("GET", "/healthz", timeout=5)
+        assert response.status == 200 and await response.read() == b"ok"
+        sock = response.transport_info("socket")
+        assert isinstance(sock, (socket.socket, TransportSocket))
+        assert sock.family == socket.AF_UNIX
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+        await response.close()
     finally:
         clients.give_back(slot)
         await clients.aclose()

@@ -29,10 +29,10 @@ from sandpool.core.serve import StartFailed
 from sandpool.pool.provider import PoolSpec, Provider, ProviderError
 from sandpool.scheduler.caller import CallerResolver
 from sandpool.scheduler.forward import AgentClients
+from sandpool.scheduler.limits import Ceilings
 from sandpool.scheduler.metrics import SERVICE, SchedulerMetrics
 from sandpool.scheduler.pools import PoolDirectory, pools_from_settings
 from sandpool.scheduler.reaper import Reaper
-from sandpool.scheduler.limits import Ceilings
 from sandpool.scheduler.service import Scheduler, read_capped
 from sandpool.scheduler.settings import SchedulerSettings
 from sandpool.scheduler.waiting import Waiters

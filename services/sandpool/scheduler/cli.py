@@ -7,7 +7,12 @@ import importlib
 import logging
 from typing import Any
 
-from sandpool.core.settings import ServiceSettings, add_settings_arguments, dump_settings, settings_from_args
+from sandpool.core.settings import (
+    ServiceSettings,
+    add_settings_arguments,
+    dump_settings,
+    settings_from_args,
+)
 from sandpool.scheduler.settings import SchedulerSettings
 
 # provider name -> (module, class) of its own settings, added to the flags when importable.

@@ -1,10 +1,10 @@
-"""HTTP clients to sandbox agents, and the header rules of a forwarded call.
+"""Connections to sandbox agents, and the header rules of a forwarded call.
 
-One pooled httpx client per agent address (`http://host:port` or
-`unix:///path`), kept in a bounded LRU. A client in use is never closed under a
-call: an evicted one is retired and closed when its last call ends. Clients
-never read proxy settings from the environment and never ask for compressed
-bodies, so bytes pass through exactly as the agent wrote them.
+One pool of keep-alive connections per agent address (`http://host:port` or
+`unix:///path`, `core.hop`), kept in a bounded LRU. A pool in use is never
+closed under a call: an evicted one is retired and closed when its last call
+ends. Calls never ask for compressed bodies, so bytes pass through exactly as
+the agent wrote them.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import asyncio
 import logging
 import socket
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-import httpx
+from sandpool.core.hop import HopPool, Peer
 
 log = logging.getLogger(__name__)
 
@@ -50,51 +51,41 @@ class BadAddress(ValueError):
     """An agent address that is neither `http://` nor `unix://`."""
 
 
-def request_headers(incoming: list[tuple[bytes, bytes]], *, secret: str, request_id: str) -> dict[str, str]:
-    """The headers sent to an agent: a small allow-list plus the agent's own credential."""
-    out: dict[str, str] = {}
+def request_headers(incoming: list[tuple[bytes, bytes]], *, secret: str, request_id: str) -> list[tuple[str, str]]:
+    """The headers sent to an agent: a small allow-list plus the agent's own credential
+    (the body's framing is the client's: its content-length goes separately)."""
+    out: list[tuple[str, str]] = []
     for raw_name, raw_value in incoming:
         name = raw_name.decode("latin-1").lower()
-        if name in FORWARDED_REQUEST_HEADERS and name != "x-request-id":
-            out[name] = raw_value.decode("latin-1")
-    out["authorization"] = f"Bearer {secret}"
-    out["x-request-id"] = request_id
-    out["accept-encoding"] = "identity"
+        if name in FORWARDED_REQUEST_HEADERS and name not in ("x-request-id", "content-length"):
+            out.append((name, raw_value.decode("latin-1")))
+    out += [("authorization", f"Bearer {secret}"), ("x-request-id", request_id), ("accept-encoding", "identity")]
     return out
 
 
-def response_headers(headers: httpx.Headers) -> dict[str, str]:
-    return {name: headers[name] for name in FORWARDED_RESPONSE_HEADERS if name in headers}
+def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The agent's answer headers the client sees (`X-Sandpool-*` is consumed here)."""
+    return [(name, value) for name, value in headers if name.decode("latin-1") in FORWARDED_RESPONSE_HEADERS]
 
 
-def _build_client(address: str, *, connect_timeout: float) -> httpx.AsyncClient:
-    # Agents speak plain HTTP (a Unix socket locally, a pod IP behind a NetworkPolicy on a
-    # cluster), so no TLS context is built: httpx's default one loads the CA bundle, ~60 ms
-    # of blocked event loop for every new sandbox address.
-    timeout = httpx.Timeout(30.0, connect=connect_timeout)
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=8, keepalive_expiry=30)
-    if address.startswith("unix://"):
-        path = address[len("unix://"):]
-        if not path.startswith("/"):
-            raise BadAddress("unix address must be absolute")
-        transport = httpx.AsyncHTTPTransport(uds=path, retries=0, limits=limits, verify=False)
-        return httpx.AsyncClient(transport=transport, base_url="http://sandbox", timeout=timeout, trust_env=False)
-    if address.startswith("http://"):
-        transport = httpx.AsyncHTTPTransport(retries=0, limits=limits, verify=False,
-                                             socket_options=AGENT_TCP_SOCKET_OPTIONS)
-        return httpx.AsyncClient(transport=transport, base_url=address.rstrip("/"), timeout=timeout,
-                                 trust_env=False)
-    raise BadAddress("unsupported agent address scheme")
+def _pool_for(address: str, *, connect_timeout: float) -> HopPool:
+    try:
+        options = AGENT_TCP_SOCKET_OPTIONS if address.startswith("http://") else ()
+        return HopPool(Peer.from_url(address, socket_options=options), max_connections=64,
+                       connect_timeout=connect_timeout)
+    except ValueError as exc:
+        raise BadAddress(str(exc)) from None
 
 
 @dataclass
 class ClientSlot:
-    """A client checked out for one call; give it back with `AgentClients.give_back`."""
+    """A pool checked out for one call; give it back with `AgentClients.give_back`."""
 
     address: str
-    client: httpx.AsyncClient
+    pool: HopPool
     users: int = 0
     retired: bool = False
+    closed: bool = False
 
 
 class AgentClients:
@@ -110,7 +101,7 @@ class AgentClients:
     def take(self, address: str) -> ClientSlot:
         entry = self._entries.get(address)
         if entry is None:
-            entry = ClientSlot(address=address, client=_build_client(address, connect_timeout=self.connect_timeout))
+            entry = ClientSlot(address=address, pool=_pool_for(address, connect_timeout=self.connect_timeout))
             self._entries[address] = entry
             self._evict()
         else:
@@ -140,7 +131,10 @@ class AgentClients:
             self._close(entry)
 
     def _close(self, entry: ClientSlot) -> None:
-        task = asyncio.get_running_loop().create_task(entry.client.aclose())
+        if entry.closed:
+            return
+        entry.closed = True
+        task = asyncio.get_running_loop().create_task(entry.pool.aclose())
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
@@ -148,6 +142,7 @@ class AgentClients:
         entries = list(self._entries.values())
         self._entries.clear()
         for entry in entries:
-            await entry.client.aclose()
+            entry.closed = True
+            await entry.pool.aclose()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)

@@ -19,13 +19,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from sandpool.contract.models import CreateSessionRequest, UnknownTool, parse_exec_request
+from sandpool.contract.models import (
+    CreateSessionRequest,
+    UnknownTool,
+    parse_exec_request,
+)
 from sandpool.core.errors import (
     AtCapacity,
     BadGateway,
@@ -37,17 +40,24 @@ from sandpool.core.errors import (
     Unavailable,
     UnknownToolKind,
 )
+from sandpool.core.hop import HopBusy, HopConnectError, HopError
 from sandpool.core.logs import request_id_var
 from sandpool.scheduler import limits
 from sandpool.scheduler.caller import Caller
-from sandpool.scheduler.forward import OUTCOME_HEADER, AgentClients, BadAddress, request_headers, response_headers
+from sandpool.scheduler.forward import (
+    OUTCOME_HEADER,
+    AgentClients,
+    BadAddress,
+    request_headers,
+    response_headers,
+)
 from sandpool.scheduler.metrics import EXEC_OUTCOMES, SERVICE, SchedulerMetrics
 from sandpool.scheduler.pools import PoolDirectory
 from sandpool.scheduler.settings import SchedulerSettings
 from sandpool.scheduler.uploads import FileBytes
+from sandpool.scheduler.waiting import Waiters
 from sandpool.state import usage
 from sandpool.state.errors import StateUnavailable
-from sandpool.scheduler.waiting import Waiters
 from sandpool.state.sessions import Leased, Refused, SessionStore, Target, Waiting
 
 log = logging.getLogger(__name__)
@@ -385,6 +395,7 @@ class Scheduler:
 
         return await self._forward(caller, session_id, target, request, "POST", f"/sessions/{session_id}/files",
                                    content=stream(), read_timeout=self.settings.forward_timeout_seconds,
+                                   content_length=int(declared) if declared and declared.isdigit() else None,
                                    meter=metered)
 
     async def _file_target(self, caller: Caller, session_id: str) -> Target:
@@ -403,7 +414,7 @@ class Scheduler:
 
     async def _forward(
         self, caller: Caller, session_id: str, target: Target, request: Request, method: str, path: str, *,
-        read_timeout: float, content: bytes | AsyncIterator[bytes] | None = None,
+        read_timeout: float, content: bytes | AsyncIterator[bytes] | None = None, content_length: int | None = None,
         meter: Callable[[int, str, float, int], Awaitable[Metered]] | None = None,
     ) -> Response:
         """Send one call to the agent and stream its answer back; meter it once it has been relayed.
@@ -413,21 +424,17 @@ class Scheduler:
         """
         query = request.scope.get("query_string", b"")
         url = path + ("?" + query.decode("latin-1") if query else "")
-        headers = request_headers(request.headers.raw, secret=target.secret,
-                                  request_id=request_id_var.get() or "")
-        if isinstance(content, bytes):
-            headers.pop("content-length", None)  # httpx sets the length of the bytes actually sent
+        headers = request_headers(request.headers.raw, secret=target.secret, request_id=request_id_var.get() or "")
         try:
             entry = self.clients.take(target.address)
         except BadAddress:
             await self._release_dead(caller, session_id, target.address)
             raise BadGateway("the session's sandbox has no usable address; the session is gone") from None
-        timeout = httpx.Timeout(read_timeout, connect=self.settings.forward_connect_timeout_seconds)
         started = time.monotonic()
         # The call is a future of its own so that a release of the session (from any replica: the
         # `released` channel) cuts it short at once instead of leaving it to its exec deadline.
-        call = asyncio.ensure_future(entry.client.send(
-            entry.client.build_request(method, url, content=content, headers=headers, timeout=timeout), stream=True))
+        call = asyncio.ensure_future(entry.pool.request(method, url, headers, body=content,
+                                                        content_length=content_length, timeout=read_timeout))
         calls = self._in_flight.setdefault(session_id, set())
         calls.add(call)
         try:
@@ -444,17 +451,17 @@ class Scheduler:
             self.clients.give_back(entry)
             await self._done(caller, session_id)
             raise PayloadTooLarge(f"upload over the {self.settings.max_body_bytes}-byte cap") from None
-        except (httpx.ConnectError, httpx.ConnectTimeout):
-            self.clients.give_back(entry)
-            await self._release_dead(caller, session_id, target.address)
-            raise SandboxUnavailable("the session's sandbox cannot be reached; the session is gone",
-                                     retry_after=self.settings.retry_after_seconds) from None
-        except httpx.PoolTimeout:
+        except HopBusy:
             self.clients.give_back(entry)
             await self._done(caller, session_id)
             raise Unavailable("too many calls in flight to this session",
                               retry_after=self.settings.retry_after_seconds) from None
-        except httpx.HTTPError as exc:
+        except HopConnectError:
+            self.clients.give_back(entry)
+            await self._release_dead(caller, session_id, target.address)
+            raise SandboxUnavailable("the session's sandbox cannot be reached; the session is gone",
+                                     retry_after=self.settings.retry_after_seconds) from None
+        except HopError as exc:
             self.clients.give_back(entry)
             await self._release_dead(caller, session_id, target.address)
             log.warning("sandbox failed mid-call", extra={"session": session_id, "error": type(exc).__name__})
@@ -468,18 +475,18 @@ class Scheduler:
             if not calls:
                 self._in_flight.pop(session_id, None)
 
-        raw_outcome = upstream.headers.get(OUTCOME_HEADER, "ok")
+        raw_outcome = (upstream.header(OUTCOME_HEADER.encode()) or b"ok").decode("latin-1")
         outcome = raw_outcome if raw_outcome in EXEC_OUTCOMES else "failed"
-        status = upstream.status_code
+        status = upstream.status
         headers_out = response_headers(upstream.headers)
 
-        declared = upstream.headers.get("content-length", "")
+        declared = upstream.header(b"content-length") or b""
         if declared.isdigit() and int(declared) <= SMALL_ANSWER_BYTES:
             # A small answer (every exec result within the agent's output caps) is read whole and
             # relayed in one piece: cheaper than a stream, and a drop mid-body is still a clean 502.
             try:
-                raw = b"".join([chunk async for chunk in upstream.aiter_raw()])
-            except httpx.HTTPError as exc:
+                raw = await upstream.read()
+            except HopError as exc:
                 await self._release_dead(caller, session_id, target.address)
                 log.warning("sandbox failed mid-answer", extra={"session": session_id, "error": type(exc).__name__})
                 raise BadGateway("the session's sandbox failed during the call; the session is gone") from None
@@ -487,11 +494,13 @@ class Scheduler:
                 self._spawn(self._done(caller, session_id))
                 raise
             finally:
-                await upstream.aclose()
+                await upstream.close()
                 self.clients.give_back(entry)
             metered = await meter(status, outcome, time.monotonic() - started, len(raw)) if meter else NOTHING
             await self._done(caller, session_id, metered)
-            return Response(raw, status_code=status, headers=headers_out)
+            response = Response(raw, status_code=status)
+            response.raw_headers = [*headers_out, (b"content-length", str(len(raw)).encode())]
+            return response
 
         async def relay() -> AsyncIterator[bytes]:
             # One chunk is held back so the call is metered before the client can have its
@@ -500,18 +509,18 @@ class Scheduler:
             held: bytes | None = None
             finished = False
             try:
-                async for chunk in upstream.aiter_raw():
+                async for chunk in upstream.chunks():
                     if held is not None:
                         yield held
                     held = chunk
                     moved += len(chunk)
                 finished = True
-            except httpx.HTTPError as exc:
+            except HopError as exc:
                 log.warning("sandbox failed mid-answer", extra={"session": session_id, "error": type(exc).__name__})
                 self._spawn(self._release_dead(caller, session_id, target.address))
                 raise
             finally:
-                await upstream.aclose()
+                await upstream.close()
                 self.clients.give_back(entry)
                 if not finished:
                     self._spawn(self._done(caller, session_id))
@@ -520,7 +529,9 @@ class Scheduler:
             if held is not None:
                 yield held
 
-        return StreamingResponse(relay(), status_code=status, headers=headers_out)
+        streamed = StreamingResponse(relay(), status_code=status)
+        streamed.raw_headers = [*headers_out, *streamed.raw_headers]
+        return streamed
 
     def session_released(self, session_id: str) -> None:
         """A replica released this session: end this replica's calls to it now."""

@@ -12,7 +12,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from sandpool.core.settings import ConfigurationError, ServiceSettings, read_secret, secret_field
+from sandpool.core.settings import (
+    ConfigurationError,
+    ServiceSettings,
+    read_secret,
+    secret_field,
+)
 
 
 class SchedulerSettings(ServiceSettings):
