@@ -87,11 +87,12 @@ class _Figures:
 
 
 def _free_figure_path() -> str:
+    number = _Figures.next_number
     while True:
-        path = os.path.join(_Figures.directory, f"figure-{_Figures.next_number}.png")
-        _Figures.next_number += 1
+        path = os.path.join(_Figures.directory, f"figure-{number}.png")
         if not os.path.lexists(path):  # never overwrite: an earlier interpreter's, or the user's own
             return path
+        number += 1
 
 
 def _save_figures() -> None:
@@ -107,9 +108,15 @@ def _save_figures() -> None:
         return
     for manager in managers:
         figure = manager.canvas.figure
+        path = _free_figure_path()
         try:
-            figure.savefig(_free_figure_path(), format="png", bbox_inches="tight")
+            figure.savefig(path, format="png", bbox_inches="tight")
+            _Figures.next_number = int(path.rsplit("-", 1)[1][:-4]) + 1
         except Exception as exc:  # noqa: BLE001 - a figure that cannot be drawn is reported, not fatal
+            try:
+                os.unlink(path)  # whatever part of it was written
+            except OSError:
+                pass
             _write_stderr(f"figure {manager.num} could not be saved: {type(exc).__name__}: {exc}\n")
         finally:
             try:

@@ -49,7 +49,6 @@ BUILD_TIMEOUT_SECONDS = 1800.0
 PROBE_TIMEOUT_SECONDS = 30.0
 _PROBE = ("import json, sys; print(json.dumps({'version': '%d.%d.%d' % sys.version_info[:3], "
           "'prefix': sys.prefix, 'base_prefix': sys.base_prefix, 'executable': sys.executable}))")
-_FONT_CACHE = ("try:\n import matplotlib.font_manager\nexcept ImportError:\n pass\n")
 
 Progress = Callable[[str], None]
 
@@ -284,7 +283,7 @@ def _build_locked(spec: EnvironmentSpec, lock_bytes: bytes, final: Path, base: P
     tmp = final.with_name(f".{final.name}.build-{os.getpid()}")
     log_path = final.with_name(f".{final.name}.log")
     packages = _count_requirements(lock_bytes)
-    say(f"environment {spec.name}: building from {spec.requirements} ({packages} packages, "
+    say(f"environment {spec.name}: building from {spec.requirements} ({_plural(packages, 'package')}, "
         f"Python {base.version}) into {final}; once per lock")
     try:
         with open(log_path, "w", encoding="utf-8") as log_file:
@@ -292,11 +291,12 @@ def _build_locked(spec: EnvironmentSpec, lock_bytes: bytes, final: Path, base: P
                  what="make a venv")
             python = tmp / "bin" / "python"
             _pip_install(spec, python, pip_python, log_file, say, packages)
-            say(f"environment {spec.name}: pre-building the matplotlib font cache")
             cache = tmp / MATPLOTLIB_CACHE
             cache.mkdir(parents=True, mode=0o755)
-            _run([str(python), "-I", "-c", _FONT_CACHE], log_file, spec, what="build the matplotlib font cache",
-                 env={"MPLCONFIGDIR": str(cache), "MPLBACKEND": "Agg"})
+            if list((tmp / "lib").glob("python3*/site-packages/matplotlib")):
+                say(f"environment {spec.name}: pre-building the matplotlib font cache")
+                _run([str(python), "-I", "-c", "import matplotlib.font_manager"], log_file, spec,
+                     what="build the matplotlib font cache", env={"MPLCONFIGDIR": str(cache), "MPLBACKEND": "Agg"})
             _install_offline_pip(python)
         _relocate(tmp, final)
         details = {
@@ -318,9 +318,13 @@ def _build_locked(spec: EnvironmentSpec, lock_bytes: bytes, final: Path, base: P
     return built
 
 
+def _plural(count: int, what: str) -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
+
+
 def _count_requirements(lock: bytes) -> int:
     return sum(1 for line in lock.decode(errors="replace").splitlines()
-               if line and not line[0].isspace() and not line.startswith(("#", "-")) and "==" in line)
+               if line.strip() and not line[0].isspace() and not line.startswith(("#", "-")))
 
 
 def _plain_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -378,7 +382,7 @@ def _pip_install(spec: EnvironmentSpec, python: Path, pip_python: str, log_file,
                 what = what if text.startswith("Collecting ") else "-".join(Path(what).name.split("-")[:2])
                 say(f"environment {spec.name}: fetching {collected}/{packages} {what}")
             elif text.startswith("Installing collected packages"):
-                say(f"environment {spec.name}: installing {packages} packages")
+                say(f"environment {spec.name}: installing {_plural(packages, 'package')}")
             elif text.startswith("ERROR:"):
                 errors.append(text)
         code = proc.wait()

@@ -91,6 +91,8 @@ class LocalProvider:
 
     # --- lifecycle of the provider itself ------------------------------------------------
     async def start(self) -> None:
+        self.environments = await asyncio.to_thread(self._resolve_environments)
+        roots = self._environment_roots()  # refused before anything is made
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             os.chmod(self.root.parent, 0o711)
@@ -102,9 +104,8 @@ class LocalProvider:
             self.sockets.open(SANDBOX_ID_LENGTH)
         except OSError as exc:
             raise ProviderError(f"cannot make a directory for agent sockets: {exc}", transient=False) from None
-        self.environments = await asyncio.to_thread(self._resolve_environments)
         if hasattr(self.launcher, "extra_paths"):  # the zygote binds them into every sandbox root
-            self.launcher.extra_paths = self._environment_roots()  # type: ignore[attr-defined]
+            self.launcher.extra_paths = roots  # type: ignore[attr-defined]
         starter = getattr(self.launcher, "start", None)  # the zygote: detects and logs its isolation
         if starter is not None:
             try:
