@@ -118,6 +118,19 @@ def test_an_environment_that_cannot_be_built_stops_up_in_one_line(tmp: Path, mon
     assert not (data_dir / "sandboxes").exists()
 
 
+def test_a_preimport_the_environment_lacks_stops_up_in_one_line(tmp: Path) -> None:
+    lock = make_lock(tmp)
+    pools = tmp / "pools.yaml"
+    pools.write_text(f"environments:\n  - {{name: tiny, requirements: {lock}, preimport: [no_such_module]}}\n"
+                     "pools:\n  - {name: default, image: tiny}\n")
+    argv = ["up", "--port", str(free_port()), "--data-dir", str(tmp / "data"), "--pools-file", str(pools),
+            "--environments-dir", str(tmp / "cache")]
+    result = subprocess.run([sys.executable, "-m", "sandpool", *argv], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == ("sandpool up: the sandbox environment could not be built: tiny: its "
+                                              "preimport names modules it does not have: no_such_module")
+
+
 def test_a_sandbox_python_that_does_not_run_stops_up_in_one_line(tmp: Path) -> None:
     argv = ["up", "--port", str(free_port()), "--data-dir", str(tmp / "data"), "--sandbox-python", str(tmp / "nope")]
     result = subprocess.run([sys.executable, "-m", "sandpool", *argv], capture_output=True, text=True, timeout=120)

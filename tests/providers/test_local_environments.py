@@ -37,10 +37,11 @@ def cache() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def pools_file(cache: Path, *, lock: Path | None = None) -> Path:
+def pools_file(cache: Path, *, lock: Path | None = None, preimport: str = "[]") -> Path:
     path = cache / "pools.yaml"
     path.write_text("environments:\n"
-                    f"  - {{name: tiny, requirements: {lock or cache / 'locks' / 'sandpool_probe_pkg.txt'}}}\n"
+                    f"  - {{name: tiny, requirements: {lock or cache / 'locks' / 'sandpool_probe_pkg.txt'}, "
+                    f"preimport: {preimport}}}\n"
                     "pools:\n  - {name: default, image: python}\n  - {name: tiny, image: tiny}\n")
     return path
 
@@ -97,6 +98,21 @@ async def test_sandboxed_code_cannot_change_the_shared_environment(provider: Loc
                f"'/bin/python'), os.listdir({str(cache / 'cache')!r}))"
         stdout, _, _ = output(await run(info.address, info.secret, "code_execution", code=code))
         assert stdout.strip() == f"True ['{Path(tiny.path).name}']"  # no lock files, logs or other builds
+
+
+async def test_an_environments_preimport_is_imported_before_the_first_call(data_dir: Path, cache: Path) -> None:
+    p = LocalProvider(LocalProviderSettings(data_dir=data_dir, environments_dir=cache / "cache",
+                                            pools_file=pools_file(cache, preimport="[sandpool_probe_pkg]")))
+    await p.start()
+    try:
+        code = "import sys\nprint('sandpool_probe_pkg' in sys.modules)"
+        info = await p.create(PoolSpec(name="tiny", image="tiny"), "sb-pre")
+        assert output(await run(info.address, info.secret, "code_execution", code=code))[0] == "True\n"
+        other = await p.create(PoolSpec(name="default", image="python"), "sb-plain")
+        assert output(await run(other.address, other.secret, "code_execution", code=code))[0] == "False\n"
+    finally:
+        await p.destroy_all()
+        await p.close()
 
 
 async def test_a_declared_environment_that_is_not_built_stops_the_start(data_dir: Path, cache: Path) -> None:

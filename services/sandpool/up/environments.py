@@ -83,9 +83,9 @@ def prepare(args: argparse.Namespace, progress: Progress | None = None) -> dict[
             built[name] = environments.ensure(spec, local.environments_cache(), base, progress=progress)
             _check_preimport(built[name])
     except environments.EnvironmentUnavailable as exc:
-        progress.end()
         raise _fail(str(exc).removeprefix("cannot build the sandbox environment ")) from None
-    progress.end()
+    finally:  # also on Ctrl-C: the terminal's progress line is ended
+        progress.end()
     if environments.BUILTIN in built:
         args.sandbox_python = built[environments.BUILTIN].python
     return built
@@ -98,8 +98,12 @@ def _check_preimport(environment: environments.Environment) -> None:
     import subprocess
 
     code = "import importlib.util, sys\nfor n in sys.argv[1:]:\n    importlib.util.find_spec(n) or print(n)"
-    done = subprocess.run([environment.python, "-I", "-c", code, *environment.preimport], capture_output=True,
-                          text=True, timeout=60, check=False)
+    try:
+        done = subprocess.run([environment.python, "-I", "-c", code, *environment.preimport], capture_output=True,
+                              text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise environments.EnvironmentUnavailable(f"{environment.name}: its preimport cannot be checked: {exc}") \
+            from None
     missing = done.stdout.split() if done.returncode == 0 else list(environment.preimport)
     if missing:
         raise environments.EnvironmentUnavailable(
