@@ -161,6 +161,7 @@ def base_python(privileged: bool) -> PythonInfo:
 
 def environment_key(lock: bytes, base: PythonInfo) -> str:
     """The cache directory name of (this lock, this base Python): same inputs, same environment."""
+    # The salt names the build recipe: bump it when a build would make something different.
     digest = hashlib.sha256(b"sandpool-environment-1\0" + lock + b"\0" +
                             os.path.realpath(base.executable).encode() + b"\0" + base.version.encode())
     return f"py{base.minor}-{digest.hexdigest()[:16]}"
