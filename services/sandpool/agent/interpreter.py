@@ -60,7 +60,8 @@ class Interpreter(PersistentChild):
     kind = "interpreter"
 
     def __init__(self, *, python: str | None, workspace: str, env: dict[str, str], preexec,  # noqa: ANN001
-                 reaper: procs.Reaper, max_output_bytes: int, grace_seconds: float, spare: bool) -> None:
+                 reaper: procs.Reaper, max_output_bytes: int, grace_seconds: float, spare: bool,
+                 preimport: tuple[str, ...] = ()) -> None:
         super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
         self._python = python or sys.executable
         self._workspace = workspace
@@ -68,10 +69,12 @@ class Interpreter(PersistentChild):
         self._preexec = preexec
         self._reaper = reaper
         self._want_spare = spare
+        self._options = ["--preimport", ",".join(preimport)] if preimport else []
         self._spare: asyncio.Task[Worker] | None = None
 
     async def new_worker(self) -> Worker:
-        worker = Worker("interpreter", [self._python, "-I", "-u", "-c", runner_source()], cwd=self._workspace, env=self._env,
+        argv = [self._python, "-I", "-u", "-c", runner_source(), *self._options]
+        worker = Worker("interpreter", argv, cwd=self._workspace, env=self._env,
                         preexec=self._preexec, reaper=self._reaper, parse_event=parse_frame)
         try:
             worker.spawn()

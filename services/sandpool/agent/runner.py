@@ -6,6 +6,11 @@ goes to fds 1 and 2 (pipes the agent reads); requests and completions travel on
 a separate control channel (length-prefixed JSON on IN_FD/OUT_FD), so nothing a
 program prints can be mistaken for framing.
 
+Figures are files: `plt.show()`, and any pyplot figure still open when a cell
+ends, writes each open figure to the workspace as `figure-N.png` (the next free N)
+and closes it, as a notebook shows and closes them; the agent then lists the files
+among the call's produced files. No display server is involved (MPLBACKEND=Agg).
+
 fds 1 and 2 belong to the session, not to one cell: the runner keeps private
 copies of both pipes and puts them back after every cell, so code that closes
 or redirects them (`os.close(1)`, `os.dup2(f, 2)`) loses only its own output,
@@ -74,6 +79,98 @@ def _send(fd: int, message: dict) -> None:
         except InterruptedError:
             continue
         data = data[written:]
+
+
+class _Figures:
+    directory = ""  # the workspace: the runner's first working directory (a cell may chdir away)
+    next_number = 1
+
+
+def _free_figure_path() -> str:
+    number = _Figures.next_number
+    while True:
+        path = os.path.join(_Figures.directory, f"figure-{number}.png")
+        if not os.path.lexists(path):  # never overwrite: an earlier interpreter's, or the user's own
+            return path
+        number += 1
+
+
+def _save_figures() -> None:
+    """Write every open pyplot figure to the workspace and close it; nothing when pyplot is not imported."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
+    try:
+        from matplotlib._pylab_helpers import Gcf
+
+        managers = sorted(Gcf.get_all_fig_managers(), key=lambda manager: manager.num)
+    except Exception:  # noqa: BLE001 - a cell may have broken matplotlib; its figures are its own
+        return
+    for manager in managers:
+        figure = manager.canvas.figure
+        path = _free_figure_path()
+        try:
+            figure.savefig(path, format="png", bbox_inches="tight")
+            _Figures.next_number = int(path.rsplit("-", 1)[1][:-4]) + 1
+        except Exception as exc:  # noqa: BLE001 - a figure that cannot be drawn is reported, not fatal
+            try:
+                os.unlink(path)  # whatever part of it was written
+            except OSError:
+                pass
+            _write_stderr(f"figure {manager.num} could not be saved: {type(exc).__name__}: {exc}\n")
+        finally:
+            try:
+                pyplot.close(figure)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _hook_show(pyplot) -> None:  # noqa: ANN001 - the matplotlib.pyplot module
+    original = getattr(pyplot, "show", None)
+    if original is None or getattr(original, "_sandpool_figures", False):
+        return
+
+    def show(*args, **kwargs):  # noqa: ANN002, ANN003, ARG001 - pyplot.show's signature
+        """Figures are files here: each open figure is written to the workspace (figure-N.png) and closed."""
+        _save_figures()
+
+    show._sandpool_figures = True
+    show.__wrapped__ = original
+    pyplot.show = show
+
+
+class _PyplotFinder:
+    """Hooks `show` into matplotlib.pyplot as it is first imported, so a cell that imports it and
+    calls `plt.show()` at once gets its figures as files too (a meta path finder: stdlib only)."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):  # noqa: ANN001, ANN205
+        if name != "matplotlib.pyplot":
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is _PyplotFinder or find is None:
+                continue
+            try:
+                spec = find(name, path, target)
+            except Exception:  # noqa: BLE001 - leave the import to the regular machinery
+                return None
+            if spec is not None:
+                break
+        exec_module = getattr(getattr(spec, "loader", None), "exec_module", None)
+        if exec_module is None:
+            return spec
+
+        def exec_and_hook(module):  # noqa: ANN001, ANN202
+            exec_module(module)
+            _hook_show(module)
+
+        try:
+            spec.loader.exec_module = exec_and_hook  # this spec's own loader instance
+        except Exception:  # noqa: BLE001 - figures left open are still saved at the end of the cell
+            pass
+        return spec
 
 
 def _flush_all() -> None:
@@ -196,6 +293,13 @@ def run(source: str, namespace: dict) -> tuple[int, bool]:
         _flush_all()
         os._exit(0)
     _restore_stdio()  # before anything is reported: the cell may have closed fds 1 and 2
+    _State.in_user_code = True  # drawing a figure is the cell's work: a timeout interrupts it
+    try:
+        _save_figures()
+    except KeyboardInterrupt as exc:
+        error = error or exc
+    finally:
+        _State.in_user_code = False
     if error is None:
         return 0, False
     if isinstance(error, SystemExit):
@@ -234,8 +338,22 @@ def _warm(namespace: dict) -> None:
     _flush_all()
 
 
+def _preimport(names: list[str]) -> None:
+    """Import what the environment asks for before the first call (a failure only costs that speed-up)."""
+    for name in names:
+        try:
+            __import__(name)
+        except BaseException:  # noqa: BLE001 - a broken module fails the cell that imports it, as usual
+            pass
+
+
 def main(argv: list[str]) -> int:
-    in_fd, out_fd = int(argv[1]), int(argv[2])
+    # python -I -u -c <source> [--preimport a,b] IN_FD OUT_FD
+    in_fd, out_fd = int(argv[-2]), int(argv[-1])
+    options = argv[1:-2]
+    preimport = []
+    if len(options) == 2 and options[0] == "--preimport":
+        preimport = [name for name in options[1].split(",") if name]
     os.set_inheritable(in_fd, False)
     os.set_inheritable(out_fd, False)
     _State.pid = os.getpid()
@@ -243,8 +361,11 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, _on_sigint)
     sys.argv = [""]
     sys.path.insert(0, os.getcwd())  # like a notebook: modules written to the workspace import
+    _Figures.directory = os.getcwd()
+    sys.meta_path.insert(0, _PyplotFinder)
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
     _warm(namespace)
+    _preimport(preimport)
     _send(out_fd, {"event": "ready", "pid": os.getpid()})
     while True:
         request = _recv(in_fd)

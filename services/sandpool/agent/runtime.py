@@ -41,7 +41,8 @@ class Runtime:
         self.interpreter = Interpreter(
             python=settings.sandbox_python(), workspace=str(workspace), env=env, preexec=preexec,
             reaper=self.reaper, max_output_bytes=settings.max_output_bytes,
-            grace_seconds=settings.interrupt_grace_seconds, spare=settings.spare_interpreter)
+            grace_seconds=settings.interrupt_grace_seconds, spare=settings.spare_interpreter,
+            preimport=tuple(settings.preimport))
         self.shell = Shell(
             bash=settings.shell, workspace=str(workspace), env=env, preexec=preexec, reaper=self.reaper,
             max_output_bytes=settings.max_output_bytes, grace_seconds=settings.interrupt_grace_seconds)

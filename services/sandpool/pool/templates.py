@@ -22,6 +22,19 @@ pools:
     egress: false                # informational: the chart's NetworkPolicy reads it
 ```
 
+Local sandboxes run their code on a named environment (docs/sandboxes.md): a pool's
+`image` names it, `python` (built from the sandbox image's lock) unless the file
+declares others:
+
+```yaml
+environments:                    # local provider only; Kubernetes pools run their image
+  - name: python-ml              # what a pool's `image` (and a CreateSession `image` hint) names
+    requirements: ml.txt         # a lock with hashes, relative to this file
+    preimport: [numpy, pandas]   # optional: imported before the first call
+pools:
+  - {name: ml, image: python-ml, warm: 2, ceiling: 8}
+```
+
 A bad file stops the start with a `ConfigurationError` naming the file and the
 field (`pools[1].resources.limits.memory: ...`): a typo must never silently
 become a default. Nothing here imports a provider; the Kubernetes-only values
@@ -31,6 +44,7 @@ values, so any provider (or a log line) can read them.
 
 from __future__ import annotations
 
+import os
 import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -242,8 +256,48 @@ class PoolTemplate(_Strict):
         )
 
 
+_ENVIRONMENT_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class EnvironmentTemplate(_Strict):
+    """A local sandbox environment: a venv built from a requirements lock, named by pools' `image`."""
+
+    name: str = Field(description="the name a pool's `image` gives (lowercase letters, digits, '.', '_', '-')")
+    requirements: Path = Field(description="requirements lock with hashes, relative to the pools file")
+    preimport: list[str] = Field(default_factory=list, description=(
+        "modules the sandbox's interpreter imports before the first call (start time and memory for "
+        "a fast first import)"))
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _ENVIRONMENT_NAME.match(value):
+            raise ValueError(f"{value!r} must be 1-64 lowercase letters, digits, '.', '_' or '-', starting and "
+                             "ending with a letter or digit")
+        return value
+
+    @field_validator("preimport")
+    @classmethod
+    def _modules(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not isinstance(name, str) or not _MODULE.match(name):
+                raise ValueError(f"{name!r} is not a module name such as numpy or matplotlib.pyplot")
+        return value
+
+
 class PoolsFile(_Strict):
+    environments: list[EnvironmentTemplate] = Field(default_factory=list)
     pools: list[PoolTemplate] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_environments(self) -> PoolsFile:
+        seen: set[str] = set()
+        for environment in self.environments:
+            if environment.name in seen:
+                raise ValueError(f"environment name {environment.name!r} appears twice")
+            seen.add(environment.name)
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> PoolsFile:
@@ -265,21 +319,43 @@ def _where(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def parse_pools(data: Any, *, source: str = "pools file") -> list[PoolSpec]:
-    """Validate already-parsed YAML/JSON; `ConfigurationError` names each bad field."""
+def _validate(data: Any, source: str) -> PoolsFile:
     try:
-        parsed = PoolsFile.model_validate(data)
+        return PoolsFile.model_validate(data)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
             msg = err["msg"].removeprefix("Value error, ")
             lines.append(f"{_where(err['loc'])}: {msg}")
         raise ConfigurationError(f"{source}: invalid pools: " + "; ".join(lines)) from None
-    return [pool.to_spec() for pool in parsed.pools]
+
+
+def parse_pools(data: Any, *, source: str = "pools file") -> list[PoolSpec]:
+    """Validate already-parsed YAML/JSON; `ConfigurationError` names each bad field."""
+    return [pool.to_spec() for pool in _validate(data, source).pools]
 
 
 def load_pools(path: str | Path) -> list[PoolSpec]:
     """The pools of a YAML file, in file order (the first is the default pool)."""
+    return parse_pools(_read(path), source=f"pools file {path}")
+
+
+def load_environments(path: str | Path) -> list[EnvironmentTemplate]:
+    """The environments a pools file declares, their locks made absolute (relative to the file) and
+    checked to be readable files: a wrong path stops the start, it never falls back to `python`."""
+    path = Path(path)
+    parsed = _validate(_read(path), f"pools file {path}")
+    found = []
+    for i, environment in enumerate(parsed.environments):
+        lock = (path.absolute().parent / environment.requirements.expanduser())
+        if not lock.is_file() or not os.access(lock, os.R_OK):
+            raise ConfigurationError(f"pools file {path}: environments[{i}].requirements: {lock} is not a "
+                                     "readable file")
+        found.append(environment.model_copy(update={"requirements": lock}))
+    return found
+
+
+def _read(path: str | Path) -> Any:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -296,4 +372,4 @@ def load_pools(path: str | Path) -> list[PoolSpec]:
         raise ConfigurationError(f"pools file {path}: {problem}{where}") from None
     if data is None:
         raise ConfigurationError(f"pools file {path} is empty: it needs a `pools:` list")
-    return parse_pools(data, source=f"pools file {path}")
+    return data

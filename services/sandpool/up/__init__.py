@@ -46,7 +46,7 @@ def _pool_names(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from sandpool.core.logs import configure_logging
-    from sandpool.up import preflight
+    from sandpool.up import environments, preflight
 
     settings: UpSettings = settings_from_args(UpSettings, args)
     # Everything that can be known to fail is found now: one line, nothing started, no log yet.
@@ -60,9 +60,12 @@ def run(args: argparse.Namespace) -> int:
         preflight.check_key(settings, data_dir)
         preflight.check_port(settings)
         preflight.check_isolation(args)
+        # Built on first use, then found in the cache: the sandboxes' Python, handed on as --sandbox-python.
+        environments.prepare(args)
     except BaseException:
         stack.unlock_data_dir()
         raise
+    stack.scheduler_flags = handed_on(args)
     configure_logging("up", settings.log_level)
     stopping = threading.Event()
 

@@ -32,6 +32,8 @@ class SandboxLimits:
     max_file_size_bytes: int | None
     workspace_bytes: int | None
     sandbox_python: str | None = None  # the Python sandboxed code runs with (None: the agent's choice)
+    matplotlib_cache: str | None = None  # the environment's pre-built matplotlib font cache
+    preimport: tuple[str, ...] = ()  # modules the interpreter imports before the first call
     cpu_millis: int | None = None  # CPU quota in thousandths of a core (None: no quota); needs the zygote's cgroups
     spare_interpreter: bool | None = None  # None: the agent's default
     agent_log_level: str = "warning"
@@ -71,6 +73,10 @@ def agent_arguments(workspace: Path, socket_path: Path, secret: AgentSecret, lim
         args.append("--spare-interpreter" if limits.spare_interpreter else "--no-spare-interpreter")
     if limits.sandbox_python:
         args += ["--python-executable", limits.sandbox_python]
+    if limits.matplotlib_cache:
+        args += ["--matplotlib-cache", limits.matplotlib_cache]
+    if limits.preimport:
+        args += ["--preimport", ",".join(limits.preimport)]
     if limits.max_open_files:
         args += ["--rlimit-nofile", str(limits.max_open_files)]
     if limits.max_file_size_bytes:

@@ -37,8 +37,9 @@ from pathlib import Path
 
 import httpx
 
+from sandpool.core.settings import ConfigurationError
 from sandpool.pool.provider import SANDBOX_ID_LENGTH, LostListener, PoolSpec, ProviderError, SandboxInfo
-from sandpool.providers.local import fsmount
+from sandpool.providers.local import environments, fsmount
 from sandpool.providers.local.isolation.detect import required_missing
 from sandpool.providers.local.sockets import SocketDir, SocketDirError
 from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits
@@ -83,12 +84,15 @@ class LocalProvider:
         self.sandbox_python = self.settings.sandbox_python
         if self.sandbox_python is None and self.privileged:
             self.sandbox_python = default_sandbox_python(self.settings.agent_python or sys.executable)
+        self.environments: dict[str, environments.Environment] = {}
         self.warnings: list[str] = []
         self._lost_listener: LostListener | None = None
         self._creating: set[str] = set()  # a sandbox that dies while created fails its create instead
 
     # --- lifecycle of the provider itself ------------------------------------------------
     async def start(self) -> None:
+        self.environments = await asyncio.to_thread(self._resolve_environments)
+        roots = self._environment_roots()  # refused before anything is made
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             os.chmod(self.root.parent, 0o711)
@@ -100,6 +104,8 @@ class LocalProvider:
             self.sockets.open(SANDBOX_ID_LENGTH)
         except OSError as exc:
             raise ProviderError(f"cannot make a directory for agent sockets: {exc}", transient=False) from None
+        if hasattr(self.launcher, "extra_paths"):  # the zygote binds them into every sandbox root
+            self.launcher.extra_paths = roots  # type: ignore[attr-defined]
         starter = getattr(self.launcher, "start", None)  # the zygote: detects and logs its isolation
         if starter is not None:
             try:
@@ -120,6 +126,73 @@ class LocalProvider:
             self._require_isolation()
         for warning in self.warnings:
             log.warning("local sandboxes are weakly isolated: %s", warning)
+
+    def _resolve_environments(self) -> dict[str, environments.Environment]:
+        """The environments sandboxes run, by name: `python` and those the pools file declares.
+
+        Only what is built is used (`sandpool up` builds them first): a declared environment that
+        is not built stops the start, and an unbuilt `python` falls back to the host's Python
+        with a warning, as before environments existed.
+        """
+        s = self.settings
+        try:
+            declared = environments.declared(s.pools_file) if s.pools_file is not None else {}
+        except ConfigurationError as exc:
+            raise ProviderError(str(exc), transient=False) from None
+        lock = s.sandbox_requirements or environments.default_lock()
+        python_spec = declared.get(environments.BUILTIN) or (
+            environments.EnvironmentSpec(environments.BUILTIN, Path(lock).absolute()) if lock else None)
+        preimport = python_spec.preimport if python_spec else ()
+        cache = s.environments_cache()
+        found: dict[str, environments.Environment] = {}
+        try:
+            if s.sandbox_python is not None:
+                found[environments.BUILTIN] = environments.from_interpreter(s.sandbox_python, preimport=preimport)
+            elif python_spec is not None:
+                with contextlib.suppress(environments.EnvironmentUnavailable):  # the fallback below, warned
+                    built = environments.find(python_spec, cache, environments.base_python(self.privileged))
+                    if built is not None:
+                        found[environments.BUILTIN] = built
+            others = {name: spec for name, spec in declared.items() if name != environments.BUILTIN}
+            base = environments.base_python(self.privileged) if others else None
+            for name, spec in others.items():
+                assert base is not None
+                built = environments.find(spec, cache, base)
+                if built is None:
+                    raise ProviderError(f"sandbox environment {name} is not built in {cache} (`sandpool up` "
+                                        "builds it, or python -m sandpool.providers.local.environments "
+                                        f"--pools-file {s.pools_file})", transient=False)
+                found[name] = built
+        except environments.EnvironmentUnavailable as exc:
+            raise ProviderError(str(exc), transient=False) from None
+        if environments.BUILTIN in found:
+            self.sandbox_python = found[environments.BUILTIN].python
+        else:
+            log.warning("the sandbox environment python is not built: sandboxed code runs on %s, which may lack "
+                        "numpy, pandas, scipy, sympy and matplotlib (`sandpool up` builds the environment; "
+                        "see docs/sandboxes.md)", self.sandbox_python or "the agent's own Python")
+        return found
+
+    def _environment_roots(self) -> tuple[str, ...]:
+        """Host directories every sandbox sees read-only so the environments' interpreters run;
+        never one holding the data dir (sandboxes, secrets) or the filesystem root."""
+        roots: list[str] = []
+        data_dir = os.path.realpath(self.root.parent)
+        for environment in self.environments.values():
+            for root in environment.roots:
+                real = os.path.realpath(root)
+                if real == "/" or data_dir == real or data_dir.startswith(real.rstrip("/") + "/"):
+                    raise ProviderError(f"sandbox environment {environment.name}: {real} holds the data dir "
+                                        f"{data_dir}, which sandboxes must not see: choose another "
+                                        "--data-dir or interpreter", transient=False)
+                roots.append(real)
+        return tuple(dict.fromkeys(roots))
+
+    def environment_for(self, pool: PoolSpec | None) -> environments.Environment | None:
+        """The environment a pool's sandboxes run: the one its `image` names, else `python`."""
+        if pool is not None and pool.image in self.environments:
+            return self.environments[pool.image]
+        return self.environments.get(environments.BUILTIN)
 
     async def close(self) -> None:
         closer = getattr(self.launcher, "aclose", None)
@@ -160,6 +233,7 @@ class LocalProvider:
             **self.launcher.describe(),
             "sandboxes_dir": str(self.root),
             "sandbox_python": self.sandbox_python,
+            "environments": {name: env.python for name, env in self.environments.items()},
             "uids": ("per-sandbox " + s.sandbox_uid_range if self.privileged and s.sandbox_uid_range
                      else str(s.sandbox_uid or NOBODY) if self.privileged else "service user"),
             "workspace_cap_mb": s.workspace_size_mb if self.tmpfs_ok else None,
@@ -330,10 +404,14 @@ class LocalProvider:
             else:
                 uid = s.sandbox_uid or NOBODY
                 gid = s.sandbox_gid or uid
+        environment = self.environment_for(pool)
         return SandboxLimits(uid=uid, gid=gid, memory_bytes=s.memory_mb * MIB, max_processes=s.max_processes,
                              max_open_files=s.max_open_files, max_file_size_bytes=s.max_file_size_mb * MIB,
                              workspace_bytes=s.workspace_size_mb * MIB if self.tmpfs_ok else None,
-                             sandbox_python=self.sandbox_python, spare_interpreter=s.spare_interpreter,
+                             sandbox_python=environment.python if environment else self.sandbox_python,
+                             matplotlib_cache=environment.matplotlib_cache if environment else None,
+                             preimport=environment.preimport if environment else (),
+                             spare_interpreter=s.spare_interpreter,
                              agent_log_level=s.agent_log_level, cpu_millis=cpu_millis(pool, s.cpu_limit))
 
     def _free_uid(self) -> int:

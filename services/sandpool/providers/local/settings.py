@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from sandpool.core.settings import CommaList, ServiceSettings
 from sandpool.pool.provider import PoolSpec, ProviderError
+from sandpool.providers.local.environments import default_cache_dir, runnable_by_others
 from sandpool.pool.templates import parse_quantity
 
 MIB = 1024 * 1024
@@ -67,8 +68,17 @@ class LocalProviderSettings(ServiceSettings):
         "Refuse to start unless every isolation layer not turned off with --isolation-disable is in "
         "force (by default sandboxes start with what the host offers, and a warning names the rest)"))
     sandbox_python: str | None = Field(default=None, description=(
-        "Python that runs sandboxed code, as the sandbox uid (default: sandpool's own when other "
-        "users may run it, else /usr/bin/python3)"))
+        "Python that runs sandboxed code in pools of the `python` environment, as the sandbox uid, instead "
+        "of the built environment (`sandpool up` builds it and passes it here; without either, sandpool's "
+        "own Python when other users may run it, else /usr/bin/python3, with a warning)"))
+    sandbox_requirements: Path | None = Field(default=None, description=(
+        "Requirements lock (with hashes) of the `python` environment (default: "
+        "deploy/requirements/sandbox.txt, the sandbox image's own lock; see docs/sandboxes.md)"))
+    environments_dir: Path | None = Field(default=None, description=(
+        "Cache of built sandbox environments, one per lock and base Python, shared read-only by every "
+        "sandbox (default: /var/cache/sandpool/environments as root, else ~/.cache/sandpool/environments)"))
+    pools_file: Path | None = Field(default=None, description=(
+        "YAML file of pools; its `environments:` name the environments local sandboxes may run"))
 
     @model_validator(mode="after")
     def _cpu_ok(self) -> LocalProviderSettings:
@@ -95,16 +105,10 @@ class LocalProviderSettings(ServiceSettings):
         """Running as root: sandboxed code drops to an unprivileged uid."""
         return os.geteuid() == 0
 
-
-def runnable_by_others(path: str | Path) -> bool:
-    """Another uid may execute `path`: every parent searchable and the file executable by 'other'."""
-    try:
-        real = Path(path).resolve(strict=True)
-        if not real.stat().st_mode & 0o001:
-            return False
-        return all(parent.stat().st_mode & 0o001 for parent in real.parents)
-    except OSError:
-        return False
+    def environments_cache(self) -> Path:
+        if self.environments_dir is not None:
+            return Path(self.environments_dir).expanduser().absolute()
+        return default_cache_dir(self.privileged())
 
 
 def default_sandbox_python(own: str) -> str | None:

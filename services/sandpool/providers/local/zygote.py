@@ -54,7 +54,7 @@ class ZygoteClient:
 
     def __init__(self, run_dir: Path | None = None, *, disabled: frozenset[str] = frozenset(),
                  cgroup_version: str = "auto", start_timeout: float = 30.0, request_timeout: float = 30.0,
-                 python: str | None = None) -> None:
+                 python: str | None = None, extra_paths: tuple[str, ...] = ()) -> None:
         # Holds only the empty directory each sandbox mounts its new root on. Default: a
         # private temporary directory of this zygote's own, removed when it stops.
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -64,6 +64,9 @@ class ZygoteClient:
         self.start_timeout = start_timeout
         self.request_timeout = request_timeout
         self.python = python or sys.executable
+        # Host directories bound read-only into every sandbox root beyond the system's and sandpool's
+        # own Python (the sandbox environments: docs/sandboxes.md).
+        self.extra_paths = tuple(extra_paths)
         self.report: IsolationReport | None = None
         self.cgroup_bases: list[str] = []
         self.proc: subprocess.Popen[bytes] | None = None
@@ -92,7 +95,7 @@ class ZygoteClient:
         os.chmod(self.run_dir, 0o700)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {"disabled": sorted(self.disabled), "run_dir": str(self.run_dir),
-                  "cgroup_version": self.cgroup_version}
+                  "cgroup_version": self.cgroup_version, "extra_paths": list(self.extra_paths)}
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
                "PYTHONPATH": str(Path(sandpool.__file__).resolve().parent.parent),
                "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "2"}
@@ -314,6 +317,8 @@ class ZygoteLauncher:
         self.client = ZygoteClient(**self._client_args)
         self.stop_grace_seconds = stop_grace_seconds
         self.agent_options = dict(agent_options or {})
+        self.extra_paths: tuple[str, ...] = ()
+        """Host directories every sandbox sees read-only (set by the provider before `start`)."""
         self.report: IsolationReport | None = None
         self.restart_interval = restart_interval
         self.fallback = fallback
@@ -337,6 +342,7 @@ class ZygoteLauncher:
         if self.using_fallback or (self.report is not None and self.client.alive):
             return self.report
         self._last_start = asyncio.get_running_loop().time()
+        self.client.extra_paths = self.extra_paths
         try:
             self.report = await self.client.start()
         except ZygoteError as exc:
@@ -394,6 +400,10 @@ class ZygoteLauncher:
         sandbox_python = getattr(limits, "sandbox_python", None)
         if sandbox_python:
             agent["python_executable"] = sandbox_python
+        if getattr(limits, "matplotlib_cache", None):
+            agent["matplotlib_cache"] = limits.matplotlib_cache
+        if getattr(limits, "preimport", ()):
+            agent["preimport"] = list(limits.preimport)
         uid = limits.uid if self.report.is_active("unprivileged_uid") else None
         reply = await self.client.launch(
             sandbox_id, socket_path=str(socket_path), workspace=str(workspace), uid=uid, secret=secret.value,
