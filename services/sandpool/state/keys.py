@@ -14,6 +14,7 @@ Lifetimes:
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,11 @@ USAGE_STREAM_MAXLEN = 1_000_000
 def utc_day(now: float) -> str:
     """The UTC day (`YYYY-MM-DD`) a usage figure at `now` counts towards."""
     return time.strftime("%Y-%m-%d", time.gmtime(now))
+
+
+def egress_digest(credential: str) -> str:
+    """What a sandbox's egress credential is known by in Redis (SHA-256, hex): never the credential itself."""
+    return hashlib.sha256(credential.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,17 @@ class Keys:
     def usage_events(self) -> str:
         """Stream of usage events (append-only, trimmed to about USAGE_STREAM_MAXLEN)."""
         return f"{self.base}usage:events"
+
+    # --- egress -----------------------------------------------------------------------------
+    def egress_binding(self, credential: str) -> str:
+        """Hash: session, workspace, allow (JSON list) bound to a sandbox's egress credential while its
+        session lives; keyed by `egress_digest(credential)`, expiring with the session."""
+        return self.egress_binding_prefix + egress_digest(credential)
+
+    @property
+    def egress_binding_prefix(self) -> str:
+        """For scripts: a binding's key is this prefix and the credential's digest."""
+        return f"{self.base}egress:"
 
     # --- control ----------------------------------------------------------------------------
     @property
