@@ -150,6 +150,7 @@ async def make_egress(redis_url: str, redis_prefix: str, outside: Outside) -> As
     made: list[tuple[Egress, Any]] = []
 
     async def make(*, ceiling: list[str] | None = None, loopback: bool = True, **overrides: Any) -> Egress:
+        overrides.setdefault("shutdown_grace_seconds", 0.2)
         if ceiling is None:
             ceiling = [f"*:{outside.https_tap.port}", f"*:{outside.http_tap.port}",
                        f"127.0.0.1:{outside.https_tap.port}", f"[::1]:{outside.https_tap.port}"]

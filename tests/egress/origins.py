@@ -161,7 +161,7 @@ class Origin:
         self.server = _OriginServer(("127.0.0.1", 0), _Handler)
         self.server.origin = self
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
 
     def close(self) -> None:
@@ -236,7 +236,7 @@ class Tap:
         self.server = _TapServer(("127.0.0.1", 0), _TapHandler)
         self.server.tap = self
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
 
     def totals(self) -> tuple[int, int]:

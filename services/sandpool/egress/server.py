@@ -133,13 +133,15 @@ class EgressProxy:
         self.metrics.active.inc()
         try:
             if self.active > self.settings.max_connections:
-                await self._refuse(writer, Refusal(503, "too_many_connections",
+                await self._refuse(reader, writer, Refusal(503, "too_many_connections",
                                                    "sandpool egress: too many connections, retry later",
                                                    headers={"Retry-After": "1"}))
                 return
             await self._serve(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
             pass  # the client went away
+        except asyncio.CancelledError:
+            pass  # cut by a shutdown: end this connection's task quietly (its usage is already recorded)
         except Exception:
             log.exception("egress connection failed")
         finally:
@@ -153,10 +155,10 @@ class EgressProxy:
             head = await asyncio.wait_for(read_head(reader, max_bytes=self.settings.max_header_bytes),
                                           self.settings.header_timeout_seconds)
         except asyncio.TimeoutError:
-            await self._refuse(writer, Refusal(408, "head_timeout", "sandpool egress: request head too slow"))
+            await self._refuse(reader, writer, Refusal(408, "head_timeout", "sandpool egress: request head too slow"))
             return
         except Refusal as refusal:
-            await self._refuse(writer, refusal)
+            await self._refuse(reader, writer, refusal)
             return
         if head is None:
             return
@@ -170,7 +172,7 @@ class EgressProxy:
                 else:
                     await self._forward(head, caller, reader, writer)
         except Refusal as refusal:
-            await self._refuse(writer, refusal)
+            await self._refuse(reader, writer, refusal)
 
     async def _authenticate(self, head: RequestHead) -> Caller:
         values = head.values("proxy-authorization")
@@ -363,13 +365,14 @@ class EgressProxy:
         log.info("egress", extra=self._fields(caller, destination, kind=kind, outcome=outcome,
                                               bytes_in=tally.in_, bytes_out=tally.out))
 
-    async def _refuse(self, writer: asyncio.StreamWriter, refusal: Refusal) -> None:
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, refusal: Refusal) -> None:
         self.metrics.refused(refusal.reason)
         log.info("egress refused", extra={"reason": refusal.reason, "status": refusal.status,
                                           "detail": refusal.message})
         with contextlib.suppress(OSError, RuntimeError):
             writer.write(refusal_bytes(refusal))
             await writer.drain()
+            await _linger(reader, writer)
 
     # --- answered here -----------------------------------------------------------------------------
     async def _local(self, head: RequestHead, writer: asyncio.StreamWriter, *, metrics: bool) -> None:
@@ -413,6 +416,27 @@ class EgressProxy:
             pass
         finally:
             await _close(writer)
+
+
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 256 * 1024
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After an answer the client's request was not read to its end: close our side for writing and read
+    what is still coming (bounded), so closing does not reset the connection before the client has
+    read the answer."""
+    if writer.can_write_eof():
+        writer.write_eof()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LINGER_SECONDS
+    drained = 0
+    with contextlib.suppress(asyncio.TimeoutError, OSError, asyncio.LimitOverrunError):
+        while drained < LINGER_BYTES:
+            data = await asyncio.wait_for(reader.read(65536), max(0.0, deadline - loop.time()))
+            if not data:
+                break
+            drained += len(data)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
