@@ -65,17 +65,17 @@ class AddressPolicy:
 
     def refusal(self, address: IPAddress) -> str | None:
         """Why `address` is refused (a short word for messages and metrics), or None when admitted."""
+        if address in METADATA:
+            return "metadata"
+        if any(address.version == net.version and address in net for net in self.denied):
+            return "denied_range"
         inner = embedded_ipv4(address)
         if inner is not None:
             why = self.refusal(inner)
             if why is not None:
                 return why
-            if address.ipv4_mapped is not None:  # type: ignore[union-attr]
-                return None  # a mapped public IPv4 address is that address
-        if address in METADATA:
-            return "metadata"
-        if any(address.version == net.version and address in net for net in self.denied):
-            return "denied_range"
+            if address.ipv4_mapped is not None or address in NAT64:  # type: ignore[union-attr]
+                return None  # that IPv4 address, reached directly or through the NAT64 gateway (DNS64)
         if address.is_loopback:
             return None if self.allow_loopback else "loopback"
         if address.is_unspecified:
