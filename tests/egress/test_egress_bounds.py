@@ -47,10 +47,11 @@ async def test_a_sandbox_holds_at_most_its_share_of_connections(make_egress: Mak
 async def test_connections_in_all_are_bounded(make_egress: MakeEgress) -> None:
     egress = await make_egress(max_connections=2)
     idle = [await asyncio.open_connection("127.0.0.1", egress.port) for _ in range(2)]
-    for _ in range(600):
+    for _ in range(3000):
         if egress.proxy.active == 2:
             break
         await asyncio.sleep(0.01)
+    assert egress.proxy.active == 2
     answer = await raw_request(egress.port, "GET /healthz HTTP/1.1\r\nHost: egress")
     assert answer.status == 503
     assert answer.headers["x-sandpool-egress-refusal"] == "too_many_connections"
@@ -93,30 +94,28 @@ async def test_a_tunnel_that_never_sends_its_client_hello_is_closed(make_egress:
 
 
 async def test_an_idle_tunnel_is_closed_and_still_metered(make_egress: MakeEgress, outside: Outside) -> None:
-    egress = await make_egress(idle_timeout_seconds=0.3)
+    egress = await make_egress(idle_timeout_seconds=1.0)
     bound = await egress.bind_session([f"files.example.test:{outside.https_tap.port}"])
     reader, writer = await asyncio.open_connection("127.0.0.1", egress.port)
     writer.write(connect_head(f"files.example.test:{outside.https_tap.port}", bound.credential).encode() + b"\r\n\r\n")
     await writer.drain()
     assert (await read_answer(reader, read_body=False)).status == 200
     await writer.start_tls(outside.certificate.client_context(), server_hostname="files.example.test")
-    writer.write(b"GET /bytes/10 HTTP/1.1\r\nHost: files.example.test\r\n\r\n")  # keep-alive: the origin waits
-    await writer.drain()
-    received = b""
+    # then nothing: neither side sends a byte, and the proxy ends the tunnel (end of file, or a reset)
     with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
-        while True:  # the proxy closes the idle tunnel: end of file (or a reset) arrives
-            chunk = await asyncio.wait_for(reader.read(65536), 30)
-            if not chunk:
+        while True:
+            if not await asyncio.wait_for(reader.read(65536), 60):
                 raise ConnectionError("closed")
-            received += chunk
     writer.close()
-    assert received.endswith(b"x" * 10)
     for _ in range(600):
         usage = await egress.usage(bound.workspace)
         if usage.get("egress_connections") == "1":
             break
         await asyncio.sleep(0.05)
-    assert int(usage["egress_bytes_in"]) > 10
+    sent, received = outside.https_tap.totals()
+    assert int(usage["egress_bytes_out"]) == sent > 0  # the handshake's bytes
+    # the origin may still answer the cut (its close_notify) into a socket the proxy has closed: not relayed
+    assert 0 < int(usage["egress_bytes_in"]) <= received
 
 
 async def test_a_client_hello_over_the_limit_is_refused(make_egress: MakeEgress, outside: Outside) -> None:
