@@ -19,7 +19,8 @@ def test_egress_imports_no_other_service_and_no_redis() -> None:
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
-            bad += [f"{path.name} imports {n}" for n in names if any(n == f or n.startswith(f + ".") for f in FORBIDDEN)]
+            bad += [f"{path.name} imports {n}" for n in names
+                    if any(n == f or n.startswith(f + ".") for f in FORBIDDEN)]
     assert bad == []
 
 

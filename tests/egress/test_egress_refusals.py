@@ -347,7 +347,8 @@ async def test_a_second_request_on_a_plain_connection_goes_nowhere(egress: Egres
     bound = await egress.bind_session([f"files.example.test:{outside.http_tap.port}"])
     auth = f"Proxy-Authorization: {basic(bound.credential)}"
     first = f"POST {outside.http_url('/echo')} HTTP/1.1\r\n{auth}\r\nContent-Length: 5\r\n\r\nhello"
-    second = f"GET {outside.http_url('/bytes/1', name='other.example.test')} HTTP/1.1\r\nHost: other.example.test\r\n\r\n"
+    other = outside.http_url("/bytes/1", name="other.example.test")
+    second = f"GET {other} HTTP/1.1\r\nHost: other.example.test\r\n\r\n"
     reader, writer = await asyncio.open_connection("127.0.0.1", egress.port)
     writer.write((first + second).encode())
     await writer.drain()

@@ -74,7 +74,8 @@ class AddressPolicy:
             why = self.refusal(inner)
             if why is not None:
                 return why
-            if address.ipv4_mapped is not None or address in NAT64:  # type: ignore[union-attr]
+            assert isinstance(address, ipaddress.IPv6Address)  # only IPv6 addresses embed another
+            if address.ipv4_mapped is not None or address in NAT64:
                 return None  # that IPv4 address, reached directly or through the NAT64 gateway (DNS64)
         if address.is_loopback:
             return None if self.allow_loopback else "loopback"
@@ -94,6 +95,6 @@ class AddressPolicy:
 
     def connectable(self, address: IPAddress) -> IPAddress:
         """The address to dial: an IPv4-mapped address as the IPv4 address it maps."""
-        if address.version == 6 and address.ipv4_mapped is not None:  # type: ignore[union-attr]
-            return address.ipv4_mapped  # type: ignore[union-attr]
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            return address.ipv4_mapped
         return address
