@@ -356,3 +356,11 @@ async def test_a_second_request_on_a_plain_connection_goes_nowhere(egress: Egres
     writer.close()
     assert data.count(b"HTTP/1.") == 1 and b'"received": 5' in data
     assert [(seen.method, seen.path) for seen in outside.http.seen] == [("POST", "/echo")]
+
+
+async def test_an_origin_that_does_not_answer_http_is_502(egress: Egress, outside: Outside) -> None:
+    """Plain HTTP sent to a TLS server: it never answers in HTTP, and the client is told so."""
+    bound = await egress.bind_session([f"files.example.test:{outside.https_tap.port}"])
+    target = f"http://files.example.test:{outside.https_tap.port}/bytes/1"
+    answer = await raw_request(egress.port, f"GET {target} HTTP/1.1\r\nProxy-Authorization: {basic(bound.credential)}")
+    assert answer.status == 502 and answer.headers["x-sandpool-egress-refusal"] == "bad_response"

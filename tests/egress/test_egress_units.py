@@ -20,7 +20,14 @@ from sandpool.egress import allowlist
 from sandpool.egress.addresses import AddressPolicy
 from sandpool.egress.allowlist import BadEntry, outside_ceiling, parse, parse_entry
 from sandpool.egress.hosts import BadHost, Destination, normalise_name, parse_authority, parse_host
-from sandpool.egress.http import Refusal, body_framing, origin_head, parse_absolute, parse_head
+from sandpool.egress.http import (
+    Refusal,
+    body_framing,
+    client_response_head,
+    origin_head,
+    parse_absolute,
+    parse_head,
+)
 from sandpool.egress.resolver import ResolveFailed, StaticResolver, parse_overrides
 from sandpool.egress.settings import EgressSettings
 from sandpool.egress.tls import NotClientHello, parse_client_hello, read_client_hello
@@ -367,6 +374,18 @@ def test_the_origin_head_carries_no_hop_by_hop_header() -> None:
                       b"Keep-Alive: 5\r\nUpgrade: websocket\r\nAccept: */*")
     sent = origin_head(head, parse_absolute(head.target)).decode()
     assert sent == ("GET /p?q HTTP/1.1\r\nHost: a.test:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n")
+
+
+def test_the_client_is_told_the_connection_ends_with_the_response() -> None:
+    status, head = client_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive, X-Hop\r\n"
+                                        b"X-Hop: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\n\r\n")
+    assert status == 200
+    assert head == b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n"
+    assert client_response_head(b"HTTP/1.1 100 Continue\r\n\r\n")[0] == 100
+    assert client_response_head(b"HTTP/1.0 404\r\n\r\n") == (404, b"HTTP/1.0 404\r\nConnection: close\r\n\r\n")
+    for bad in (b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/2 200\r\n\r\n", b"HTTP/1.1 99 Low\r\n\r\n"):
+        with pytest.raises(ValueError):
+            client_response_head(bad)
 
 
 # --- settings ----------------------------------------------------------------------------------------------

@@ -10,5 +10,6 @@ a tunnel against its CONNECT authority, and meters the bytes per workspace.
 Modules, one job each: `settings`, `hosts` (names and authorities), `allowlist`,
 `addresses` (the address policy), `resolver`, `tls` (SNI of a ClientHello),
 `http` (request heads and the proxy's own answers), `relay`, `metering`,
-`metrics`, `server` (one connection, start to end), `serving` (the process).
+`identity` (the credential and its binding), `probes`, `metrics`, `server` (one
+connection, start to end), `serving` (the process).
 """

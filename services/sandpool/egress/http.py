@@ -169,6 +169,24 @@ def origin_head(head: RequestHead, request: AbsoluteRequest) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+_STATUS_LINE = re.compile(rb"^HTTP/1\.[01] ([1-5][0-9][0-9])(?: |\r\n)")
+
+
+def client_response_head(head: bytes) -> tuple[int, bytes]:
+    """An origin's response head as the client gets it: its status, and the head with the connection
+    headers replaced by `Connection: close` (the proxy serves one request per connection, so the client
+    must not send another on it). `BodyError`-worthy heads raise `ValueError`."""
+    match = _STATUS_LINE.match(head)
+    if not match:
+        raise ValueError("not an HTTP/1.x response")
+    lines = head[:-4].split(b"\r\n")
+    named = {token.strip().lower() for line in lines[1:] if line[:11].lower() == b"connection:"
+             for token in line[11:].split(b",")}
+    drop = {b"connection", b"keep-alive", b"proxy-connection"} | named
+    kept = [line for line in lines[1:] if line.partition(b":")[0].strip().lower() not in drop]
+    return int(match.group(1)), b"\r\n".join([lines[0], *kept, b"Connection: close"]) + b"\r\n\r\n"
+
+
 def _phrase(text: str) -> str:
     cleaned = "".join(ch if 0x20 <= ord(ch) < 0x7F else "?" for ch in text)
     return cleaned[:240]

@@ -3,8 +3,9 @@
 Each direction is a pump (read, write, drain, count). A connection ends when
 both directions have reached end of file, when either fails, or when neither
 has moved a byte for the idle timeout; one watchdog per connection checks that
-(a timer per connection, not per read). The counts are what was written to
-each side, which is what the workspace is metered for.
+(a timer per connection, not per read). The counts are the bytes that crossed
+to the outside (written to the origin, read from it), which is what the
+workspace is metered for.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 CHUNK = 64 * 1024
 
@@ -28,15 +29,16 @@ class Activity:
 
 
 class Tally:
-    """Bytes written towards the origin (`out`) and towards the client (`in_`)."""
+    """The bytes that crossed to the outside: sent to the origin (`out`), received from it (`in_`)."""
 
     def __init__(self) -> None:
         self.out = 0
         self.in_ = 0
+        self.answered = False  # a plain-HTTP response has started towards the client
 
 
 class BodyError(Exception):
-    """The client's request body broke its own framing."""
+    """A request body broke its own framing, or a response head could not be read."""
 
 
 async def write(writer: asyncio.StreamWriter, data: bytes, activity: Activity) -> None:
@@ -53,14 +55,36 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, activ
         if not data:
             break
         activity.touch()
+        if not towards_origin:
+            tally.in_ += len(data)
         await write(writer, data, activity)
         if towards_origin:
             tally.out += len(data)
-        else:
-            tally.in_ += len(data)
     if writer.can_write_eof() and not writer.is_closing():
         with contextlib.suppress(OSError, RuntimeError):
             writer.write_eof()
+
+
+async def relay_response(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, activity: Activity,
+                         tally: Tally, rewrite: Callable[[bytes], tuple[int, bytes]]) -> None:
+    """An origin's answer to a plain-HTTP request: each head rewritten by `rewrite` (which returns the
+    status and the head to send), interim (1xx) heads included, then the rest as it comes."""
+    while True:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.LimitOverrunError, asyncio.IncompleteReadError):
+            raise BodyError("the origin's response head could not be read") from None
+        activity.touch()
+        tally.in_ += len(head)
+        try:
+            status, sent = rewrite(head)
+        except ValueError as exc:
+            raise BodyError(f"the origin's response head is malformed ({exc})") from None
+        tally.answered = True
+        await write(writer, sent, activity)
+        if not 100 <= status < 200 or status == 101:
+            break
+    await pump(reader, writer, activity, tally, towards_origin=False)
 
 
 async def copy_exactly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int,
@@ -145,3 +169,30 @@ async def supervise(jobs: Iterable[Awaitable[None]], activity: Activity, idle_ti
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
     return outcome
+
+
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 256 * 1024
+
+
+async def linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After an answer the client's request was not read to its end: close our side for writing and read
+    what is still coming (bounded), so closing does not reset the connection before the client has
+    read the answer."""
+    if writer.can_write_eof():
+        writer.write_eof()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LINGER_SECONDS
+    drained = 0
+    with contextlib.suppress(asyncio.TimeoutError, OSError, asyncio.LimitOverrunError):
+        while drained < LINGER_BYTES:
+            data = await asyncio.wait_for(reader.read(65536), max(0.0, deadline - loop.time()))
+            if not data:
+                break
+            drained += len(data)
+
+
+async def close_quietly(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), 2)

@@ -23,16 +23,9 @@ The credential is never logged, never sent on, and not kept beyond the lookup
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
-import re
 import socket
-from collections.abc import Iterator
-from dataclasses import dataclass
-
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandpool.egress import allowlist
 from sandpool.egress.hosts import BadHost, Destination, IPAddress, normalise_name, parse_authority
@@ -40,41 +33,37 @@ from sandpool.egress.http import (
     ESTABLISHED,
     Refusal,
     RequestHead,
-    answer,
     body_framing,
+    client_response_head,
     origin_head,
     parse_absolute,
     read_head,
     refusal_bytes,
 )
+from sandpool.egress.identity import Caller, Shares, identify
 from sandpool.egress.metering import Meter, Usage, now
 from sandpool.egress.metrics import EgressMetrics
-from sandpool.egress.relay import Activity, BodyError, Tally, copy_chunked, copy_exactly, pump, supervise
+from sandpool.egress.probes import local_answer
+from sandpool.egress.relay import (
+    Activity,
+    Tally,
+    close_quietly,
+    copy_chunked,
+    copy_exactly,
+    linger,
+    pump,
+    relay_response,
+    supervise,
+)
 from sandpool.egress.resolver import ResolveFailed, Resolver
 from sandpool.egress.settings import EgressSettings
 from sandpool.egress.tls import ALERT_ACCESS_DENIED, NotClientHello, read_client_hello
-from sandpool.state.egress import EgressBinding, EgressStore
-from sandpool.state.errors import StateError
-from sandpool.state.keys import egress_digest
+from sandpool.state.egress import EgressStore
 
 log = logging.getLogger("sandpool.egress")
 
-_CREDENTIAL = re.compile(r"^[\x21-\x7e]{16,256}$")
-_CHALLENGE = {"Proxy-Authenticate": 'Basic realm="sandpool egress"'}
 POLICY_HINT = "workspace policy egress_allow"
 CEILING_HINT = "operator setting egress_allow_ceiling"
-
-
-def _auth_refusal(reason: str, what: str) -> Refusal:
-    return Refusal(407, reason, f"sandpool egress: {what}", headers=_CHALLENGE)
-
-
-@dataclass
-class Caller:
-    """Who is asking: the bound session, and the key its connections are counted under."""
-
-    binding: EgressBinding
-    slot: str
 
 
 class EgressProxy:
@@ -90,7 +79,7 @@ class EgressProxy:
         self.policy = settings.address_policy()
         self.meter = Meter(store, self.metrics)
         self.active = 0
-        self.per_credential: dict[str, int] = {}
+        self.shares = Shares(settings.max_connections_per_credential)
         self.servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._limit = max(settings.max_header_bytes, 65536)
@@ -147,7 +136,7 @@ class EgressProxy:
         finally:
             self.active -= 1
             self.metrics.active.dec()
-            await _close(writer)
+            await close_quietly(writer)
             self._tasks.discard(task)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -163,57 +152,18 @@ class EgressProxy:
         if head is None:
             return
         if head.target.startswith("/") and head.method != "CONNECT":
-            await self._local(head, writer, metrics=False)
+            await self._answer(head, writer, metrics_listener=False)
             return
         try:
-            with self._caller_slot(await self._authenticate(head)) as caller:
+            with self.shares.take(await identify(self.store, head)) as caller:
                 if head.method == "CONNECT":
                     await self._tunnel(head, caller, reader, writer)
                 else:
                     await self._forward(head, caller, reader, writer)
         except Refusal as refusal:
+            if refusal.reason == "unavailable":
+                self.metrics.redis_error()
             await self._refuse(reader, writer, refusal)
-
-    async def _authenticate(self, head: RequestHead) -> Caller:
-        values = head.values("proxy-authorization")
-        if not values:
-            raise _auth_refusal("no_credential", "no proxy credential (the sandbox's proxy URL carries it)")
-        scheme, _, encoded = values[0].partition(" ")
-        if len(values) > 1 or scheme.lower() != "basic":
-            raise _auth_refusal("bad_credential", "malformed proxy credential (expected Basic)")
-        try:
-            decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
-            raise _auth_refusal("bad_credential", "malformed proxy credential (expected Basic)") from None
-        credential = decoded.partition(":")[2]
-        if not _CREDENTIAL.match(credential):
-            raise _auth_refusal("bad_credential", "malformed proxy credential")
-        try:
-            binding = await self.store.binding(credential)
-        except StateError:
-            self.metrics.redis_error()
-            raise Refusal(503, "unavailable", "sandpool egress: cannot check the credential now, retry later",
-                          headers={"Retry-After": "1"}) from None
-        if binding is None:
-            raise _auth_refusal("unknown_credential", "proxy credential unknown, revoked, or its session has ended")
-        return Caller(binding, egress_digest(credential))
-
-    @contextlib.contextmanager
-    def _caller_slot(self, caller: Caller) -> Iterator[Caller]:
-        held = self.per_credential.get(caller.slot, 0)
-        if held >= self.settings.max_connections_per_credential:
-            raise Refusal(429, "too_many_connections",
-                          f"sandpool egress: this sandbox already holds {held} connections (the most allowed)",
-                          headers={"Retry-After": "1"})
-        self.per_credential[caller.slot] = held + 1
-        try:
-            yield caller
-        finally:
-            left = self.per_credential[caller.slot] - 1
-            if left:
-                self.per_credential[caller.slot] = left
-            else:
-                del self.per_credential[caller.slot]
 
     # --- the decision ------------------------------------------------------------------------
     def _admit(self, destination: Destination, caller: Caller) -> None:
@@ -286,7 +236,7 @@ class EgressProxy:
                                        pump(up_reader, writer, activity, tally, False)],
                                       activity, self.settings.idle_timeout_seconds)
         finally:
-            await _close(up_writer)
+            await close_quietly(up_writer)
             self._finish("connect", outcome, caller, destination, tally)
 
     async def _check_hello(self, destination: Destination, reader: asyncio.StreamReader,
@@ -345,11 +295,13 @@ class EgressProxy:
             elif framing.kind == "chunked":
                 jobs.append(copy_chunked(reader, up_writer, activity, tally))
             outcome = await supervise(jobs, activity, self.settings.idle_timeout_seconds,
-                                      ends_all=pump(up_reader, writer, activity, tally, False))
-        except BodyError:
-            outcome = "failed"
+                                      ends_all=relay_response(up_reader, writer, activity, tally,
+                                                              client_response_head))
+            if outcome != "done" and not tally.answered:
+                await self._refuse(reader, writer, Refusal(
+                    502, "bad_response", f"sandpool egress: the exchange with {destination} failed before a response"))
         finally:
-            await _close(up_writer)
+            await close_quietly(up_writer)
             self._finish("http", outcome, caller, destination, tally)
 
     # --- bookkeeping ------------------------------------------------------------------------------
@@ -372,36 +324,12 @@ class EgressProxy:
         with contextlib.suppress(OSError, RuntimeError):
             writer.write(refusal_bytes(refusal))
             await writer.drain()
-            await _linger(reader, writer)
+            await linger(reader, writer)
 
     # --- answered here -----------------------------------------------------------------------------
-    async def _local(self, head: RequestHead, writer: asyncio.StreamWriter, *, metrics: bool) -> None:
-        """Origin-form requests: the probes (both listeners) and /metrics (the metrics listener only)."""
-        path = head.target.split("?", 1)[0]
-        if head.method not in ("GET", "HEAD") or (path not in ("/healthz", "/readyz", "/metrics")):
-            response = answer(404, "not found", phrase="Not Found") if metrics else answer(
-                405, "sandpool egress: only CONNECT and absolute http:// requests are proxied",
-                reason="not_proxy_request")
-        elif path == "/healthz":
-            notice = " (UNSAFE TEST MODE: loopback admitted)" if self.settings.unsafe_allow_loopback_for_tests else ""
-            response = answer(200, "ok" + notice, phrase="OK")
-        elif path == "/readyz":
-            try:
-                ready = await self.store.ping()
-            except StateError:
-                self.metrics.redis_error()
-                ready = False
-            response = (answer(200, "ready", phrase="OK") if ready
-                        else answer(503, "Redis unreachable", phrase="Service Unavailable"))
-        elif metrics:
-            body = generate_latest(self.metrics.registry)
-            response = (f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE_LATEST}\r\nContent-Length: {len(body)}\r\n"
-                        "Connection: close\r\n\r\n").encode("latin-1") + body
-        else:
-            response = answer(405, "sandpool egress: /metrics is served on the metrics port only",
-                              reason="not_proxy_request")
-        if head.method == "HEAD":
-            response = response.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
+    async def _answer(self, head: RequestHead, writer: asyncio.StreamWriter, *, metrics_listener: bool) -> None:
+        response = await local_answer(head, store=self.store, metrics=self.metrics, metrics_listener=metrics_listener,
+                                      unsafe=self.settings.unsafe_allow_loopback_for_tests)
         with contextlib.suppress(OSError, RuntimeError):
             writer.write(response)
             await writer.drain()
@@ -411,35 +339,8 @@ class EgressProxy:
             head = await asyncio.wait_for(read_head(reader, max_bytes=self.settings.max_header_bytes),
                                           self.settings.header_timeout_seconds)
             if head is not None:
-                await self._local(head, writer, metrics=True)
+                await self._answer(head, writer, metrics_listener=True)
         except (Refusal, asyncio.TimeoutError, ConnectionError, OSError):
             pass
         finally:
-            await _close(writer)
-
-
-LINGER_SECONDS = 1.0
-LINGER_BYTES = 256 * 1024
-
-
-async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """After an answer the client's request was not read to its end: close our side for writing and read
-    what is still coming (bounded), so closing does not reset the connection before the client has
-    read the answer."""
-    if writer.can_write_eof():
-        writer.write_eof()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + LINGER_SECONDS
-    drained = 0
-    with contextlib.suppress(asyncio.TimeoutError, OSError, asyncio.LimitOverrunError):
-        while drained < LINGER_BYTES:
-            data = await asyncio.wait_for(reader.read(65536), max(0.0, deadline - loop.time()))
-            if not data:
-                break
-            drained += len(data)
-
-
-async def _close(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(Exception):
-        writer.close()
-        await asyncio.wait_for(writer.wait_closed(), 2)
+            await close_quietly(writer)

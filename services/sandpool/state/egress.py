@@ -29,7 +29,8 @@ EGRESS_BYTES_IN = "egress_bytes_in"
 EGRESS_BYTES_OUT = "egress_bytes_out"
 EGRESS_CONNECTIONS = "egress_connections"
 EVENT = "egress"
-"""Usage counters (`egress_bytes` = in + out; in is towards the sandbox) and the usage event's type."""
+"""Usage counters (`egress_bytes` = in + out; in: received from the destination, out: sent to it) and the
+usage event's type."""
 
 BINDING_FIELDS = ("session", "workspace", "allow")
 """Fields of a binding hash: the session id, its workspace, its allow-list as a JSON list of entries."""
@@ -74,7 +75,8 @@ class EgressStore:
     @translated
     async def meter(self, *, workspace: str, session: str, bytes_in: int, bytes_out: int, now: float,
                     host: str, port: int) -> None:
-        """Meter one connection's bytes (in: towards the sandbox; out: from it) against the workspace."""
+        """Meter one connection's bytes (in: received from the destination; out: sent to it) against the
+        workspace."""
         k = self.keys
         await self._meter(
             keys=[k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces, k.usage_events],

@@ -6,7 +6,8 @@ sandbox keys from `sandbox_prefix` inside Lua for that reason.
 
 Lifetimes:
 - session, sandbox, lease and lock keys expire (a safety net behind the reaper
-  and the reconciler; they are deleted explicitly in the normal path);
+  and the reconciler; they are deleted explicitly in the normal path), and so do
+  egress credential bindings, with their session;
 - usage totals are kept; per-day usage hashes expire after `USAGE_DAY_RETENTION_DAYS`;
 - the usage event stream is trimmed to about `USAGE_STREAM_MAXLEN` entries, which a
   billing consumer (a consumer group) must keep ahead of.
