@@ -110,6 +110,7 @@ async def test_the_process_serves_probes_metrics_tunnels_and_stops_cleanly(
             break
         await asyncio.sleep(0.05)
     assert int(usage["egress_connections"]) == 1
+    assert await egress.store.ceiling() == [f"*:{outside.https_tap.port}"]  # published at start
     text = process.log.read_text()
     assert bound.credential not in text
     assert "UNSAFE TEST MODE" in text

@@ -64,3 +64,11 @@ async def test_meter_writes_counters_and_one_event_in_one_step(egress: Egress) -
     # the admin API's usage view reads the counters as numbers, like every other
     totals, days = await UsageStore(egress.store.redis, egress.keys).read("ws-meter", [utc_day(now)])
     assert totals["egress_bytes"] == 1212 and days[0]["counters"]["egress_connections"] == 2
+
+
+async def test_the_ceiling_is_published_for_the_admin_api(egress: Egress) -> None:
+    assert await egress.store.ceiling() is None
+    await egress.store.publish_ceiling(["pypi.org", "*.example.com:8443"])
+    assert await egress.store.ceiling() == ["pypi.org", "*.example.com:8443"]
+    await egress.store.redis.set(egress.keys.egress_ceiling, "not json")
+    assert await egress.store.ceiling() is None

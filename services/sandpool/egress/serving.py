@@ -100,6 +100,7 @@ async def _main(settings: EgressSettings, sockets: list[socket.socket], metrics_
     try:
         try:
             await store.load_scripts()
+            await store.publish_ceiling(settings.egress_allow_ceiling)
         except StateError as exc:  # not fatal: connections get 503 until Redis is back
             log.warning("Redis unreachable at start; credentials cannot be checked until it is back",
                         extra={"error": str(exc)})

@@ -8,7 +8,9 @@ on every connection (`binding`: one script, which also refuses a binding whose
 session no longer lives) and meters each connection when it ends (`meter`:
 usage counters and an `egress` event in one script, like the scheduler's).
 
-`bind`/`unbind` write and remove a binding as one step; the lease and release
+The proxy also publishes the operator's ceiling (`publish_ceiling`), so the
+admin API can refuse a workspace list outside it without sharing the proxy's
+settings. `bind`/`unbind` write and remove a binding as one step; the lease and release
 scripts do the same inside their own steps (same key, same fields, same expiry),
 so these are the reference for them and what the tests use.
 """
@@ -83,6 +85,22 @@ class EgressStore:
             args=[workspace, session, repr(now), RETENTION_SECONDS, USAGE_STREAM_MAXLEN, int(bytes_in),
                   int(bytes_out), int(bytes_in) + int(bytes_out), host, int(port)],
         )
+
+    @translated
+    async def publish_ceiling(self, entries: Sequence[str]) -> None:
+        """The operator's egress ceiling as the egress proxy enforces it, for the admin API to refuse a
+        workspace list outside it (every replica publishes the same value at start)."""
+        await self.redis.set(self.keys.egress_ceiling, json.dumps(list(entries)))
+
+    @translated
+    async def ceiling(self) -> list[str] | None:
+        """The published ceiling; None before any egress proxy published one."""
+        raw = await self.redis.get(self.keys.egress_ceiling)
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        return [str(entry) for entry in data] if isinstance(data, list) else None
 
     @translated
     async def bind(self, credential: str, *, session: str, workspace: str, allow: Sequence[str],

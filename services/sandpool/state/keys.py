@@ -180,6 +180,11 @@ class Keys:
         """For scripts: a binding's key is this prefix and the credential's digest."""
         return f"{self.base}egress:"
 
+    @property
+    def egress_ceiling(self) -> str:
+        """String (JSON list): the egress proxy's allow-list ceiling, for the admin API's policy checks."""
+        return f"{self.base}limits:egress_ceiling"
+
     # --- control ----------------------------------------------------------------------------
     @property
     def controller_leader(self) -> str:
