@@ -1,4 +1,4 @@
-"""`sandpool up | proxy | scheduler | agent | keygen | token | admin`.
+"""`sandpool up | proxy | scheduler | agent | egress | keygen | token | admin`.
 
 Each subcommand lives next to its service (`<service>/cli.py` exposes
 `register(subparsers)`); this module only wires them together, importing each
@@ -21,6 +21,7 @@ COMMANDS = {
     "proxy": "sandpool.proxy.cli",
     "scheduler": "sandpool.scheduler.cli",
     "agent": "sandpool.agent.cli",
+    "egress": "sandpool.egress.cli",
     "keygen": "sandpool.proxy.keys_cli",
     "token": "sandpool.proxy.keys_cli",
     "admin": "sandpool.client.admin_cli",

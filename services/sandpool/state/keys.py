@@ -6,7 +6,8 @@ sandbox keys from `sandbox_prefix` inside Lua for that reason.
 
 Lifetimes:
 - session, sandbox, lease and lock keys expire (a safety net behind the reaper
-  and the reconciler; they are deleted explicitly in the normal path);
+  and the reconciler; they are deleted explicitly in the normal path), and so do
+  egress credential bindings, with their session;
 - usage totals are kept; per-day usage hashes expire after `USAGE_DAY_RETENTION_DAYS`;
 - the usage event stream is trimmed to about `USAGE_STREAM_MAXLEN` entries, which a
   billing consumer (a consumer group) must keep ahead of.
@@ -14,6 +15,7 @@ Lifetimes:
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
@@ -24,6 +26,11 @@ USAGE_STREAM_MAXLEN = 1_000_000
 def utc_day(now: float) -> str:
     """The UTC day (`YYYY-MM-DD`) a usage figure at `now` counts towards."""
     return time.strftime("%Y-%m-%d", time.gmtime(now))
+
+
+def egress_digest(credential: str) -> str:
+    """What a sandbox's egress credential is known by in Redis (SHA-256, hex): never the credential itself."""
+    return hashlib.sha256(credential.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,22 @@ class Keys:
     def usage_events(self) -> str:
         """Stream of usage events (append-only, trimmed to about USAGE_STREAM_MAXLEN)."""
         return f"{self.base}usage:events"
+
+    # --- egress -----------------------------------------------------------------------------
+    def egress_binding(self, credential: str) -> str:
+        """Hash: session, workspace, allow (JSON list) bound to a sandbox's egress credential while its
+        session lives; keyed by `egress_digest(credential)`, expiring with the session."""
+        return self.egress_binding_prefix + egress_digest(credential)
+
+    @property
+    def egress_binding_prefix(self) -> str:
+        """For scripts: a binding's key is this prefix and the credential's digest."""
+        return f"{self.base}egress:"
+
+    @property
+    def egress_ceiling(self) -> str:
+        """String (JSON list): the egress proxy's allow-list ceiling, for the admin API's policy checks."""
+        return f"{self.base}limits:egress_ceiling"
 
     # --- control ----------------------------------------------------------------------------
     @property

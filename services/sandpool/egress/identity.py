@@ -1,0 +1,95 @@
+"""Who a connection comes from: the sandbox's credential, the session it is bound to, its share of connections.
+
+The credential is the password of `Proxy-Authorization: Basic base64(user:credential)`,
+which every common client sends for a proxy URL `http://user:credential@host:port`
+(the user part is ignored). It is looked up in Redis (`EgressStore.binding`) and
+forgotten: what stays in memory is its digest, under which the sandbox's open
+connections are counted.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sandpool.egress.http import Refusal, RequestHead
+from sandpool.state.egress import EgressBinding, EgressStore
+from sandpool.state.errors import StateError
+from sandpool.state.keys import egress_digest
+
+CREDENTIAL = re.compile(r"^[\x21-\x7e]{16,256}$")
+"""What a credential may look like (anything else is refused before Redis is asked)."""
+CHALLENGE = {"Proxy-Authenticate": 'Basic realm="sandpool egress"'}
+
+
+def refused(reason: str, what: str) -> Refusal:
+    return Refusal(407, reason, f"sandpool egress: {what}", headers=CHALLENGE)
+
+
+def credential_of(head: RequestHead) -> str:
+    """The credential a request carries, or a 407 saying what is wrong with it."""
+    values = head.values("proxy-authorization")
+    if not values:
+        raise refused("no_credential", "no proxy credential (the sandbox's proxy URL carries it)")
+    scheme, _, encoded = values[0].partition(" ")
+    if len(values) > 1 or scheme.lower() != "basic":
+        raise refused("bad_credential", "malformed proxy credential (expected Basic)")
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        raise refused("bad_credential", "malformed proxy credential (expected Basic)") from None
+    credential = decoded.partition(":")[2]
+    if not CREDENTIAL.match(credential):
+        raise refused("bad_credential", "malformed proxy credential")
+    return credential
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking: the bound session, and the key its connections are counted under."""
+
+    binding: EgressBinding
+    slot: str
+
+
+async def identify(store: EgressStore, head: RequestHead) -> Caller:
+    """The live session the request's credential is bound to; 407 when none, 503 when Redis cannot say.
+    `StateError` is re-raised as the 503 `Refusal` (the caller counts it)."""
+    credential = credential_of(head)
+    try:
+        binding = await store.binding(credential)
+    except StateError:
+        raise Refusal(503, "unavailable", "sandpool egress: cannot check the credential now, retry later",
+                      headers={"Retry-After": "1"}) from None
+    if binding is None:
+        raise refused("unknown_credential", "proxy credential unknown, revoked, or its session has ended")
+    return Caller(binding, egress_digest(credential))
+
+
+class Shares:
+    """Open connections per sandbox, bounded (429 above the bound)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def take(self, caller: Caller) -> Iterator[Caller]:
+        held = self.held.get(caller.slot, 0)
+        if held >= self.limit:
+            raise Refusal(429, "too_many_connections",
+                          f"sandpool egress: this sandbox already holds {held} connections (the most allowed)",
+                          headers={"Retry-After": "1"})
+        self.held[caller.slot] = held + 1
+        try:
+            yield caller
+        finally:
+            left = self.held[caller.slot] - 1
+            if left:
+                self.held[caller.slot] = left
+            else:
+                del self.held[caller.slot]
