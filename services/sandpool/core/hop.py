@@ -94,6 +94,8 @@ class Response:
     status: int
     headers: list[tuple[bytes, bytes]]
     _connection: _Connection = field(repr=False)
+    read_timeout: float | None = None
+    """The longest wait for the next piece of the body (None: no limit)."""
     _closed: bool = field(default=False, repr=False)
 
     def header(self, name: bytes) -> bytes | None:
@@ -109,11 +111,11 @@ class Response:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's chunks (transfer-decoded), as they arrive."""
-        async for chunk in self._connection.body():
+        async for chunk in self._connection.body(self.read_timeout):
             yield chunk
 
     async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self._connection.body()])
+        return b"".join([chunk async for chunk in self._connection.body(self.read_timeout)])
 
     async def close(self) -> None:
         """Give the connection back (or drop it, when the body was not read to its end)."""
@@ -233,7 +235,7 @@ class _Connection(asyncio.Protocol):
         assert self._head is not None
         return await self._head
 
-    async def body(self) -> AsyncIterator[bytes]:
+    async def body(self, read_timeout: float | None) -> AsyncIterator[bytes]:
         assert self._more is not None
         while True:
             if self._chunks:
@@ -247,7 +249,11 @@ class _Connection(asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             self._more.clear()
-            await self._more.wait()
+            try:
+                async with asyncio.timeout(read_timeout):
+                    await self._more.wait()
+            except TimeoutError:
+                self._fail(HopTimeout(f"the body stalled for {read_timeout:g}s"))
 
     def finish(self) -> None:
         """The exchange is over: back to the pool when it ended cleanly, else closed."""
@@ -361,7 +367,9 @@ class HopPool:
         try:
             async with asyncio.timeout(timeout):
                 await conn.send(head, body, chunked)
-                return await conn.response()
+                response = await conn.response()
+            response.read_timeout = timeout
+            return response
         except TimeoutError:
             conn.abort()
             self.discard(conn)

@@ -25,15 +25,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandpool import __version__
 from sandpool.contract import tenancy
-from sandpool.contract.operations import operation_of
 from sandpool.contract.models import ErrorBody
+from sandpool.contract.operations import operation_of
 from sandpool.core import tracing
 from sandpool.core.asgi import client_gone
 from sandpool.core.errors import Forbidden, Invalid, SandpoolError, error_response, install_error_handlers
+from sandpool.core.hop import HopError, HopPool, Peer
 from sandpool.proxy.admin import build_router
 from sandpool.proxy.auth import TokenVerifier
 from sandpool.proxy.edge import OPERATION_KEY, REQUEST_ID_KEY, EdgeMiddleware
-from sandpool.proxy.forward import BodyTooLarge, Forwarder, make_transport
+from sandpool.proxy.forward import BodyTooLarge, Forwarder
 from sandpool.proxy.gate import Gate, Stores
 from sandpool.proxy.keyring import KeyRing
 from sandpool.proxy.metrics import ProxyMetrics
@@ -150,9 +151,9 @@ def create_app(settings: ProxySettings) -> FastAPI:
         keys = Keys(settings.redis_prefix)
         stores = Stores(client=client, admission=AdmissionStore(client, keys), usage=UsageStore(client, keys),
                         sessions=SessionStore(client, keys))
-        transport, base_url = make_transport(settings.scheduler_url, max_connections=settings.forward_max_connections)
-        # Readiness probes share the forwarding pool; closing this client closes the transport.
-        health_client = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=READY_TIMEOUT)
+        # Readiness probes share the forwarding pool: they test the connections calls use.
+        scheduler = HopPool(Peer.from_url(settings.scheduler_url), max_connections=settings.forward_max_connections,
+                            connect_timeout=settings.forward_connect_timeout_seconds)
         jwks_client = httpx.AsyncClient(timeout=10.0) if keyring.is_url else None
         refresher: asyncio.Task[None] | None = None
         try:
@@ -164,17 +165,16 @@ def create_app(settings: ProxySettings) -> FastAPI:
                     keyring.refresh_forever(jwks_client, settings.auth_jwks_refresh_seconds))
             app.state.gate = Gate(verifier=verifier, keyring=keyring, stores=stores, codec=codec, metrics=metrics,
                                   jwks_client=jwks_client)
-            app.state.forwarder = Forwarder(transport, base_url, max_body_bytes=settings.max_body_bytes,
-                                            connect_timeout=settings.forward_connect_timeout_seconds,
+            app.state.forwarder = Forwarder(scheduler, max_body_bytes=settings.max_body_bytes,
                                             timeout=settings.forward_timeout_seconds)
-            app.state.scheduler = health_client
+            app.state.scheduler = scheduler
             yield
         finally:
             if refresher is not None:
                 refresher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await refresher
-            await health_client.aclose()
+            await scheduler.aclose()
             if jwks_client is not None:
                 await jwks_client.aclose()
             await close(client)
@@ -267,10 +267,13 @@ def create_app(settings: ProxySettings) -> FastAPI:
             redis_ok = False
         if not redis_ok:
             metrics.redis_error()
+        scheduler: HopPool = request.app.state.scheduler
         try:
-            answer = await request.app.state.scheduler.get("/healthz", timeout=READY_TIMEOUT)
-            scheduler_ok = answer.status_code == 200
-        except httpx.HTTPError:
+            answer = await scheduler.request("GET", "/healthz", timeout=READY_TIMEOUT)
+            await answer.read()
+            await answer.close()
+            scheduler_ok = answer.status == 200
+        except HopError:
             scheduler_ok = False
         ok = redis_ok and scheduler_ok
         return JSONResponse({"status": "ok" if ok else "unavailable", "redis": redis_ok, "scheduler": scheduler_ok},

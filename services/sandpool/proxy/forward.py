@@ -1,4 +1,4 @@
-"""Byte-for-byte forwarding to the scheduler over one pooled HTTP client.
+"""Byte-for-byte forwarding to the scheduler over one pool of keep-alive connections (`core.hop`).
 
 Bodies are streamed both ways (the request body is counted against the cap as
 it passes, the response is relayed as raw bytes, never decoded and re-encoded).
@@ -11,18 +11,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 
-import httpx
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from sandpool.contract import tenancy
+from sandpool.core import tracing
 from sandpool.core.errors import PayloadTooLarge, Unavailable
+from sandpool.core.hop import HopBusy, HopConnectError, HopError, HopPool, HopTimeout
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "trailers", "transfer-encoding", "upgrade"})
-# `expect` was answered by the proxy's own server; the scheduler gets the body it asked for.
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "expect", tenancy.REQUEST_ID.lower()}
+# `expect` was answered by the proxy's own server; the scheduler gets the body it asked for. The
+# body's framing (`content-length`) is the hop's own, from what it actually sends.
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "expect", "content-length", tenancy.REQUEST_ID.lower()}
 
 
 class SchedulerUnavailable(Unavailable):
@@ -59,8 +60,7 @@ def upstream_headers(raw: list[tuple[bytes, bytes]], injected: list[tuple[str, s
 _NOT_RELAYED = HOP_BY_HOP | {"date", "server", tenancy.REQUEST_ID.lower()}
 
 
-def downstream_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
-    raw = headers.raw
+def downstream_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     extra_hop = _connection_listed(raw)
     out = []
     for name, value in raw:
@@ -80,31 +80,19 @@ async def capped_body(request: Request, cap: int) -> AsyncIterator[bytes]:
             yield chunk
 
 
-def make_transport(scheduler_url: str, *, max_connections: int) -> tuple[httpx.AsyncHTTPTransport, str]:
-    """The pooled transport to the scheduler and the base URL requests are built on.
-
-    The proxy talks to the transport directly rather than through an
-    `httpx.AsyncClient`: a client keeps a cookie jar (a cookie one tenant's call
-    received must never ride along on another tenant's call), follows its own
-    redirect and auth logic, and costs more per call than the forward needs.
-    """
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    if scheduler_url.startswith("unix://"):
-        return httpx.AsyncHTTPTransport(uds=scheduler_url[len("unix://"):], limits=limits), "http://scheduler"
-    return httpx.AsyncHTTPTransport(limits=limits), scheduler_url
-
-
 SMALL_RESPONSE = 64 * 1024
 """Responses up to this size (by Content-Length) are relayed in one piece: same bytes, less machinery."""
 
 
 class Forwarder:
-    def __init__(self, transport: httpx.AsyncBaseTransport, base_url: str, *, max_body_bytes: int,
-                 connect_timeout: float, timeout: float) -> None:
-        self.transport = transport
-        self.base_url = base_url
+    """Relays contract calls to the scheduler. `pool` carries no state between calls but the
+    connections themselves (no cookie jar, no redirects): one tenant's call never leaves
+    anything behind for another's."""
+
+    def __init__(self, pool: HopPool, *, max_body_bytes: int, timeout: float) -> None:
+        self.pool = pool
         self.max_body_bytes = max_body_bytes
-        self.timeouts = {"connect": connect_timeout, "read": timeout, "write": timeout, "pool": connect_timeout}
+        self.timeout = timeout
 
     async def forward(self, request: Request, injected: list[tuple[str, str]], request_id: str,
                       *, body: bytes | None = None) -> Response:
@@ -114,33 +102,45 @@ class Forwarder:
             raise BodyTooLarge(f"request body is over the {self.max_body_bytes}-byte limit")
         headers = upstream_headers(request.scope["headers"], injected)
         headers.append((tenancy.REQUEST_ID, request_id))
-        content = body if body is not None else (
-            capped_body(request, self.max_body_bytes) if request.method in ("POST", "PUT", "PATCH") else None)
+        content: bytes | AsyncIterator[bytes] | None = body
+        if body is None and request.method in ("POST", "PUT", "PATCH"):
+            content = capped_body(request, self.max_body_bytes)
         path = request.scope.get("raw_path") or request.url.path.encode()
         query = request.scope.get("query_string", b"")
-        url = self.base_url + path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-        upstream_request = httpx.Request(request.method, url, headers=headers, content=content,
-                                         extensions={"timeout": self.timeouts})
+        target = path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        # A streamed body keeps the client's framing: its declared length, else chunked.
+        length = int(declared) if declared is not None and declared.isdigit() and body is None else None
         try:
-            upstream = await self.transport.handle_async_request(upstream_request)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            with tracing.hop_span(request.method, target, headers, peer="scheduler") as span:
+                upstream = await self.pool.request(request.method, target, headers, body=content,
+                                                   content_length=length, timeout=self.timeout)
+                span.status(upstream.status)
+        except (HopConnectError, HopBusy) as exc:  # nothing was sent
             raise SchedulerUnavailable("the scheduler is unreachable", retry_after=1) from exc
-        except httpx.TimeoutException as exc:
+        except HopTimeout as exc:
             raise SchedulerUnavailable("the scheduler did not answer in time", retry_after=1) from exc
-        except httpx.TransportError as exc:
+        except HopError as exc:
             raise SchedulerUnavailable("the connection to the scheduler failed", retry_after=1) from exc
         raw_headers = downstream_headers(upstream.headers)  # the edge adds X-Request-Id
-        length = upstream.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) <= SMALL_RESPONSE:
+        answer_length = upstream.header(b"content-length")
+        if answer_length is not None and answer_length.isdigit() and int(answer_length) <= SMALL_RESPONSE:
             try:
-                content_bytes = b"".join([chunk async for chunk in upstream.aiter_raw()])
-            except httpx.TransportError as exc:
+                content_bytes = await upstream.read()
+            except HopError as exc:
                 raise SchedulerUnavailable("the connection to the scheduler failed", retry_after=1) from exc
             finally:
-                await upstream.aclose()
-            response = Response(content_bytes, status_code=upstream.status_code)
-        else:
-            response = StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code,
-                                         background=BackgroundTask(upstream.aclose))
+                await upstream.close()
+            response = Response(content_bytes, status_code=upstream.status)
+            response.raw_headers = raw_headers  # the scheduler's Content-Length is the length read
+            return response
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.chunks():
+                    yield chunk
+            finally:
+                await upstream.close()
+
+        response = StreamingResponse(relay(), status_code=upstream.status)
         response.raw_headers = raw_headers
         return response

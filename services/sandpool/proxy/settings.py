@@ -82,8 +82,10 @@ class ProxySettings(ServiceSettings):
     @field_validator("scheduler_url")
     @classmethod
     def _scheduler_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://", "unix://")):
-            raise ValueError("must be http://host:port, https://host:port or unix:///path")
+        # Plain HTTP on purpose: the hop stays inside the installation (loopback, a Unix socket, or
+        # the cluster network behind its NetworkPolicy); a service mesh adds TLS below it if wanted.
+        if not value.startswith(("http://", "unix://")):
+            raise ValueError("must be http://host:port or unix:///path")
         return value.rstrip("/")
 
     def resolved_internal_token(self) -> str:

@@ -29,6 +29,7 @@ from sandpool.contract.models import (
     UnknownTool,
     parse_exec_request,
 )
+from sandpool.core import tracing
 from sandpool.core.errors import (
     AtCapacity,
     BadGateway,
@@ -433,47 +434,50 @@ class Scheduler:
         started = time.monotonic()
         # The call is a future of its own so that a release of the session (from any replica: the
         # `released` channel) cuts it short at once instead of leaving it to its exec deadline.
-        call = asyncio.ensure_future(entry.pool.request(method, url, headers, body=content,
-                                                        content_length=content_length, timeout=read_timeout))
-        calls = self._in_flight.setdefault(session_id, set())
-        calls.add(call)
-        try:
-            upstream = await call
-        except asyncio.CancelledError:
-            if call.cancelled() and not _cancelling():  # the session was released, not this request
+        # A client span when tracing is on (the agent's hop in the caller's trace); free when off.
+        with tracing.hop_span(method, url, headers, peer="agent") as span:
+            call = asyncio.ensure_future(entry.pool.request(method, url, headers, body=content,
+                                                            content_length=content_length, timeout=read_timeout))
+            calls = self._in_flight.setdefault(session_id, set())
+            calls.add(call)
+            try:
+                upstream = await call
+            except asyncio.CancelledError:
+                if call.cancelled() and not _cancelling():  # the session was released, not this request
+                    self.clients.give_back(entry)
+                    self.clients.forget(target.address)
+                    raise SessionEnded("the session was released while the call ran; the session is gone") from None
                 self.clients.give_back(entry)
-                self.clients.forget(target.address)
-                raise SessionEnded("the session was released while the call ran; the session is gone") from None
-            self.clients.give_back(entry)
-            self._spawn(self._done(caller, session_id))
-            raise
-        except _TooLarge:
-            self.clients.give_back(entry)
-            await self._done(caller, session_id)
-            raise PayloadTooLarge(f"upload over the {self.settings.max_body_bytes}-byte cap") from None
-        except HopBusy:
-            self.clients.give_back(entry)
-            await self._done(caller, session_id)
-            raise Unavailable("too many calls in flight to this session",
-                              retry_after=self.settings.retry_after_seconds) from None
-        except HopConnectError:
-            self.clients.give_back(entry)
-            await self._release_dead(caller, session_id, target.address)
-            raise SandboxUnavailable("the session's sandbox cannot be reached; the session is gone",
-                                     retry_after=self.settings.retry_after_seconds) from None
-        except HopError as exc:
-            self.clients.give_back(entry)
-            await self._release_dead(caller, session_id, target.address)
-            log.warning("sandbox failed mid-call", extra={"session": session_id, "error": type(exc).__name__})
-            raise BadGateway("the session's sandbox failed during the call; the session is gone") from None
-        except BaseException:
-            self.clients.give_back(entry)
-            self._spawn(self._done(caller, session_id))
-            raise
-        finally:
-            calls.discard(call)
-            if not calls:
-                self._in_flight.pop(session_id, None)
+                self._spawn(self._done(caller, session_id))
+                raise
+            except _TooLarge:
+                self.clients.give_back(entry)
+                await self._done(caller, session_id)
+                raise PayloadTooLarge(f"upload over the {self.settings.max_body_bytes}-byte cap") from None
+            except HopBusy:
+                self.clients.give_back(entry)
+                await self._done(caller, session_id)
+                raise Unavailable("too many calls in flight to this session",
+                                  retry_after=self.settings.retry_after_seconds) from None
+            except HopConnectError:
+                self.clients.give_back(entry)
+                await self._release_dead(caller, session_id, target.address)
+                raise SandboxUnavailable("the session's sandbox cannot be reached; the session is gone",
+                                         retry_after=self.settings.retry_after_seconds) from None
+            except HopError as exc:
+                self.clients.give_back(entry)
+                await self._release_dead(caller, session_id, target.address)
+                log.warning("sandbox failed mid-call", extra={"session": session_id, "error": type(exc).__name__})
+                raise BadGateway("the session's sandbox failed during the call; the session is gone") from None
+            except BaseException:
+                self.clients.give_back(entry)
+                self._spawn(self._done(caller, session_id))
+                raise
+            finally:
+                calls.discard(call)
+                if not calls:
+                    self._in_flight.pop(session_id, None)
+            span.status(upstream.status)
 
         raw_outcome = (upstream.header(OUTCOME_HEADER.encode()) or b"ok").decode("latin-1")
         outcome = raw_outcome if raw_outcome in EXEC_OUTCOMES else "failed"
@@ -499,7 +503,7 @@ class Scheduler:
             metered = await meter(status, outcome, time.monotonic() - started, len(raw)) if meter else NOTHING
             await self._done(caller, session_id, metered)
             response = Response(raw, status_code=status)
-            response.raw_headers = [*headers_out, (b"content-length", str(len(raw)).encode())]
+            response.raw_headers = headers_out  # the agent's Content-Length: the length just read
             return response
 
         async def relay() -> AsyncIterator[bytes]:
