@@ -172,6 +172,16 @@ def redis_of(stack: Stack) -> Any:
     return redis.Redis(port=int(port.group(1)), password=password.group(1), decode_responses=True)
 
 
+def redis_commands(stack: Stack) -> dict[str, int]:
+    """Calls so far by Redis command (INFO commandstats): the round trips a session costs."""
+    client = redis_of(stack)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+
+
 def settle(stack: Stack, timeout: float = 120.0) -> None:
     """Wait until no sandbox is starting or doomed: a released session's teardown is counted."""
     from sandpool.state.keys import Keys
@@ -338,19 +348,27 @@ async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     await churn(url, token, args.clients, args.warmup)  # caches, arenas and the warm target warmed up
     settle(stack)
     profiles = start_profiles(stack, args.profile, 600) if args.profile else []
+    commands_before = redis_commands(stack)
     before = stack.snapshot()
     result = await churn(url, token, args.clients, args.sessions)
     settle(stack)
     after = stack.snapshot()
+    commands_after = redis_commands(stack)
     for proc in profiles:
         proc.send_signal(2)  # SIGINT: py-spy writes what it has
     for proc in profiles:
         proc.wait(60)
     report["churn"] = result
     report["cpu_ms_per_session"] = per_session(before, after, result["sessions"])
+    report["redis_calls_per_session"] = {
+        name: round((calls - commands_before.get(name, 0)) / result["sessions"], 2)
+        for name, calls in sorted(commands_after.items(), key=lambda kv: commands_before.get(kv[0], 0) - kv[1])
+        if calls > commands_before.get(name, 0) and name != "info"}
     if args.profile:
         report["profiles"] = str(args.profile)
         report["scheduler_share_in_controller"] = controller_share(args.profile / "scheduler.txt")
+    if args.quick:
+        return report
     report["latency"] = await latencies(stack, url, token, args.calls, args.creates)
     settle(stack)
     report["concurrent_64"] = await churn(url, token, 64, args.sessions)
@@ -368,6 +386,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=18180, help="port of the `sandpool up` started")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     parser.add_argument("--profile", type=Path, default=None, help="write py-spy profiles (collapsed) here")
+    parser.add_argument("--quick", action="store_true", help="the churn only (no latency or 64-client phase)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("cpu_budget: run as root (cgroup accounting, the zygote's isolation, py-spy)")
@@ -383,11 +402,16 @@ def main() -> int:
     print(table(report["cpu_ms_per_session"], f"CPU per churned session ({report['churn']['sessions']} sessions, "
                                               f"{args.clients} clients, {report['cores']} cores)"))
     print("\nbudget (DESIGN.md):", ", ".join(f"{k} {v} ms" for k, v in BUDGET_MS.items()))
+    calls = report["redis_calls_per_session"]
+    print(f"\nredis calls per session {sum(calls.values()):.1f}: "
+          + ", ".join(f"{name} {count}" for name, count in calls.items()))
     churned = report["churn"]
     print(f"\nsessions/s {churned['sessions_per_s']}, execs/s {churned['execs_per_s']}, "
           f"create p50/p99 {churned['create_session']['p50_ms']}/{churned['create_session']['p99_ms']} ms, "
           f"execute p50/p99 {churned['execute']['p50_ms']}/{churned['execute']['p99_ms']} ms, "
           f"dropped {churned['dropped_connections']}")
+    if args.quick:
+        return _write(report, args.json)
     latency = report["latency"]
     print(f"print(1) p50: through proxy+scheduler {latency['print_1_through_proxy_and_scheduler']['p50_ms']} ms, "
           f"direct {latency['print_1_direct_to_agent']['p50_ms']} ms (+{latency['print_1_overhead_p50_ms']} ms); "
@@ -400,9 +424,13 @@ def main() -> int:
     if "scheduler_share_in_controller" in report:
         print(f"profiles in {report['profiles']}; scheduler samples in the controller and provider: "
               f"{report['scheduler_share_in_controller']}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+    return _write(report, args.json)
+
+
+def _write(report: dict[str, Any], path: Path | None) -> int:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -186,6 +186,14 @@ def test_operation_labels_are_a_closed_set(method: str, path: str, op: str | Non
     assert operation_of(method, path) == op
 
 
+def test_the_route_table_and_the_matcher_agree() -> None:
+    from sandpool.contract.operations import OPERATIONS, ROUTES
+
+    assert sorted(op for _, _, op in ROUTES) == sorted(OPERATIONS)
+    for method, path, op in ROUTES:
+        assert operation_of(method, path.format(session_id="sess-1")) == op
+
+
 def test_an_unknown_image_falls_back_to_the_default_pool() -> None:
     pools = PoolDirectory([PoolSpec(name="default", image="python"), PoolSpec(name="node", image="node:20")])
     assert pools.for_image(None).name == "default"

@@ -12,6 +12,14 @@ import re
 CONTRACT_OPERATIONS = ("CreateSession", "Execute", "DestroySession", "ListFiles", "GetFile", "PutFile")
 OPERATIONS = (*CONTRACT_OPERATIONS, "GetSession")
 
+ROUTES = (
+    ("POST", "/sessions", "CreateSession"), ("GET", "/sessions/{session_id}", "GetSession"),
+    ("DELETE", "/sessions/{session_id}", "DestroySession"), ("POST", "/sessions/{session_id}/exec", "Execute"),
+    ("GET", "/sessions/{session_id}/files/list", "ListFiles"), ("GET", "/sessions/{session_id}/files", "GetFile"),
+    ("POST", "/sessions/{session_id}/files", "PutFile"),
+)
+"""(method, path template, operation) of every operation: what `operation_of` recognises."""
+
 _SESSION_PATH = re.compile(r"^/sessions/[^/]+(/exec|/files/list|/files)?$")
 _BY_SUFFIX = {
     ("POST", "/exec"): "Execute", ("GET", "/files/list"): "ListFiles", ("GET", "/files"): "GetFile",

@@ -113,6 +113,10 @@ def error_response(exc: SandpoolError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
 
 
+def validation_response(exc: RequestValidationError) -> JSONResponse:
+    return JSONResponse({"detail": _validation_detail(exc), "reason": "invalid_request"}, status_code=422)
+
+
 def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
     # Never echo the offending input back: it may be large or carry secrets.
     return [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()]
@@ -127,7 +131,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": _validation_detail(exc), "reason": "invalid_request"}, status_code=422)
+        return validation_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

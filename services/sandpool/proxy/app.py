@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -21,15 +21,13 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandpool import __version__
 from sandpool.contract import tenancy
 from sandpool.contract.models import ErrorBody
-from sandpool.contract.operations import operation_of
 from sandpool.core import tracing
-from sandpool.core.asgi import client_gone
-from sandpool.core.errors import Forbidden, Invalid, SandpoolError, error_response, install_error_handlers
+from sandpool.core.asgi import OperationFastPath, client_gone
+from sandpool.core.errors import Forbidden, Invalid, SandpoolError, install_error_handlers
 from sandpool.core.hop import HopError, HopPool, Peer
 from sandpool.proxy.admin import build_router
 from sandpool.proxy.auth import TokenVerifier
@@ -101,38 +99,6 @@ async def read_small_body(request: Request, cap: int) -> bytes:
             raise BodyTooLarge(f"request body is over the {cap}-byte limit")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-ContractHandler = Callable[[Request, str], Awaitable[Response]]
-
-
-class ContractFastPath:
-    """Serves the six contract operations straight from ASGI, ahead of FastAPI's router.
-
-    The forward is the proxy's hot path and its budget is under a millisecond;
-    routing it through FastAPI's dependency machinery costs a good part of that
-    for nothing (the handler takes the raw request). The same handler is also
-    registered as FastAPI routes, which document it in the OpenAPI and serve
-    anything this matcher lets through.
-    """
-
-    def __init__(self, app: ASGIApp, handler: ContractHandler) -> None:
-        self.app = app
-        self.handler = handler
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        operation = operation_of(scope["method"], scope["path"]) if scope["type"] == "http" else None
-        if operation is None:
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive)
-        try:
-            response = await self.handler(request, operation)
-        except SandpoolError as exc:
-            response = error_response(exc)
-        except ClientDisconnect:
-            return  # the client left mid-upload: nobody to answer
-        await response(scope, receive, send)
 
 
 def create_app(settings: ProxySettings) -> FastAPI:
@@ -213,7 +179,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
             await call
         raise ClientDisconnect()
 
-    app.add_middleware(ContractFastPath, handler=contract)
+    app.add_middleware(OperationFastPath, handler=contract)
     app.add_middleware(EdgeMiddleware, metrics=metrics)  # outermost: request ids and metrics for everything
     contract_tags = ["contract v1"]
     contract_errors: dict[int | str, dict[str, Any]] = {

@@ -13,16 +13,16 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sandpool.contract.operations import operation_of
+from sandpool.contract.operations import ROUTES, operation_of
 from sandpool.core import tracing
-from sandpool.core.asgi import client_gone
+from sandpool.core.asgi import OperationFastPath, client_gone, session_id_of
 from sandpool.core.errors import Unavailable, error_response, install_error_handlers
 from sandpool.core.request_ids import RequestDone, RequestIdMiddleware
 from sandpool.core.serve import StartFailed
@@ -46,6 +46,8 @@ ControllerFactory = Callable[..., Any]
 """Builds the pool controller. Called with keyword arguments `settings`, `redis`, `keys`,
 `provider`, `pools`, `metrics` (SchedulerMetrics) and `replica_id`; returns an object with
 `async run()` (runs until cancelled) and a `running` property (for /readyz)."""
+
+ContractCall = Callable[[Request, "Scheduler"], Awaitable[Response]]
 
 CREATE_BODY_CAP = 64 * 1024
 """A CreateSession body carries two hints; anything near this size is not one."""
@@ -88,6 +90,12 @@ async def _finish(task: asyncio.Task[Any], grace: float = 5.0) -> None:
         log.warning("background task did not stop in time", extra={"task": task.get_name()})
     elif not task.cancelled() and task.exception() is not None:
         log.error("background task failed", exc_info=task.exception())
+
+
+def _route(serve: Callable[[Request, str], Awaitable[Response]], operation: str) -> Callable[..., Any]:
+    async def endpoint(request: Request) -> Response:
+        return await serve(request, operation)
+    return endpoint
 
 
 def replica_id() -> str:
@@ -172,58 +180,57 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
             await close(redis)
             await tracing.shutdown(app.state.tracer_provider)
 
-    app = FastAPI(title="sandpool scheduler", lifespan=lifespan, redirect_slashes=False, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="sandpool scheduler", lifespan=lifespan, redirect_slashes=False, docs_url=None,
+                  redoc_url=None, openapi_url=None)
     install_error_handlers(app)
 
-    async def _redis_down(_: Request, exc: Exception) -> JSONResponse:
+    def redis_down(exc: Exception) -> Response | None:
+        if not isinstance(exc, StateUnavailable):
+            return None
         metrics.redis_errors.labels(service=SERVICE).inc()
         log.warning("redis call failed", extra={"error": type(exc).__name__})
         return error_response(RedisUnavailable("state store unavailable; retry later", retry_after=1))
 
+    async def _redis_down(_: Request, exc: Exception) -> Response:
+        answer = redis_down(exc)
+        assert answer is not None
+        return answer
+
     app.add_exception_handler(StateUnavailable, _redis_down)
 
-    def scheduler_of(request: Request) -> Scheduler:
-        return request.app.state.scheduler
+    # --- the contract: served ahead of FastAPI's router (core.asgi.OperationFastPath) ----------------
 
-    # --- the contract ------------------------------------------------------------------------
-
-    @app.post("/sessions", status_code=201)
-    async def create_session(request: Request) -> JSONResponse:
+    async def create_session(request: Request, scheduler: Scheduler) -> Response:
         caller = resolve_caller(request.headers)
         body = await read_capped(request, CREATE_BODY_CAP)
-        handle = await scheduler_of(request).create_session(caller, body, client_gone=lambda: client_gone(request))
+        handle = await scheduler.create_session(caller, body, client_gone=lambda: client_gone(request))
         return JSONResponse(handle, status_code=201)
 
-    @app.get("/sessions/{session_id}")
-    async def get_session(session_id: str, request: Request) -> JSONResponse:
-        caller = resolve_caller(request.headers)
-        return JSONResponse(await scheduler_of(request).get_session(caller, session_id))
+    async def get_session(request: Request, scheduler: Scheduler) -> Response:
+        return JSONResponse(await scheduler.get_session(resolve_caller(request.headers), session_id_of(request)))
 
-    @app.delete("/sessions/{session_id}", status_code=204)
-    async def destroy_session(session_id: str, request: Request) -> Response:
-        caller = resolve_caller(request.headers)
-        await scheduler_of(request).destroy_session(caller, session_id)
+    async def destroy_session(request: Request, scheduler: Scheduler) -> Response:
+        await scheduler.destroy_session(resolve_caller(request.headers), session_id_of(request))
         return Response(status_code=204)
 
-    @app.post("/sessions/{session_id}/exec")
-    async def execute(session_id: str, request: Request) -> Response:
-        caller = resolve_caller(request.headers)
-        return await scheduler_of(request).execute(caller, session_id, request)
+    def forwarded(call: Callable[[Scheduler], Callable[..., Awaitable[Response]]]) -> ContractCall:
+        async def handle(request: Request, scheduler: Scheduler) -> Response:
+            return await call(scheduler)(resolve_caller(request.headers), session_id_of(request), request)
+        return handle
 
-    @app.get("/sessions/{session_id}/files/list")
-    async def list_files(session_id: str, request: Request) -> Response:
-        caller = resolve_caller(request.headers)
-        return await scheduler_of(request).list_files(caller, session_id, request)
+    contract: dict[str, ContractCall] = {
+        "CreateSession": create_session, "GetSession": get_session, "DestroySession": destroy_session,
+        "Execute": forwarded(lambda s: s.execute), "ListFiles": forwarded(lambda s: s.list_files),
+        "GetFile": forwarded(lambda s: s.get_file), "PutFile": forwarded(lambda s: s.put_file),
+    }
 
-    @app.get("/sessions/{session_id}/files")
-    async def get_file(session_id: str, request: Request) -> Response:
-        caller = resolve_caller(request.headers)
-        return await scheduler_of(request).get_file(caller, session_id, request)
+    async def serve_contract(request: Request, operation: str) -> Response:
+        return await contract[operation](request, request.app.state.scheduler)
 
-    @app.post("/sessions/{session_id}/files")
-    async def put_file(session_id: str, request: Request) -> Response:
-        caller = resolve_caller(request.headers)
-        return await scheduler_of(request).put_file(caller, session_id, request)
+    # The router knows the operations too (the fast path answers them first): a wrong method on a
+    # contract path is 405 rather than 404, and the app lists what it serves.
+    for method, path, operation in ROUTES:
+        app.add_api_route(path, _route(serve_contract, operation), methods=[method], name=operation)
 
     # --- operations ----------------------------------------------------------------------------
 
@@ -260,7 +267,8 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
                 metrics.pool_sandboxes.labels(pool=spec.name, state=state).set(getattr(counts, state))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(RequestIdMiddleware, on_done=request_metrics(metrics))
+    app.add_middleware(OperationFastPath, handler=serve_contract, errors=redis_down)
+    app.add_middleware(RequestIdMiddleware, on_done=request_metrics(metrics))  # outermost: ids for everything
     app.state.metrics = metrics
     app.state.settings = settings
     app.state.tracer_provider = tracing.instrument(app, "scheduler") if settings.tracing else None

@@ -54,8 +54,9 @@ class Launcher(Protocol):
         """Start the agent listening on `socket_path`, its output appended to `log_path` (0600);
         return as soon as it runs (not when healthy)."""
 
-    async def kill(self, handle: ProcessHandle) -> None:
-        """Kill the agent and every process it started. Idempotent."""
+    async def kill(self, handle: ProcessHandle) -> bool:
+        """Kill the agent and every process it started. Idempotent. True when the kernel vouches that
+        nothing the sandbox started survives (then nobody need scan for stragglers)."""
 
     def describe(self) -> dict[str, object]:
         """Which launcher, and what isolation it adds, for logs and /readyz."""
@@ -117,8 +118,9 @@ class SubprocessLauncher:
                 start_new_session=True, close_fds=True)
         return ProcessHandle(pid=proc.pid, pgid=proc.pid, start_time=start_time(proc.pid))
 
-    async def kill(self, handle: ProcessHandle) -> None:
+    async def kill(self, handle: ProcessHandle) -> bool:
         await kill_tree(handle, grace=self.stop_grace_seconds)
+        return False  # a process tree is no container: a double-forked escapee is the uid scan's
 
     def describe(self) -> dict[str, object]:
         return {"launcher": "subprocess", "namespaces": False, "python": self.python}

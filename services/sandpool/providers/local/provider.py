@@ -314,10 +314,9 @@ class LocalProvider:
         try:
             meta = self._meta(sandbox_dir)
             handle = self._handle(sandbox_dir)
-            if handle is not None:
-                await self.launcher.kill(handle)
+            contained = await self.launcher.kill(handle) if handle is not None else False
             uid, gid = meta.get("uid"), meta.get("gid")
-            if meta.get("dedicated_uid") and isinstance(uid, int) and self._dedicated(uid):
+            if not contained and meta.get("dedicated_uid") and isinstance(uid, int) and self._dedicated(uid):
                 if not await kill_uid(uid, gid if isinstance(gid, int) else uid):
                     raise ProviderError(f"processes of sandbox {sandbox_id} survived SIGKILL")
             socket_path = self._socket(sandbox_dir, meta)

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import sandpool
 from sandpool.providers.local import zygote_protocol
@@ -236,12 +236,14 @@ class ZygoteClient:
             raise ZygoteError(str(reply.get("error") or "launch failed"))
         return reply
 
-    async def kill(self, *, sandbox_id: str | None = None, pid: int | None = None) -> bool:
-        """Kill a sandbox (by id or by its init's pid); False when the zygote does not know it."""
+    async def kill(self, *, sandbox_id: str | None = None, pid: int | None = None) -> KillOutcome:
+        """Kill a sandbox (by id or by its init's pid) and wait for it to be reaped."""
         reply = await self.request({"op": "kill", "sandbox_id": sandbox_id, "pid": pid})
         if not reply.get("ok"):
             raise ZygoteError(str(reply.get("error") or "kill failed"))
-        return not reply.get("gone")
+        if reply.get("gone"):
+            return "unknown"
+        return "contained" if reply.get("contained") else "killed"
 
     async def stats(self) -> dict[str, Any]:
         """CPU the zygote spent itself, and what reaped sandboxes (with everything they ran) spent."""
@@ -416,18 +418,19 @@ class ZygoteLauncher:
         pid = int(reply["pid"])
         return ProcessHandle(pid=pid, pgid=pid, start_time=start_time(pid))
 
-    async def kill(self, handle: ProcessHandle) -> None:
+    async def kill(self, handle: ProcessHandle) -> bool:
         if self.using_fallback and self.fallback is not None:
-            await self.fallback.kill(handle)
-            return
+            return await self.fallback.kill(handle)
         if self.client.alive:
             try:
-                if await self.client.kill(pid=handle.pid):
-                    return
+                outcome = await self.client.kill(pid=handle.pid)
+                if outcome != "unknown":
+                    return outcome == "contained"
             except ZygoteError:
                 pass
         # Not one of this zygote's (an earlier scheduler's, or the zygote is gone).
         await kill_tree(handle, grace=0)
+        return False
 
     def describe(self) -> dict[str, object]:
         if self.using_fallback and self.fallback is not None:

@@ -377,8 +377,13 @@ class Zygote:
         if sandbox.launch_request is not None:
             self.send({"id": sandbox.launch_request, "ok": False,
                        "error": f"the sandbox exited during set-up (status {code})"})
+        # The kernel vouches that nothing the sandbox started survives when its PID namespace's
+        # init has been reaped (the namespace's other processes are killed and reaped before
+        # init's own exit completes) or when its cgroup was removed (rmdir fails while one task is
+        # left): then nobody needs to scan /proc for stragglers.
+        contained = self.host_pidns is not None or (sandbox.cgroup is not None and cleaned)
         for rid in sandbox.kill_requests:
-            self.send({"id": rid, "ok": True, "cleaned": cleaned})
+            self.send({"id": rid, "ok": True, "cleaned": cleaned, "contained": contained})
         if not sandbox.kill_requests and sandbox.launch_request is None and sandbox.status != "failed":
             self.send({"event": "exit", "sandbox_id": sandbox.sandbox_id, "status": code, "cleaned": cleaned})
 
