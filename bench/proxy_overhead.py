@@ -8,7 +8,9 @@ upstream and through the proxy. The upstream is a stub answering like a
 scheduler's Execute (the proxy's cost alone), or with `--scheduler` a real
 multi-tenant `sandpool scheduler` with the local provider, calling `print(1)` in
 one leased session (the hop as users see it). Prints p50/p90/p99 of both paths
-and the difference at p50: token check from cache, one Redis round trip, the forward.
+and the difference at p50: token check from cache, one Redis round trip, the forward;
+and the CPU each process spent per request (proxy, upstream, Redis; from /proc)
+while the calls went through the proxy.
 """
 
 from __future__ import annotations
@@ -92,6 +94,23 @@ async def measure(url: str, path: str, headers: dict[str, str], requests: int, c
     return samples
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU of one process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def injected(credential: str, workspace: str) -> dict[str, str]:
+    """What the proxy sends the scheduler: its credential, the workspace, each forwarded limit (0: none)."""
+    from sandpool.contract import limits as catalogue
+    from sandpool.contract import tenancy
+
+    headers = {"Authorization": f"Bearer {credential}", tenancy.WORKSPACE: workspace}
+    headers.update({limit.header: "0" for limit in catalogue.forwarded() if limit.header})
+    return headers
+
+
 def summary(name: str, samples: list[float]) -> float:
     ordered = sorted(samples)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
@@ -153,15 +172,23 @@ def main() -> int:
                 time.sleep(0.2)
             created.raise_for_status()
             path = f"/sessions/{created.json()['session_id']}/exec"
-        direct_headers = {"Authorization": f"Bearer {internal}", "X-Sandpool-Workspace": "bench"}
-        direct = asyncio.run(measure(upstream_url, path, direct_headers, args.requests, args.concurrency))
+        direct = asyncio.run(measure(upstream_url, path, injected(internal, "bench"), args.requests,
+                                     args.concurrency))
+        watched = {"proxy": procs[2].pid, "upstream": procs[1].pid, "redis": procs[0].pid}
+        before = {name: cpu_seconds(pid) for name, pid in watched.items()}
         proxied = asyncio.run(measure(proxy_url, path, {"Authorization": f"Bearer {token}"}, args.requests,
                                       args.concurrency))
+        after = {name: cpu_seconds(pid) for name, pid in watched.items()}
+        calls = args.requests + 50
+        spent = {name: [(after[name][i] - before[name][i]) / calls * 1e6 for i in (0, 1)] for name in watched}
         what = "print(1) in a real session" if args.scheduler else "Execute-shaped POST to a stub"
         print(f"{what}, {args.requests} requests, concurrency {args.concurrency}")
         a = summary("direct", direct)
         b = summary("through proxy", proxied)
         print(f"{'proxy adds':>14}: {b - a:6.3f} ms at p50")
+        print("CPU per request through the proxy: " + ", ".join(
+            f"{k} {user + system:.0f} us (user {user:.0f}, system {system:.0f})" for k, (user, system) in spent.items())
+              + ("  (upstream: the scheduler; the agent and interpreter are not counted)" if args.scheduler else ""))
     finally:
         for proc in reversed(procs):
             proc.terminate()

@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import signal
 import socket
+import stat
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -29,6 +31,8 @@ from sandpool.core.settings import ConfigurationError
 log = logging.getLogger(__name__)
 
 EXIT_START_FAILED = 2
+UNIX_PATH_MAX = 107
+"""sun_path is 108 bytes with its terminating NUL."""
 
 
 class StartFailed(Exception):
@@ -60,6 +64,32 @@ def bind(host: str, port: int) -> socket.socket:
         if exc.errno == errno.EACCES:
             raise StartFailed(f"port {port} needs privileges this process lacks (choose another with --port)") from None
         raise StartFailed(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def bind_unix(path: Path) -> socket.socket:
+    """A listening Unix socket at `path`, mode 0600 (this user's processes only), bound now.
+
+    A socket file left by an earlier run is replaced; anything else at the path is refused.
+    """
+    if len(os.fsencode(path)) > UNIX_PATH_MAX:
+        raise StartFailed(f"{path} is too long for a Unix socket (at most {UNIX_PATH_MAX} bytes)")
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise StartFailed(f"{path} exists and is not a socket")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        previous = os.umask(0o177)
+        try:
+            sock.bind(os.fspath(path))
+        finally:
+            os.umask(previous)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise StartFailed(f"cannot listen on {path}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
 
@@ -111,11 +141,12 @@ def _recording_lifespan(app: Any, failures: list[BaseException]) -> None:
     app.router.lifespan_context = lifespan
 
 
-def serve(service: str, build_app: Callable[[], Any], *, host: str, port: int,
+def serve(service: str, build_app: Callable[[], Any], *, host: str, port: int, unix_socket: Path | None = None,
           failure_file: Path | None = None, **uvicorn_options: Any) -> int:
-    """Bind, build, serve until SIGTERM/SIGINT; 0 after a clean stop, 2 after a failed start."""
+    """Bind (`unix_socket` rather than host:port when given), build, serve until SIGTERM/SIGINT;
+    0 after a clean stop, 2 after a failed start."""
     try:
-        sock = bind(host, port)
+        sock = bind_unix(unix_socket) if unix_socket is not None else bind(host, port)
     except StartFailed as exc:
         report_failure(service, str(exc), failure_file)
         return EXIT_START_FAILED
@@ -142,6 +173,9 @@ def serve(service: str, build_app: Callable[[], Any], *, host: str, port: int,
         pass  # uvicorn's own exit after a failed lifespan start: reported below, in one line
     finally:
         sock.close()
+        if unix_socket is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(unix_socket)
     if failures or not server.started:
         reason = one_line(failures[0]) if failures else "the server did not start"
         report_failure(service, reason, failure_file)

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("starting scheduler", extra={"settings": dump_settings(settings)})
         return app
 
-    return serve("scheduler", build, host=settings.host, port=settings.port,
+    return serve("scheduler", build, host=settings.host, port=settings.port, unix_socket=settings.unix_socket,
                  failure_file=settings.start_failure_file, http="httptools", timeout_graceful_shutdown=10)
 
 

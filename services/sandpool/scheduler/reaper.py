@@ -64,7 +64,7 @@ class Reaper:
                 if not down:  # once per outage, not once per pass
                     log.warning("reaper cannot reach redis", extra={"error": type(exc).__name__})
                     down = True
-            except Exception:  # noqa: BLE001 - the loop must survive any one bad pass
+            except Exception:
                 log.exception("reaper pass failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval)

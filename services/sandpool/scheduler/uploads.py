@@ -40,7 +40,7 @@ class FileBytes:
             return
         try:
             self._parser.write(chunk)
-        except Exception:  # noqa: BLE001 - malformed multipart: the agent says 422, nothing is metered
+        except Exception:
             self._parser = None
 
     def _part_begin(self) -> None:

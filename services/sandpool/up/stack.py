@@ -16,9 +16,11 @@ import logging
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -53,6 +55,7 @@ class Stack:
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.redis_url = settings.redis_url
         self.prefix = settings.redis_prefix
+        self.sockets: Path | None = None  # Redis's and the scheduler's Unix sockets: short, private
         self._stopped = False
         self._lock_fd: int | None = None
 
@@ -66,16 +69,20 @@ class Stack:
         self.run_dir.mkdir(mode=0o700, exist_ok=True)
         for stale in self.run_dir.glob("*.failed"):
             stale.unlink()
+        self.sockets = _runtime_dir()
         if self.redis_url is None:
             self.redis_url = self._start_redis(stopping)
         auth = s.auth
-        scheduler_port = free_port() if auth else s.port
-        scheduler_url = f"http://127.0.0.1:{scheduler_port}"
+        # Behind the proxy, the scheduler listens on a Unix socket only the proxy's user reaches
+        # (cheaper per call than loopback TCP); without auth it is the public endpoint.
+        scheduler_socket = self.sockets / "scheduler.sock"
+        scheduler_url = f"unix://{scheduler_socket}" if auth else f"http://127.0.0.1:{s.port}"
+        listen = ["--unix-socket", str(scheduler_socket)] if auth else ["--host", s.host, "--port", str(s.port)]
         token_file = self.data_dir / "internal-token"
         if auth:
             _write_private(token_file, secrets.token_urlsafe(32))
         self._spawn("scheduler", [
-            "scheduler", "--host", "127.0.0.1" if auth else s.host, "--port", str(scheduler_port),
+            "scheduler", *listen,
             "--data-dir", str(self.data_dir), "--pool-size", str(s.pool_size),
             "--max-sandboxes", str(s.max_sandboxes), "--log-level", s.log_level,
             "--start-failure-file", str(self._failure_file("scheduler")), *self.scheduler_flags,
@@ -141,12 +148,15 @@ class Stack:
         password = secrets.token_urlsafe(24)
         conf = redis_dir / "redis.conf"
         # The password lives in a 0600 file (never argv); sandboxes hold neither it nor the port's purpose.
+        assert self.sockets is not None
+        redis_socket = self.sockets / "redis.sock"
         _write_private(conf, "\n".join([
-            "bind 127.0.0.1", f"port {port}", "protected-mode yes", f"requirepass {password}",
+            "bind 127.0.0.1", f"port {port}", f"unixsocket {redis_socket}", "unixsocketperm 600",
+            "protected-mode yes", f"requirepass {password}",
             f"dir {redis_dir}", "appendonly yes", "appendfsync everysec", 'save ""', "daemonize no",
             "loglevel warning", 'logfile ""', ""]))
         self._spawn("redis", [str(conf)], program=redis_server_binary())
-        url = f"redis://:{password}@127.0.0.1:{port}/0"
+        url = f"unix://:{password}@{redis_socket}?db=0"  # the services' way in; the port is for redis-cli
         from sandpool.state import StateUnavailable
         from sandpool.state.client import ping_sync
 
@@ -200,13 +210,15 @@ class Stack:
         ready_key = Keys(prefix=self.prefix).pool_ready(self.pools[0])
         assert self.redis_url is not None
         deadline = time.monotonic() + self.settings.ready_timeout_seconds
-        urls = [scheduler_url] + ([proxy_url] if proxy_url else [])
-        with httpx.Client(timeout=2.0) as http:
+        clients = [_http_client(scheduler_url)] + ([_http_client(proxy_url)] if proxy_url else [])
+        with contextlib.ExitStack() as closing:
+            for client in clients:
+                closing.enter_context(client)
             while not stopping.is_set():
                 if any(proc.poll() is not None for _, proc in self.children):
                     return False
                 try:
-                    ready = all(http.get(f"{u}/readyz").status_code == 200 for u in urls)
+                    ready = all(client.get("/readyz").status_code == 200 for client in clients)
                     warm = ready and ready_count_sync(self.redis_url, ready_key) >= self.settings.pool_size
                 except (httpx.HTTPError, StateUnavailable):
                     warm = False
@@ -252,6 +264,8 @@ class Stack:
             log.exception("sandbox cleanup failed")
         for name, proc in redis_child:
             self._terminate(name, proc)
+        if self.sockets is not None:
+            shutil.rmtree(self.sockets, ignore_errors=True)
 
     def _terminate(self, name: str, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:
@@ -296,6 +310,24 @@ async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: s
         log.warning("could not forget sandbox records", extra={"error": str(exc)})
     finally:
         await close(client)
+
+
+def _runtime_dir() -> Path:
+    """A new private (0700) directory with a short path for the stack's Unix sockets: the data dir
+    may be too long for one (a socket path is at most 107 bytes)."""
+    for base in dict.fromkeys([os.environ.get("XDG_RUNTIME_DIR") or "", tempfile.gettempdir(), "/tmp"]):
+        if base and os.path.isdir(base) and len(base) <= 60:
+            return Path(tempfile.mkdtemp(prefix="sandpool-up-", dir=base))
+    raise ConfigurationError("no short temporary directory for the stack's sockets: set TMPDIR to one")
+
+
+def _http_client(url: str) -> Any:
+    import httpx
+
+    if url.startswith("unix://"):
+        return httpx.Client(transport=httpx.HTTPTransport(uds=url[len("unix://"):]), base_url="http://scheduler",
+                            timeout=2.0)
+    return httpx.Client(base_url=url, timeout=2.0)
 
 
 def _die_with_parent() -> Any:
