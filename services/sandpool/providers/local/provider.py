@@ -35,17 +35,15 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
+from sandpool.core.hop import HopError, HopPool, Peer
 from sandpool.core.settings import ConfigurationError
 from sandpool.pool.provider import SANDBOX_ID_LENGTH, LostListener, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.local import environments, fsmount
 from sandpool.providers.local.isolation.detect import required_missing
-from sandpool.providers.local.sockets import SocketDir, SocketDirError
 from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits
 from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
-from sandpool.providers.local.settings import (MIB, NOBODY, LocalProviderSettings, cpu_millis,
-                                               default_sandbox_python)
+from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, cpu_millis, default_sandbox_python
+from sandpool.providers.local.sockets import SocketDir
 from sandpool.providers.local.zygote import ZygoteError, make_launcher
 
 log = logging.getLogger("sandpool.providers.local")
@@ -257,7 +255,7 @@ class LocalProvider:
             return
         try:
             listener(sandbox_id, "failed")
-        except Exception:  # noqa: BLE001 - the listener's bug must not break the zygote channel
+        except Exception:
             log.exception("sandbox loss listener failed", extra={"sandbox_id": sandbox_id})
 
     async def create(self, pool: PoolSpec, sandbox_id: str) -> SandboxInfo:
@@ -446,17 +444,17 @@ class LocalProvider:
     async def _wait_healthy(self, sandbox_id: str, socket_path: Path, handle: ProcessHandle) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.start_timeout_seconds
-        # verify=False: plain HTTP over a Unix socket has no TLS, and loading the CA bundle for
-        # nothing blocked the event loop ~10-40 ms per sandbox (the refill rate's largest cost).
-        transport = httpx.AsyncHTTPTransport(uds=str(socket_path), verify=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://sandbox", timeout=2.0) as client:
+        agent = HopPool(Peer(path=str(socket_path)), max_connections=1, connect_timeout=2.0)
+        try:
             while True:
                 if socket_path.exists():
                     try:
-                        response = await client.get("/healthz")
-                        if response.status_code == 200:
+                        answer = await agent.request("GET", "/healthz", timeout=2.0)
+                        await answer.read()
+                        await answer.close()
+                        if answer.status == 200:
                             return
-                    except httpx.HTTPError:
+                    except HopError:
                         pass
                 if not is_alive(handle):
                     raise ProviderError(f"agent of sandbox {sandbox_id} exited while starting: "
@@ -465,6 +463,8 @@ class LocalProvider:
                     raise ProviderError(f"agent of sandbox {sandbox_id} did not answer its health check "
                                         f"within {self.settings.start_timeout_seconds:g}s")
                 await asyncio.sleep(0.01)
+        finally:
+            await agent.aclose()
 
     @staticmethod
     def _log_tail(sandbox_dir: Path) -> str:
