@@ -18,10 +18,11 @@ import json
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
-import httpx
-
+from sandpool.core.hop import HopError
 from sandpool.scheduler.forward import AgentClients, request_headers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -38,24 +39,43 @@ def check(ok: bool, what: str, detail: Any = "") -> None:
     print(f"images: sandbox ok: {what}", flush=True)
 
 
+@dataclass
+class Answer:
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
 class Agent:
     def __init__(self, address: str, secret: str) -> None:
         self.clients = AgentClients(max_clients=4, connect_timeout=2.0)
         self.address = address
         self.secret = secret
 
-    def headers(self, secret: str | None, content_type: bool = False) -> dict[str, str]:
+    def headers(self, secret: str | None, content_type: bool = False) -> list[tuple[str, str]]:
         incoming = [(b"content-type", b"application/json")] if content_type else []
         headers = request_headers(incoming, secret=secret or "", request_id=uuid.uuid4().hex)
         if secret is None:
-            del headers["authorization"]
+            headers = [(name, value) for name, value in headers if name != "authorization"]
         return headers
 
-    async def request(self, method: str, path: str, *, secret: str | None = "", **kw: Any) -> httpx.Response:
+    async def request(self, method: str, path: str, *, secret: str | None = "", content: bytes | None = None,
+                      params: dict[str, str] | None = None, timeout: float = 30.0) -> Answer:
         slot = self.clients.take(self.address)
         try:
-            headers = self.headers(self.secret if secret == "" else secret, content_type="content" in kw)
-            return await slot.client.request(method, path, headers=headers, **kw)
+            headers = self.headers(self.secret if secret == "" else secret, content_type=content is not None)
+            target = f"{path}?{urlencode(params)}" if params else path
+            response = await slot.pool.request(method, target, headers, body=content, timeout=timeout)
+            try:
+                return Answer(response.status, await response.read())
+            finally:
+                await response.close()
         finally:
             self.clients.give_back(slot)
 
@@ -79,7 +99,7 @@ async def wait_healthy(agent: Agent, path: str, timeout: float = 90.0) -> float:
         try:
             if (await agent.request("GET", path, secret=None, timeout=2)).status_code == 200:
                 return time.monotonic() - start
-        except httpx.TransportError:
+        except HopError:
             pass
         if time.monotonic() - start > timeout:
             raise SmokeFailure(f"the agent did not answer {path} within {timeout:.0f} s")
