@@ -67,6 +67,11 @@ def process_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def system_seconds(pid: int) -> float:
+    """The kernel's share of `process_seconds` (syscalls, mounts, page faults)."""
+    return int(_stat(pid)[12]) / CLK_TCK
+
+
 def children_of(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
@@ -155,6 +160,7 @@ class Stack:
 
     def snapshot(self) -> dict[str, float]:
         seconds = {name: process_seconds(pid) for name, pid in self.pids.items()}
+        seconds.update({f"{name} system": system_seconds(pid) for name, pid in self.pids.items()})
         seconds["sandbox group"] = self.sandbox_group_seconds()
         seconds["machine"] = machine_seconds()
         seconds["client"] = client_seconds()
@@ -331,6 +337,8 @@ def per_session(before: dict[str, float], after: dict[str, float], sessions: int
     out["load client"] = round(spent["client"] / sessions * 1000, 2)
     counted = sum(v for k, v in out.items() if k not in ("whole machine minus client", "load client"))
     out["kernel and rest"] = round(out["whole machine minus client"] - counted, 2)
+    for name in ("proxy", "scheduler", "redis", "zygote"):
+        out[f"{name}: of which system"] = round(spent[f"{name} system"] / sessions * 1000, 2)
     return out
 
 

@@ -2,20 +2,50 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandpool.contract.operations import operation_of
 from sandpool.core.errors import SandpoolError, error_response, validation_response
 
+log = logging.getLogger(__name__)
+
 OperationHandler = Callable[[Request, str], Awaitable[Response]]
 """Serves one contract operation: `(request, operation name)` to the answer."""
 ErrorMapper = Callable[[Exception], Response | None]
 """Answers an exception a handler raised that is not a `SandpoolError` (None: not mine, re-raise)."""
+
+
+class ContractApp(FastAPI):
+    """FastAPI, except that the contract's operations can go past its per-request machinery.
+
+    `FastAPI.__call__` checks its telemetry switches (three environment lookups when
+    OpenTelemetry is installed) and runs Starlette's middleware stack on every
+    request; for the contract calls, the hot path, `serve_operations` installs a
+    lean chain (the service's own outer middleware around an `OperationFastPath`)
+    that takes them first. With tracing on, everything goes through FastAPI, whose
+    instrumented middleware makes the server spans.
+    """
+
+    operations: ASGIApp | None = None
+
+    def serve_operations(self, handler: OperationHandler, *, errors: ErrorMapper | None = None,
+                         outer: Callable[[ASGIApp], ASGIApp] = lambda app: app) -> None:
+        self.operations = outer(OperationFastPath(super().__call__, handler, errors))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (self.operations is not None and scope["type"] == "http"
+                and operation_of(scope["method"], scope["path"]) is not None):
+            scope["app"] = self  # what FastAPI would set: handlers read `request.app.state`
+            await self.operations(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 class OperationFastPath:
@@ -50,7 +80,8 @@ class OperationFastPath:
         except Exception as exc:
             mapped = self.errors(exc) if self.errors is not None else None
             if mapped is None:
-                raise
+                log.exception("unhandled error", extra={"operation": operation})
+                mapped = JSONResponse({"detail": "internal error", "reason": "internal_error"}, status_code=500)
             response = mapped
         await response(scope, receive, send)
 

@@ -12,6 +12,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from starlette.types import Message, Receive, Scope, Send
+
 from sandpool.core.logs import request_id_var
 
 HEADER = "X-Request-Id"
@@ -23,7 +25,7 @@ ACCESS_EXTRA_KEY = "sandpool.access"  # a route may add fields (closed-set value
 _QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: no access line
 
 
-def request_id_from(scope: dict[str, Any]) -> str:
+def request_id_from(scope: Scope) -> str:
     for name, value in scope["headers"]:
         if name == _HEADER_KEY:
             candidate = value.decode("latin-1")
@@ -33,7 +35,7 @@ def request_id_from(scope: dict[str, Any]) -> str:
     return uuid.uuid4().hex
 
 
-def with_request_id(message: dict[str, Any], request_id: str) -> dict[str, Any]:
+def with_request_id(message: Message, request_id: str) -> Message:
     """An `http.response.start` message carrying exactly one `X-Request-Id`: ours."""
     headers = [h for h in message.get("headers", []) if h[0].lower() != _HEADER_KEY]
     headers.append((_HEADER_KEY, request_id.encode("latin-1")))
@@ -41,7 +43,7 @@ def with_request_id(message: dict[str, Any], request_id: str) -> dict[str, Any]:
     return message
 
 
-RequestDone = Callable[[dict[str, Any], int, float], None]
+RequestDone = Callable[[Scope, int, float], None]
 """Called with (scope, status, seconds) once a request is answered: a service's request metrics."""
 
 
@@ -57,7 +59,7 @@ class RequestIdMiddleware:
         self.app = app
         self.on_done = on_done
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -82,7 +84,7 @@ class RequestIdMiddleware:
                 self.on_done(scope, status, time.perf_counter() - started)
 
 
-def log_access(scope: dict[str, Any], status: int, started: float, **extra: Any) -> None:
+def log_access(scope: Scope, status: int, started: float, **extra: Any) -> None:
     """One line per request served, with the request id (from the context) like every other line."""
     if scope["path"] not in _QUIET_PATHS and access_log.isEnabledFor(logging.INFO):
         access_log.info("request", extra={"method": scope["method"], "path": scope["path"], "status": status,

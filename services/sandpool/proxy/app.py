@@ -26,7 +26,7 @@ from sandpool import __version__
 from sandpool.contract import tenancy
 from sandpool.contract.models import ErrorBody
 from sandpool.core import tracing
-from sandpool.core.asgi import OperationFastPath, client_gone
+from sandpool.core.asgi import ContractApp, OperationFastPath, client_gone
 from sandpool.core.errors import Forbidden, Invalid, SandpoolError, install_error_handlers
 from sandpool.core.hop import HopError, HopPool, Peer
 from sandpool.proxy.admin import build_router
@@ -146,7 +146,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
             await close(client)
             await tracing.shutdown(app.state.tracer_provider)
 
-    app = FastAPI(title="sandpool proxy", version=__version__, lifespan=lifespan, redirect_slashes=False,
+    app = ContractApp(title="sandpool proxy", version=__version__, lifespan=lifespan, redirect_slashes=False,
                   description="Authenticated, multi-tenant edge of sandpool: the code-execution contract v1 "
                               "plus the admin API (usage, policy, sessions, revocation).")
     install_error_handlers(app)
@@ -181,6 +181,8 @@ def create_app(settings: ProxySettings) -> FastAPI:
 
     app.add_middleware(OperationFastPath, handler=contract)
     app.add_middleware(EdgeMiddleware, metrics=metrics)  # outermost: request ids and metrics for everything
+    if not settings.tracing:  # (traced, the contract goes through FastAPI's instrumented stack above)
+        app.serve_operations(contract, outer=lambda inner: EdgeMiddleware(inner, metrics=metrics))
     contract_tags = ["contract v1"]
     contract_errors: dict[int | str, dict[str, Any]] = {
         401: {"model": ErrorBody, "description": "No valid bearer token (`cause` says why)"},
@@ -198,7 +200,8 @@ def create_app(settings: ProxySettings) -> FastAPI:
     async def get_session(request: Request, session_id: str) -> Response:
         return await contract(request, "GetSession")
 
-    @app.delete("/sessions/{session_id}", tags=contract_tags, responses=contract_errors, status_code=204, summary="DestroySession")
+    @app.delete("/sessions/{session_id}", tags=contract_tags, responses=contract_errors, status_code=204,
+                summary="DestroySession")
     async def destroy_session(request: Request, session_id: str) -> Response:
         return await contract(request, "DestroySession")
 
@@ -214,7 +217,8 @@ def create_app(settings: ProxySettings) -> FastAPI:
     async def get_file(request: Request, session_id: str) -> Response:
         return await contract(request, "GetFile")
 
-    @app.post("/sessions/{session_id}/files", tags=contract_tags, responses=contract_errors, status_code=201, summary="PutFile")
+    @app.post("/sessions/{session_id}/files", tags=contract_tags, responses=contract_errors, status_code=201,
+              summary="PutFile")
     async def put_file(request: Request, session_id: str) -> Response:
         return await contract(request, "PutFile")
 

@@ -19,10 +19,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import Scope
 
 from sandpool.contract.operations import ROUTES, operation_of
 from sandpool.core import tracing
-from sandpool.core.asgi import OperationFastPath, client_gone, session_id_of
+from sandpool.core.asgi import ContractApp, OperationFastPath, client_gone, session_id_of
 from sandpool.core.errors import Unavailable, error_response, install_error_handlers
 from sandpool.core.request_ids import RequestDone, RequestIdMiddleware
 from sandpool.core.serve import StartFailed
@@ -58,7 +59,7 @@ class RedisUnavailable(Unavailable):
 def request_metrics(metrics: SchedulerMetrics) -> RequestDone:
     """Request count and latency per contract operation (a closed label set); other paths uncounted."""
 
-    def record(scope: dict[str, Any], status: int, seconds: float) -> None:
+    def record(scope: Scope, status: int, seconds: float) -> None:
         operation = operation_of(scope["method"], scope["path"])
         if operation is not None:
             metrics.requests.labels(service=SERVICE, operation=operation, status=str(status)).inc()
@@ -180,7 +181,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
             await close(redis)
             await tracing.shutdown(app.state.tracer_provider)
 
-    app = FastAPI(title="sandpool scheduler", lifespan=lifespan, redirect_slashes=False, docs_url=None,
+    app = ContractApp(title="sandpool scheduler", lifespan=lifespan, redirect_slashes=False, docs_url=None,
                   redoc_url=None, openapi_url=None)
     install_error_handlers(app)
 
@@ -267,8 +268,12 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
                 metrics.pool_sandboxes.labels(pool=spec.name, state=state).set(getattr(counts, state))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    on_done = request_metrics(metrics)
     app.add_middleware(OperationFastPath, handler=serve_contract, errors=redis_down)
-    app.add_middleware(RequestIdMiddleware, on_done=request_metrics(metrics))  # outermost: ids for everything
+    app.add_middleware(RequestIdMiddleware, on_done=on_done)  # outermost: ids for everything
+    if not settings.tracing:  # (traced, the contract goes through FastAPI's instrumented stack above)
+        app.serve_operations(serve_contract, errors=redis_down,
+                             outer=lambda inner: RequestIdMiddleware(inner, on_done=on_done))
     app.state.metrics = metrics
     app.state.settings = settings
     app.state.tracer_provider = tracing.instrument(app, "scheduler") if settings.tracing else None
