@@ -45,6 +45,11 @@ log = logging.getLogger("sandpool.providers.local.zygote")
 AGENT_TASKS = 64
 
 
+KillOutcome = Literal["unknown", "killed", "contained"]
+"""What a kill found: no such sandbox, killed, or killed with everything it ran provably gone
+(its PID namespace or cgroup emptied by the kernel, so no /proc scan for leftovers is needed)."""
+
+
 class ZygoteError(Exception):
     """The zygote could not start or could not do what was asked."""
 
