@@ -469,9 +469,12 @@ def _warm_agent() -> None:
     from sandpool.agent.app import create_app
     from sandpool.agent.settings import AgentSettings
 
+    from sandpool.agent.app import routes_app
+
     dummy = "warm-up-only-" + "0" * 32
     app = create_app(AgentSettings(agent_secret=dummy, workspace="/"), dummy, workspace="/")
-    uvicorn.Config(app, uds="/nonexistent/warm.sock", log_config=None, access_log=False, lifespan="on").load()
+    uvicorn.Config(app, uds="/nonexistent/warm.sock", log_config=None, access_log=False, lifespan="on",
+                   proxy_headers=False).load()
 
     async def call() -> None:
         sent: list[dict[str, Any]] = []
@@ -490,7 +493,9 @@ def _warm_agent() -> None:
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
-        await app(scope, receive, send)
+        await app(scope, receive, send)  # the agent's own path
+        done = False
+        await routes_app()(scope, receive, send)  # FastAPI's: builds its middleware stack, once
 
     asyncio.run(call())
 
