@@ -145,7 +145,7 @@ def run(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int, status_fd
         from sandpool.agent.server import serve
         from sandpool.agent.settings import AgentSettings
 
-        settings = AgentSettings(**kwargs)
+        settings = AgentSettings.from_values(**kwargs)
         del kwargs
         configure_logging("agent", settings.log_level)
     except BaseException as exc:  # noqa: BLE001 - reported to the zygote, then exit

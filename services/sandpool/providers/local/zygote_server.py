@@ -469,7 +469,12 @@ def _warm_agent() -> None:
     from sandpool.agent.app import create_app
     from sandpool.agent.settings import AgentSettings
 
+    from sandpool.agent import seccomp
     from sandpool.agent.app import routes_app
+
+    arch = seccomp.native_arch()
+    if arch is not None:
+        seccomp.build_program(arch)  # built once here, installed by every sandbox
 
     dummy = "warm-up-only-" + "0" * 32
     app = create_app(AgentSettings(agent_secret=dummy, workspace="/"), dummy, workspace="/")
