@@ -308,3 +308,21 @@ def test_two_live_sandboxes_never_share_a_namespace(harness: Harness) -> None:
     finally:
         harness.kill(a)
         harness.kill(b)
+
+
+def test_no_spares_means_a_new_namespace_for_every_sandbox() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("isolation tests need root (namespaces, cgroups)")
+    harness = Harness(netns_spares=0)
+    try:
+        cookies = []
+        for _ in range(2):
+            sandbox = harness.start()
+            cookies.append(int(sandbox.python(_COOKIE)["stdout"]))
+            harness.kill(sandbox)
+        stats = _wait_settled(harness)
+        assert cookies[0] != cookies[1]
+        assert stats.get("reused", 0) == 0 and stats["idle"] == 0, stats
+        assert stats.get("closed_surplus", 0) == 2, stats
+    finally:
+        harness.close()
