@@ -326,3 +326,35 @@ def test_no_spares_means_a_new_namespace_for_every_sandbox() -> None:
         assert stats.get("closed_surplus", 0) == 2, stats
     finally:
         harness.close()
+
+
+def test_a_sandbox_holds_no_namespace_descriptor(harness: Harness) -> None:
+    """The pool and the host's own namespace stay the zygote's: a forked sandbox closes
+    every descriptor of them, so nothing in it could enter another namespace even with the rights."""
+    a, b = harness.start(), harness.start()
+    try:
+        pids = [pid for pid in os.listdir("/proc") if pid.isdigit() and _in_sandbox(pid, a.sandbox_id)]
+        assert pids, "found no process of the sandbox: the test could not fail"
+        held = []
+        for pid in pids:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(("net:[", "pid:[")):
+                    held.append((pid, fd, target))
+        assert held == [], held
+        assert harness.stats()["netns"]["in_use"] >= 2  # the zygote does hold them
+    finally:
+        harness.kill(a)
+        harness.kill(b)
+
+
+def _in_sandbox(pid: str, sandbox_id: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cgroup") as fh:
+            groups = fh.read()
+    except OSError:
+        return False
+    return any(line.endswith(f"/{sandbox_id}") or f"/{sandbox_id}/" in line for line in groups.splitlines())
