@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+from agent_harness import content, start_agent
 from pydantic import ValidationError
 
-from agent_harness import content, start_agent
 from sandpool.agent.settings import AgentSettings
 
 

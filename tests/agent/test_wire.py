@@ -13,7 +13,6 @@ import re
 import socket
 
 import pytest
-
 from agent_harness import Agent
 
 S = "/sessions/whatever"

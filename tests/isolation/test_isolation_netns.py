@@ -221,8 +221,8 @@ attempt('sysctl', lambda: open('/proc/sys/net/ipv4/tcp_max_tw_buckets', 'w').wri
 attempt('raw', lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
 attempt('packet', lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
 attempt('ping', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP))
-attempt('ip_addr', lambda: fcntl.ioctl(ctl.fileno(), 0x8916,
-                                       struct.pack('16sH2s4s8x', b'lo', socket.AF_INET, b'', socket.inet_aton('127.9.9.9'))))
+address = struct.pack('16sH2s4s8x', b'lo', socket.AF_INET, b'', socket.inet_aton('127.9.9.9'))
+attempt('ip_addr', lambda: fcntl.ioctl(ctl.fileno(), 0x8916, address))
 res['sys_mount'] = [l.split()[5].split(',')[0] for l in open('/proc/self/mountinfo') if l.split()[4] == '/proc/sys']
 res['tcp'] = open('/proc/net/tcp').read()
 print(json.dumps(res))

@@ -18,9 +18,9 @@ import secrets
 import stat
 import time
 import traceback
-from urllib.parse import quote
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse

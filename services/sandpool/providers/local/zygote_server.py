@@ -43,8 +43,8 @@ from sandpool.core.logs import configure_logging
 from . import zygote_child, zygote_protocol
 from .isolation import detect as detection
 from .isolation import linux, mounts
-from .isolation.netns import NetNamespace, NetnsPool
 from .isolation.cgroups import CgroupManager, SandboxCgroup
+from .isolation.netns import NetNamespace, NetnsPool
 
 log = logging.getLogger("sandpool.zygote")
 
@@ -466,11 +466,9 @@ def _warm_agent() -> None:
 
     import uvicorn
 
-    from sandpool.agent.app import create_app
-    from sandpool.agent.settings import AgentSettings
-
     from sandpool.agent import seccomp
-    from sandpool.agent.app import routes_app
+    from sandpool.agent.app import create_app, routes_app
+    from sandpool.agent.settings import AgentSettings
 
     arch = seccomp.native_arch()
     if arch is not None:

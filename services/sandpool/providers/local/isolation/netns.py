@@ -63,7 +63,7 @@ class Fingerprint:
         out = []
         if self.sockets != other.sockets:
             out.append("sockets")
-        out += [name for (name, mine), (_, theirs) in zip(self.files, other.files) if mine != theirs]
+        out += [name for (name, mine), (_, theirs) in zip(self.files, other.files, strict=True) if mine != theirs]
         if self.loopback != other.loopback:
             out.append("loopback")
         return out
@@ -79,7 +79,7 @@ def read_fingerprint(proc_net: str = "/proc/self/net") -> Fingerprint:
             if not words:
                 continue
             head = words[0]
-            for name, value in zip(words[1::2], words[2::2]):
+            for name, value in zip(words[1::2], words[2::2], strict=False):
                 if (head, name) in _SOCKSTAT_FIELDS:
                     sockets.append((head, name, int(value)))
     files = []
