@@ -289,6 +289,10 @@ class Agent:
     def runtime(self) -> Runtime | None:
         return self.core.runtime
 
+    def openapi(self) -> dict[str, Any]:
+        """The operations the agent serves, as FastAPI documents its routes (never served over HTTP)."""
+        return self.core.routes.openapi()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.stack(scope, receive, send)
 
