@@ -7,7 +7,8 @@ waiters first-in first-out, and exec and file operations share the one lock.
 The interpreter starts (and is warmed) before the agent serves; the shell
 starts on the first bash call. Most sessions run Python only, and a shell
 costs every sandbox ~10 ms of CPU (a fork of the agent, bash's start and its
-warm-up call) while its first call costs ~5 ms more latency once.
+warm-up call); a session's first bash call pays that start instead, once
+(~15-40 ms of latency on a busy 2-core host).
 """
 
 from __future__ import annotations
