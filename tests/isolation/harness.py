@@ -73,7 +73,8 @@ class Sandbox:
 
 
 class Harness:
-    def __init__(self, *, disabled: frozenset[str] = frozenset(), restart_interval: float = 5.0) -> None:
+    def __init__(self, *, disabled: frozenset[str] = frozenset(), restart_interval: float = 5.0,
+                 netns_spares: int = 32) -> None:
         # Under /tmp and traversable by every uid (not pytest's 0700 tmp dir): with the
         # filesystem layer off, sandboxed code reaches its workspace by its host path.
         self.base = Path(tempfile.mkdtemp(prefix="spiso", dir="/tmp"))
@@ -83,7 +84,8 @@ class Harness:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="zygote-harness", daemon=True)
         self.thread.start()
-        self.launcher = ZygoteLauncher(self.base / "zygote", disabled=disabled, restart_interval=restart_interval)
+        self.launcher = ZygoteLauncher(self.base / "zygote", disabled=disabled, restart_interval=restart_interval,
+                                       netns_spares=netns_spares)
         self.report = self.run(self.launcher.start())
         self.live: list[Sandbox] = []
         self._next_uid = 1_500_000 + (os.getpid() % 1000) * 100

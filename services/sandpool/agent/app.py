@@ -1,29 +1,33 @@
 """The agent's HTTP application: the contract's session-scoped paths, under any session id.
 
 `create_app(settings, secret)` builds it; importing this module does nothing
-else, so a template process can import it once and fork agents from it. The
-lifespan starts (and warms) the interpreter and the shell before the first
-request is served, and kills every child when it ends.
+else, so a template process can import it once and fork agents from it (and
+build `routes_app()`, the FastAPI app of the routes that is the same for every
+agent, before it forks). The lifespan starts (and warms) the interpreter and
+the shell before the first request is served, and kills every child when it
+ends. Execute, every call's path, is served straight from ASGI (`AgentApp`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import mimetypes
 import os
 import secrets
 import stat
 import time
-from urllib.parse import quote
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+import traceback
+from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandpool.agent import produced
 from sandpool.agent.auth import BearerSecretMiddleware
@@ -41,10 +45,19 @@ from sandpool.contract.models import (
     parse_exec_request,
     result_type_for,
 )
-from sandpool.core.errors import Invalid, NotFound, Unavailable, UnknownToolKind, install_error_handlers
+from sandpool.core.errors import (
+    Invalid,
+    NotFound,
+    SandpoolError,
+    Unavailable,
+    UnknownToolKind,
+    error_response,
+    install_error_handlers,
+)
 from sandpool.core.request_ids import ACCESS_EXTRA_KEY, RequestIdMiddleware
 
 OUTCOME_HEADER = "X-Sandpool-Outcome"
+RUNTIME_KEY = "sandpool.runtime"  # where a request finds the agent's runtime in its ASGI scope
 _LIST_LIMIT = 10_000
 _READ_CHUNK = 1 << 20
 
@@ -54,29 +67,13 @@ def _validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
             for e in exc.errors()]
 
 
-def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = None) -> FastAPI:
-    root = workspace or str(settings.workspace_dir())
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime(settings, root)
-        app.state.runtime = runtime
-        try:
-            await runtime.start()
-            await _self_call(app, secret)
-            yield
-        finally:
-            await runtime.close()
-
-    app = FastAPI(title="sandpool agent", lifespan=lifespan, redirect_slashes=False, docs_url=None, redoc_url=None, openapi_url=None)
+@functools.cache
+def routes_app() -> FastAPI:
+    """The FastAPI app of every route, the same for every agent: no secret, settings or runtime in it
+    (a request finds its runtime in its scope). Built once per process: the zygote builds it before
+    it forks, so a sandbox inherits it ready instead of spending ~8 ms on route set-up."""
+    app = FastAPI(title="sandpool agent", redirect_slashes=False, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_request_bytes=settings.max_request_bytes,
-                       max_upload_bytes=settings.max_upload_bytes)
-    app.add_middleware(BearerSecretMiddleware, secret=secret)
-    app.add_middleware(RequestIdMiddleware)  # outermost: a refused request has its id and access line too
-
-    def rt(request: Request) -> Runtime:
-        return request.app.state.runtime
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -84,75 +81,7 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
 
     @app.post("/sessions/{session_id}/exec")
     async def execute(session_id: str, request: Request) -> Response:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise Invalid("request body is not JSON") from None
-        try:
-            call = parse_exec_request(body)
-        except UnknownTool as exc:
-            raise UnknownToolKind(str(exc)) from None
-        except ValidationError as exc:
-            return JSONResponse({"detail": _validation_errors(exc), "reason": "invalid_request"}, status_code=422)
-        runtime = rt(request)
-        tool_use_id = call.tool_use_id or "srvtoolu_" + secrets.token_hex(12)
-        timeout = runtime.clamp_timeout(call.timeout_seconds)
-        async with runtime.lock:
-            started = time.monotonic()
-            extra: dict[str, Any] = {}
-            files: list[dict[str, str]] = []
-            if isinstance(call, TextEditorRequest):
-                edit = await run_in_threadpool(runtime.editor.run, call.input)
-                shown_out = StreamCapture(runtime.settings.max_output_bytes)
-                shown_out.feed(edit.stdout.encode())
-                outcome = ExecOutcome(stdout=shown_out.text(), stderr=edit.stderr, return_code=edit.return_code,
-                                      output_truncated=shown_out.truncated)
-            else:
-                before = await _snapshot(runtime)
-                try:
-                    if isinstance(call, CodeExecutionRequest):
-                        outcome = await runtime.interpreter.run(call.input.code, timeout)
-                        restart_field = "interpreter_restarted"
-                    else:
-                        assert isinstance(call, BashExecutionRequest)
-                        outcome = await _run_bash(runtime, call.input.command, timeout)
-                        restart_field = "shell_restarted"
-                except ChildStartFailed as exc:
-                    raise Unavailable(str(exc), retry_after=1) from None
-                if outcome.restarted or outcome.fresh:
-                    extra[restart_field] = True
-                after = await _snapshot(runtime)
-                files = produced.changed(before, after, runtime.settings.max_produced_files)
-                extra["timeout_seconds"] = int(timeout) if float(timeout).is_integer() else timeout
-            elapsed_ms = int((time.monotonic() - started) * 1000)
-        if outcome.limit is not None:
-            extra["limit_exceeded"] = outcome.limit
-        if outcome.timed_out:
-            outcome_label = "timeout"
-        elif outcome.limit is not None:
-            outcome_label = "limit"
-        else:
-            outcome_label = "ok" if outcome.return_code == 0 else "failed"
-        request.scope[ACCESS_EXTRA_KEY] = {"tool": call.tool, "outcome": outcome_label,
-                                           "return_code": outcome.return_code}
-        payload = {
-            "tool_use_id": tool_use_id,
-            "execution_time_ms": elapsed_ms,
-            "result_block": {
-                "type": result_type_for(call.tool),
-                "tool_use_id": tool_use_id,
-                "content": {
-                    "type": "code_execution_result",
-                    "stdout": outcome.stdout,
-                    "stderr": outcome.stderr,
-                    "return_code": outcome.return_code,
-                    "content": files,
-                },
-            },
-            **extra,
-        }
-        return JSONResponse(payload, headers={OUTCOME_HEADER: outcome_label})
+        return await exec_call(rt(request), await request.body(), request.scope)
 
     @app.get("/sessions/{session_id}/files/list")
     async def list_files(session_id: str, request: Request, path: str = ".") -> dict[str, Any]:
@@ -197,6 +126,210 @@ def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = 
     return app
 
 
+def rt(request: Request) -> Runtime:
+    return request.scope[RUNTIME_KEY]
+
+
+async def exec_call(runtime: Runtime, raw: bytes, scope: dict[str, Any]) -> Response:
+    """Execute: one tool call, answered with the contract's result (both paths run this)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise Invalid("request body is not JSON") from None
+    try:
+        call = parse_exec_request(body)
+    except UnknownTool as exc:
+        raise UnknownToolKind(str(exc)) from None
+    except ValidationError as exc:
+        return JSONResponse({"detail": _validation_errors(exc), "reason": "invalid_request"}, status_code=422)
+    tool_use_id = call.tool_use_id or "srvtoolu_" + secrets.token_hex(12)
+    timeout = runtime.clamp_timeout(call.timeout_seconds)
+    async with runtime.lock:
+        started = time.monotonic()
+        extra: dict[str, Any] = {}
+        files: list[dict[str, str]] = []
+        if isinstance(call, TextEditorRequest):
+            edit = await run_in_threadpool(runtime.editor.run, call.input)
+            shown_out = StreamCapture(runtime.settings.max_output_bytes)
+            shown_out.feed(edit.stdout.encode())
+            outcome = ExecOutcome(stdout=shown_out.text(), stderr=edit.stderr, return_code=edit.return_code,
+                                  output_truncated=shown_out.truncated)
+        else:
+            before = _snapshot(runtime)
+            try:
+                if isinstance(call, CodeExecutionRequest):
+                    outcome = await runtime.interpreter.run(call.input.code, timeout)
+                    restart_field = "interpreter_restarted"
+                else:
+                    assert isinstance(call, BashExecutionRequest)
+                    outcome = await _run_bash(runtime, call.input.command, timeout)
+                    restart_field = "shell_restarted"
+            except ChildStartFailed as exc:
+                raise Unavailable(str(exc), retry_after=1) from None
+            if outcome.restarted or outcome.fresh:
+                extra[restart_field] = True
+            after = _snapshot(runtime)
+            files = produced.changed(before, after, runtime.settings.max_produced_files)
+            extra["timeout_seconds"] = int(timeout) if float(timeout).is_integer() else timeout
+        elapsed_ms = int((time.monotonic() - started) * 1000)
+    if outcome.limit is not None:
+        extra["limit_exceeded"] = outcome.limit
+    if outcome.timed_out:
+        outcome_label = "timeout"
+    elif outcome.limit is not None:
+        outcome_label = "limit"
+    else:
+        outcome_label = "ok" if outcome.return_code == 0 else "failed"
+    scope[ACCESS_EXTRA_KEY] = {"tool": call.tool, "outcome": outcome_label, "return_code": outcome.return_code}
+    payload = {
+        "tool_use_id": tool_use_id,
+        "execution_time_ms": elapsed_ms,
+        "result_block": {
+            "type": result_type_for(call.tool),
+            "tool_use_id": tool_use_id,
+            "content": {
+                "type": "code_execution_result",
+                "stdout": outcome.stdout,
+                "stderr": outcome.stderr,
+                "return_code": outcome.return_code,
+                "content": files,
+            },
+        },
+        **extra,
+    }
+    return JSONResponse(payload, headers={OUTCOME_HEADER: outcome_label})
+
+
+class AgentApp:
+    """The agent's ASGI app below the request-id, secret and body-cap layers.
+
+    It runs the lifespan itself (start the runtime, self-test, serve; close), answers
+    `POST /sessions/{id}/exec` and `GET /healthz` straight from ASGI (the exec path is every
+    call's cost: FastAPI's error, exception, exit-stack and routing layers and its
+    dependency solving add ~0.3 ms of CPU to each for nothing, the handler takes the raw
+    body), and hands every other request to the shared FastAPI app. Both paths run the
+    same handler and render with the same response classes: tests/agent/test_wire.py pins
+    the bytes.
+    """
+
+    def __init__(self, settings: AgentSettings, secret: str, root: str) -> None:
+        self.settings = settings
+        self.secret = secret
+        self.root = root
+        self.routes = routes_app()
+        self.runtime: Runtime | None = None
+        self.outer: ASGIApp = self  # the whole stack, for the self-test (set by create_app)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        scope[RUNTIME_KEY] = self.runtime
+        if kind == "http":
+            method, path = scope["method"], scope["path"]
+            if method == "POST" and _is_exec_path(path):
+                await self._exec(scope, receive, send)
+                return
+            if method == "GET" and path == "/healthz":
+                await _HEALTHY(scope, receive, send)
+                return
+        await self.routes(scope, receive, send)
+
+    async def _exec(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime = self.runtime
+        try:
+            raw = await _read_body(receive)
+            if raw is None:
+                return  # the caller left before its request was whole: nobody to answer
+            if runtime is None:
+                raise Unavailable("the agent is not started", retry_after=1)
+            response = await exec_call(runtime, raw, scope)
+        except SandpoolError as exc:
+            response = error_response(exc)
+        except Exception:
+            # As FastAPI's outermost layer does: a plain 500, and the error goes on to the server's log.
+            await _SERVER_ERROR(scope, receive, send)
+            raise
+        await response(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        await receive()  # lifespan.startup
+        runtime = Runtime(self.settings, self.root)
+        try:
+            self.runtime = runtime
+            await runtime.start()
+            await _self_call(self.outer, self.secret)
+        except BaseException:
+            await runtime.close()
+            await send({"type": "lifespan.startup.failed", "message": traceback.format_exc()})
+            raise
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        try:
+            await runtime.close()
+        except BaseException:
+            await send({"type": "lifespan.shutdown.failed", "message": traceback.format_exc()})
+            raise
+        await send({"type": "lifespan.shutdown.complete"})
+
+
+class Agent:
+    """The ASGI app uvicorn serves: request ids and access lines, the secret, the body caps, then
+    `AgentApp`. `runtime` is the running one (None before the lifespan starts it)."""
+
+    def __init__(self, settings: AgentSettings, secret: str, root: str) -> None:
+        self.core = AgentApp(settings, secret, root)
+        self.stack = RequestIdMiddleware(BearerSecretMiddleware(
+            BodyLimitMiddleware(self.core, max_request_bytes=settings.max_request_bytes,
+                                max_upload_bytes=settings.max_upload_bytes), secret=secret))
+        self.core.outer = self.stack
+
+    @property
+    def runtime(self) -> Runtime | None:
+        return self.core.runtime
+
+    def openapi(self) -> dict[str, Any]:
+        """The operations the agent serves, as FastAPI documents its routes (never served over HTTP)."""
+        return self.core.routes.openapi()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.stack(scope, receive, send)
+
+
+def create_app(settings: AgentSettings, secret: str, *, workspace: str | None = None) -> Agent:
+    return Agent(settings, secret, workspace or str(settings.workspace_dir()))
+
+
+def _is_exec_path(path: str) -> bool:
+    """`/sessions/{session_id}/exec` as the router matches it: one non-empty segment for the id."""
+    if not (path.startswith("/sessions/") and path.endswith("/exec")):
+        return False
+    session_id = path[10:-5]
+    return bool(session_id) and "/" not in session_id
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body (the body-cap layer below counts it), or None if the caller left."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+        elif message["type"] == "http.disconnect":
+            return None
+
+
+async def _HEALTHY(scope: Scope, receive: Receive, send: Send) -> None:
+    await JSONResponse({"status": "ok"})(scope, receive, send)
+
+
+async def _SERVER_ERROR(scope: Scope, receive: Receive, send: Send) -> None:
+    await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+
+
 async def _self_call(app: FastAPI, secret: str) -> None:
     """One exec through the whole ASGI stack before serving: a self-test, and the first real call is warm."""
     body = json.dumps({"tool": "code_execution", "input": {"code": "print(end='')"}}).encode()
@@ -226,7 +359,7 @@ async def _run_bash(runtime: Runtime, command: str, timeout: float) -> ExecOutco
     return await runtime.shell.run(command, timeout)
 
 
-async def _snapshot(runtime: Runtime) -> produced.Snapshot:
+def _snapshot(runtime: Runtime) -> produced.Snapshot:
     if runtime.settings.max_produced_files == 0:
         return {}
     # Inline, not on a thread: bounded by produced_scan_limit, and for the usual small workspace the
@@ -295,4 +428,4 @@ def _list_dir(runtime: Runtime, path: str) -> dict[str, Any]:
     return {"files": files, "truncated": truncated}
 
 
-__all__ = ["OUTCOME_HEADER", "create_app"]
+__all__ = ["OUTCOME_HEADER", "Agent", "create_app", "routes_app"]

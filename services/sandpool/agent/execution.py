@@ -64,6 +64,8 @@ class PersistentChild:
         self.worker: Worker | None = None
         self._lost_since_last_call = False
         self._closed = False
+        self._started = False
+        """A worker was ever started (a child started on first use has not lost anything)."""
         self.cap: CodeCgroup | None = None
         """The code cgroup's process cap, when the sandbox has one (set by the runtime)."""
         self.keep: Callable[[], set[int]] = set
@@ -89,6 +91,7 @@ class PersistentChild:
 
     async def start(self) -> None:
         self.worker = await self.new_worker()
+        self._started = True
 
     def stop_now(self) -> None:
         """Synchronous kill at shutdown: no restart follows."""
@@ -102,6 +105,10 @@ class PersistentChild:
             await self.worker.close()
 
     async def _current(self) -> Worker:
+        if not self._started:  # started on first use (the shell): a first start, not a restart
+            await self.start()
+            assert self.worker is not None
+            return self.worker
         if self.worker is None or self.worker.dead or self.worker.output_lost:
             if self.worker is not None:
                 await self.worker.close()

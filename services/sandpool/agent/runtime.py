@@ -3,6 +3,12 @@
 Built and started by the app's lifespan, torn down (children killed) when it
 ends. Calls run one at a time in arrival order: `asyncio.Lock` hands itself to
 waiters first-in first-out, and exec and file operations share the one lock.
+
+The interpreter starts (and is warmed) before the agent serves; the shell
+starts on the first bash call. Most sessions run Python only, and a shell
+costs every sandbox ~10 ms of CPU (a fork of the agent, bash's start and its
+warm-up call); a session's first bash call pays that start instead, once
+(~15-40 ms of latency on a busy 2-core host).
 """
 
 from __future__ import annotations
@@ -14,10 +20,9 @@ import shutil
 import signal
 from pathlib import Path
 
-from starlette.concurrency import run_in_threadpool
-
 from sandpool.agent import hardening, process_cap, procs, produced, seccomp
 from sandpool.agent.editor import Editor
+from sandpool.agent.execution import ChildStartFailed
 from sandpool.agent.interpreter import Interpreter
 from sandpool.agent.settings import AgentSettings
 from sandpool.agent.shell import Shell
@@ -67,17 +72,19 @@ class Runtime:
         except (ValueError, RuntimeError):  # not the main thread: the periodic reap below covers it
             pass
         self._reap_task = asyncio.create_task(self._reap_forever())
-        await asyncio.gather(self.interpreter.start(), self.shell.start())
-        await self._warm()
+        if not os.access(self.settings.shell, os.X_OK):
+            raise ChildStartFailed(f"the shell {self.settings.shell} is not an executable file")
+        await self.interpreter.start()
+        self._warm()
         self.interpreter.start_spare()
 
-    async def _warm(self) -> None:
-        """Pay every first-call cost now, so the first real call is as fast as the tenth."""
+    def _warm(self) -> None:
+        """Pay first-call costs now, so the first real call is as fast as the tenth. The
+        interpreter's own first call is the app's self-test (a real Execute through every layer)."""
         parse_exec_request({"tool": "code_execution", "input": {"code": "pass"}})
+        parse_exec_request({"tool": "bash_code_execution", "input": {"command": ":"}})
         parse_exec_request({"tool": "text_editor_code_execution", "input": {"command": "view", "path": "."}})
-        await run_in_threadpool(produced.snapshot, self.workspace.root, 1)
-        await self.interpreter.run("print(end='')", 30.0)
-        await self.shell.run(":", 30.0)
+        produced.snapshot(self.workspace.root, 1)
 
     async def _reap_forever(self) -> None:
         while True:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import platform
 import struct
 
@@ -110,7 +111,13 @@ def denied_numbers(arch: str) -> dict[int, str]:
 
 
 def build_program(arch: str) -> list[tuple[int, int, int, int]]:
-    """The classic-BPF program as (code, jt, jf, k) tuples, with jumps resolved.
+    """The classic-BPF program as (code, jt, jf, k) tuples, with jumps resolved."""
+    return list(_program(arch))
+
+
+@functools.cache
+def _program(arch: str) -> tuple[tuple[int, int, int, int], ...]:
+    """build_program's work, once per process: a forked sandbox installs what its zygote built.
 
     Layout: arch check, x32 check (x86_64), one JEQ per refused call jumping to the
     EPERM return, the clone flag check, then the returns.
@@ -148,7 +155,7 @@ def build_program(arch: str) -> list[tuple[int, int, int, int]]:
             else:
                 offsets.append(int(target))  # type: ignore[arg-type]
         resolved.append((code, offsets[0], offsets[1], k))
-    return resolved
+    return tuple(resolved)
 
 
 def program_bytes(arch: str) -> bytes:
@@ -176,7 +183,7 @@ def install_filter() -> bool:
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     if prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return False
-    insns = build_program(arch)
+    insns = _program(arch)
     array = (_SockFilter * len(insns))(*(_SockFilter(*insn) for insn in insns))
     fprog = _SockFprog(len(insns), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]

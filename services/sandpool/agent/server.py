@@ -56,7 +56,7 @@ class _AgentServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        runtime = getattr(self.config.app.state, "runtime", None) if hasattr(self.config.app, "state") else None
+        runtime = getattr(self.config.app, "runtime", None)
         if runtime is not None and not self.should_exit:
             runtime.stop_now()
         super().handle_exit(sig, frame)
@@ -71,10 +71,10 @@ def serve(settings: AgentSettings) -> None:
     if settings.uds is not None:
         _clear_stale_socket(str(settings.uds))
         config = uvicorn.Config(app, uds=str(settings.uds), log_config=None, access_log=False,
-                                lifespan="on", timeout_graceful_shutdown=5)
+                                lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False)
     else:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                                lifespan="on", timeout_graceful_shutdown=5)
+                                lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False)
     log.info("agent starting", extra={"settings": dump_settings(settings)})
     server = _AgentServer(config)
     try:

@@ -64,6 +64,9 @@ class LocalProviderSettings(ServiceSettings):
     isolation_disable: CommaList = Field(default_factory=list, description=(
         "Isolation layers the zygote leaves off (namespaces, filesystem, network, cgroups, "
         "unprivileged_uid, seccomp), e.g. to simulate a host without them; each is named in a warning"))
+    netns_spares: int = Field(default=32, ge=0, le=1024, description=(
+        "Idle network namespaces the zygote keeps to hand on; one is handed on only if its last sandbox "
+        "left it pristine (docs/isolation.md); 0: a new namespace for every sandbox"))
     isolation_required: bool = Field(default=False, description=(
         "Refuse to start unless every isolation layer not turned off with --isolation-disable is in "
         "force (by default sandboxes start with what the host offers, and a warning names the rest)"))

@@ -7,7 +7,9 @@ namespaces layer is active). The order matters:
 2. join the sandbox's cgroups first, so everything after, and every process the
    sandbox ever makes, is counted against its limits;
 3. read the secret from its memfd (it never passed through the zygote's memory);
-4. unshare mount, IPC, UTS, cgroup and network namespaces; open the agent's
+4. unshare mount, IPC, UTS and cgroup namespaces (the network namespace is one the
+   zygote forked it into, from its pool of pristine ones; see isolation/netns.py,
+   or a new one when it has none); open the agent's
    descriptor of the code's process-capped cgroup (from a cgroup mount of the
    sandbox's own namespace, detached at once); build the root;
 5. drop every capability the agent does not need (it keeps only what it takes to
@@ -58,6 +60,8 @@ class ChildSpec:
     host_socket: str
     agent: dict[str, Any]
     log_path: str | None = None
+    network_ready: bool = False
+    """The zygote forked the child inside a network namespace of its own, loopback up."""
 
 
 def _reset_signals() -> None:
@@ -93,7 +97,7 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
     flags = 0
     if "namespaces" in spec.layers:
         flags |= linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS | linux.CLONE_NEWCGROUP
-    if "network" in spec.layers:
+    if "network" in spec.layers and not spec.network_ready:
         flags |= linux.CLONE_NEWNET
     if flags:
         linux.unshare(flags)
@@ -104,7 +108,7 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
             private_mount_at=spec.new_root if "namespaces" in spec.layers else None)
     if "namespaces" in spec.layers:
         linux.sethostname("sandbox")
-    if "network" in spec.layers:
+    if "network" in spec.layers and not spec.network_ready:
         linux.loopback_up()
 
     if "filesystem" in spec.layers and spec.plan is not None and spec.fs is not None:
@@ -141,7 +145,7 @@ def run(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int, status_fd
         from sandpool.agent.server import serve
         from sandpool.agent.settings import AgentSettings
 
-        settings = AgentSettings(**kwargs)
+        settings = AgentSettings.from_values(**kwargs)
         del kwargs
         configure_logging("agent", settings.log_level)
     except BaseException as exc:  # noqa: BLE001 - reported to the zygote, then exit

@@ -44,6 +44,7 @@ from . import zygote_child, zygote_protocol
 from .isolation import detect as detection
 from .isolation import linux, mounts
 from .isolation.cgroups import CgroupManager, SandboxCgroup
+from .isolation.netns import NetNamespace, NetnsPool
 
 log = logging.getLogger("sandpool.zygote")
 
@@ -74,6 +75,7 @@ class Sandbox:
     cgroup: SandboxCgroup | None
     started: float
     status_fd: int | None = None
+    netns: NetNamespace | None = None
     launch_request: int | None = None
     kill_requests: list[int] = field(default_factory=list)
     status: str = "starting"
@@ -86,13 +88,15 @@ class ZygoteConfig:
     uid_probe: int = 65534
     cgroup_version: str = "auto"
     extra_paths: tuple[str, ...] = ()
+    netns_spares: int = 32
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ZygoteConfig:
         return cls(disabled=frozenset(data.get("disabled", ())), run_dir=data["run_dir"],
                    uid_probe=int(data.get("uid_probe", 65534)),
                    cgroup_version=data.get("cgroup_version", "auto"),
-                   extra_paths=tuple(data.get("extra_paths", ())))
+                   extra_paths=tuple(data.get("extra_paths", ())),
+                   netns_spares=max(0, int(data.get("netns_spares", 32))))
 
 
 class Zygote:
@@ -108,6 +112,8 @@ class Zygote:
         self.layers: frozenset[str] = frozenset()
         self.new_root = os.path.join(config.run_dir, "root")
         self.host_pidns: int | None = None
+        self.netns: NetnsPool | None = None
+        self.netns_checked = 0.0
         self.wake_r, self.wake_w = os.pipe()
         self.running = True
         self.cpu_killed = 0.0  # CPU of every process of a sandbox, summed just before it was killed
@@ -123,6 +129,8 @@ class Zygote:
                                          exclude=(os.path.realpath(self.config.run_dir),))
         if "namespaces" in self.layers:
             self.host_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        if "network" in self.layers:
+            self.netns = NetnsPool(spares=self.config.netns_spares)
         for name in PRELOAD:
             try:
                 importlib.import_module(name)
@@ -166,6 +174,7 @@ class Zygote:
                 else:
                     self.on_status(key.data)
             self.reap()
+            self.recheck_netns()
         self.shutdown()
 
     def send(self, message: dict[str, Any]) -> None:
@@ -196,7 +205,8 @@ class Zygote:
                 self.send({"id": rid, "ok": True, "sandboxes": len(self.sandboxes),
                            "cpu_self_seconds": own.ru_utime + own.ru_stime,
                            "cpu_children_seconds": children.ru_utime + children.ru_stime,
-                           "cpu_killed_sandboxes_seconds": self.cpu_killed})
+                           "cpu_killed_sandboxes_seconds": self.cpu_killed,
+                           "netns": self.netns.stats() if self.netns is not None else None})
             elif op == "list":
                 self.send({"id": rid, "ok": True, "sandboxes": [
                     {"sandbox_id": s.sandbox_id, "pid": s.pid, "status": s.status}
@@ -264,13 +274,20 @@ class Zygote:
         spec = zygote_child.ChildSpec(
             sandbox_id=sandbox_id, layers=self.layers, uid=uid, plan=self.plan, fs=fs, new_root=self.new_root,
             host_workspace=host_workspace, host_socket=host_socket, agent=agent,
-            log_path=log_path if isinstance(log_path, str) and os.path.isabs(log_path) else None)
+            log_path=log_path if isinstance(log_path, str) and os.path.isabs(log_path) else None,
+            network_ready=self.netns is not None)
         status_r, status_w = os.pipe()
+        netns = None
         try:
-            pid = self._fork()
+            # The child is forked inside its network namespace (as it is inside its PID namespace):
+            # one of the pool's, used by no live sandbox, pristine (isolation/netns.py).
+            netns = self.netns.take() if self.netns is not None else None
+            pid = self._fork_into(netns)
         except BaseException:
             os.close(status_r)
             os.close(status_w)
+            if netns is not None and self.netns is not None:
+                self.netns.give_back(netns)  # no process ever ran in it: judged, and kept if untouched
             if cgroup is not None:
                 cgroup.remove(0.5)
             raise
@@ -281,10 +298,24 @@ class Zygote:
             finally:
                 os._exit(zygote_child.FAILED)
         os.close(status_w)
-        sandbox = Sandbox(sandbox_id, pid, uid, cgroup, time.monotonic(), status_r, rid)
+        sandbox = Sandbox(sandbox_id, pid, uid, cgroup, time.monotonic(), status_r, netns, rid)
         self.sandboxes[sandbox_id] = sandbox
         self.by_pid[pid] = sandbox
         self.selector.register(status_r, selectors.EVENT_READ, sandbox)
+
+    def _fork_into(self, netns: NetNamespace | None) -> int:
+        """Fork with the child in `netns` (when given); the zygote itself is back in its own after."""
+        if netns is None or self.netns is None:
+            return self._fork()
+        self.netns.enter(netns)
+        try:
+            pid = self._fork()
+        except BaseException:
+            self.netns.leave()
+            raise
+        if pid != 0:
+            self.netns.leave()
+        return pid
 
     def _fork(self) -> int:
         if self.host_pidns is None:
@@ -300,7 +331,7 @@ class Zygote:
         """In the forked child: drop every descriptor of the zygote's (not the kept ones)."""
         self.selector.close()
         self.sock.close()
-        for fd in (self.wake_r, self.wake_w, self.host_pidns):
+        for fd in (self.wake_r, self.wake_w, self.host_pidns, *(self.netns.fds() if self.netns else ())):
             if fd is not None and fd not in keep:
                 os.close(fd)
         for other in self.sandboxes.values():
@@ -329,6 +360,15 @@ class Zygote:
         self.send({"id": rid, "ok": False, "error": reason})
 
     # -- kill and reap -------------------------------------------------------------------
+    def recheck_netns(self) -> None:
+        """Twice a second, look again at returned namespaces still waiting for a socket to be freed."""
+        if self.netns is None or not self.netns.quarantine:
+            return
+        now = time.monotonic()
+        if now - self.netns_checked >= 0.5:
+            self.netns_checked = now
+            self.netns.recheck()
+
     def _signal(self, sandbox: Sandbox) -> None:
         try:
             os.kill(sandbox.pid, signal.SIGKILL)
@@ -363,6 +403,11 @@ class Zygote:
 
     def _finish(self, sandbox: Sandbox, status: int) -> None:
         self.sandboxes.pop(sandbox.sandbox_id, None)
+        if sandbox.netns is not None and self.netns is not None:
+            # Its PID-namespace init is reaped: the kernel has killed and released every process
+            # of the sandbox, so nothing of it can act in the namespace any more.
+            self.netns.give_back(sandbox.netns)
+            sandbox.netns = None
         if sandbox.status_fd is not None:
             self.selector.unregister(sandbox.status_fd)
             os.close(sandbox.status_fd)
@@ -401,6 +446,8 @@ class Zygote:
                 sandbox.cgroup.remove()
         if self.cgroups is not None:
             self.cgroups.close()
+        if self.netns is not None:
+            self.netns.close()
         # Our mount-point directory, and the run directory if that leaves it empty (a client
         # dropped without closing it still leaves nothing behind once we see end-of-stream).
         for path in (self.new_root, self.config.run_dir):
@@ -419,12 +466,18 @@ def _warm_agent() -> None:
 
     import uvicorn
 
-    from sandpool.agent.app import create_app
+    from sandpool.agent import seccomp
+    from sandpool.agent.app import create_app, routes_app
     from sandpool.agent.settings import AgentSettings
+
+    arch = seccomp.native_arch()
+    if arch is not None:
+        seccomp.build_program(arch)  # built once here, installed by every sandbox
 
     dummy = "warm-up-only-" + "0" * 32
     app = create_app(AgentSettings(agent_secret=dummy, workspace="/"), dummy, workspace="/")
-    uvicorn.Config(app, uds="/nonexistent/warm.sock", log_config=None, access_log=False, lifespan="on").load()
+    uvicorn.Config(app, uds="/nonexistent/warm.sock", log_config=None, access_log=False, lifespan="on",
+                   proxy_headers=False).load()
 
     async def call() -> None:
         sent: list[dict[str, Any]] = []
@@ -443,7 +496,9 @@ def _warm_agent() -> None:
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
-        await app(scope, receive, send)
+        await app(scope, receive, send)  # the agent's own path
+        done = False
+        await routes_app()(scope, receive, send)  # FastAPI's: builds its middleware stack, once
 
     asyncio.run(call())
 
