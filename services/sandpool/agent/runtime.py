@@ -16,7 +16,7 @@ from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 
-from sandpool.agent import hardening, process_cap, procs, produced, seccomp
+from sandpool.agent import egress, hardening, process_cap, procs, produced, seccomp
 from sandpool.agent.editor import Editor
 from sandpool.agent.interpreter import Interpreter
 from sandpool.agent.settings import AgentSettings
@@ -36,6 +36,9 @@ class Runtime:
         self.reaper = procs.Reaper()
         self.mplconfigdir = hardening.matplotlib_dir(settings.matplotlib_cache, self.policy)
         env = hardening.child_env(str(workspace), python=settings.sandbox_python(), mplconfigdir=self.mplconfigdir)
+        self.egress = egress.from_settings(settings, str(workspace))  # None without egress: nothing runs
+        if self.egress is not None:
+            env.update(self.egress.environment())
         self.cap: process_cap.CodeCgroup | None = None
         preexec = hardening.preexec(self.policy, lambda: self.cap.join_fd if self.cap is not None else -1)
         self.interpreter = Interpreter(
@@ -67,6 +70,8 @@ class Runtime:
         except (ValueError, RuntimeError):  # not the main thread: the periodic reap below covers it
             pass
         self._reap_task = asyncio.create_task(self._reap_forever())
+        if self.egress is not None:
+            await self.egress.start()
         await asyncio.gather(self.interpreter.start(), self.shell.start())
         await self._warm()
         self.interpreter.start_spare()
@@ -88,6 +93,8 @@ class Runtime:
 
     async def close(self) -> None:
         await asyncio.gather(self.interpreter.close(), self.shell.close(), return_exceptions=True)
+        if self.egress is not None:
+            await self.egress.aclose()
         procs.kill_trees(set(), keep=set(), include_roots=False)  # whatever sandboxed code left behind
         self.reaper.reap()
         if self.mplconfigdir is not None:
