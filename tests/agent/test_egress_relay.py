@@ -110,6 +110,8 @@ def test_code_gets_the_proxy_url_and_the_relay_carries_bytes_both_ways(
         assert variables["no_proxy"] == variables["NO_PROXY"] == "localhost,127.0.0.1,::1"
         assert variables["PIP_RETRIES"] == "1"
         assert variables["SANDBOX_PIP_LAYER"] == str(agent.workspace / ".local")
+        path = content(agent.sh("echo $PATH"))["stdout"].strip().split(":")
+        assert path[-1] == str(agent.workspace / ".local" / "bin") and "/usr/bin" in path
         ran = content(agent.py(RELAY_CLIENT))
         assert ran["stderr"] == "" and ran["stdout"].splitlines() == [
             "hello from the proxy", "200004 XXXXX bye"]

@@ -58,15 +58,18 @@ class Egress:
     def url(self) -> str:
         return f"http://{PROXY_USER}:{self.credential}@{self.proxy}"
 
-    def environment(self) -> dict[str, str]:
-        """What sandboxed code's environment gets (on top of the agent's clean one)."""
+    def environment(self, path: str = "") -> dict[str, str]:
+        """What sandboxed code's environment gets on top of the agent's clean one (whose PATH is `path`:
+        the layer's console scripts come after it)."""
         url = self.url
+        layer = os.path.join(self.workspace, PIP_LAYER)
         return {
+            "PATH": os.pathsep.join(part for part in (path, os.path.join(layer, "bin")) if part),
             "http_proxy": url, "https_proxy": url, "HTTP_PROXY": url, "HTTPS_PROXY": url,
             "no_proxy": NO_PROXY, "NO_PROXY": NO_PROXY,
             # pip retries a refused tunnel five times with back-off; once says the proxy's reason and stops.
             "PIP_RETRIES": "1",
-            "SANDBOX_PIP_LAYER": os.path.join(self.workspace, PIP_LAYER),
+            "SANDBOX_PIP_LAYER": layer,
         }
 
     async def start(self) -> None:

@@ -38,7 +38,7 @@ class Runtime:
         env = hardening.child_env(str(workspace), python=settings.sandbox_python(), mplconfigdir=self.mplconfigdir)
         self.egress = egress.from_settings(settings, str(workspace))  # None without egress: nothing runs
         if self.egress is not None:
-            env.update(self.egress.environment())
+            env.update(self.egress.environment(env["PATH"]))
         self.cap: process_cap.CodeCgroup | None = None
         preexec = hardening.preexec(self.policy, lambda: self.cap.join_fd if self.cap is not None else -1)
         self.interpreter = Interpreter(

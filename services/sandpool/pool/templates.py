@@ -31,6 +31,7 @@ environments:                    # local provider only; Kubernetes pools run the
   - name: python-ml              # what a pool's `image` (and a CreateSession `image` hint) names
     requirements: ml.txt         # a lock with hashes, relative to this file
     preimport: [numpy, pandas]   # optional: imported before the first call
+    pip: true                    # optional: `pip install` into a per-session layer, through egress
 pools:
   - {name: ml, image: python-ml, warm: 2, ceiling: 8}
 ```
@@ -268,6 +269,9 @@ class EnvironmentTemplate(_Strict):
     preimport: list[str] = Field(default_factory=list, description=(
         "modules the sandbox's interpreter imports before the first call (start time and memory for "
         "a fast first import)"))
+    pip: bool = Field(default=False, description=(
+        "let `pip install` in a session install into a layer of the session's own (the shared environment "
+        "stays read-only) when the workspace's egress allow-list admits the package index"))
 
     @field_validator("name")
     @classmethod
