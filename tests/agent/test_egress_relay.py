@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from agent_harness import content, start_agent
+
 from sandpool.agent.egress import MAX_RELAYED, Egress, Relay
 from sandpool.agent.settings import AgentSettings
 

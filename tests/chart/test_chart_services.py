@@ -146,8 +146,8 @@ def test_egress_command_line_is_accepted_by_sandpool_egress(helm: Helm) -> None:
     assert container["command"] == ["sandpool"]
     [settings] = _parse("egress", container["args"], EgressSettings)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert (settings.host, settings.port) == ("0.0.0.0", ports["proxy"])  # noqa: S104
-    assert (settings.metrics_host, settings.metrics_port) == ("0.0.0.0", ports["metrics"])  # noqa: S104
+    assert (settings.host, settings.port) == ("0.0.0.0", ports["proxy"])
+    assert (settings.metrics_host, settings.metrics_port) == ("0.0.0.0", ports["metrics"])
     assert settings.egress_allow_ceiling == ["pypi.org", "files.pythonhosted.org", "*.githubusercontent.com"]
     assert settings.deny_cidrs == ["10.96.0.0/12", "10.244.0.0/16", "fd00:10:96::/112"]
     assert not settings.unsafe_allow_loopback_for_tests and settings.unix_socket is None

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificate
 from sandbox_env import make_lock, make_wheel
 from up_harness import Up, exec_code
 
-from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificate
 from sandpool.proxy.keys_cli import mint_token
 
 pytestmark = pytest.mark.timeout(300)

@@ -29,9 +29,9 @@ from typing import Any
 
 import httpx
 import pytest
+from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificate
 from up_harness import Up, descendants, exec_code
 
-from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificate
 from sandpool.proxy.keys_cli import mint_token
 
 pytestmark = pytest.mark.timeout(300)

@@ -26,8 +26,9 @@ async def publish(egress: Egress, *, credential: str | None, pool: str = "defaul
     now = time.time()
     assert await egress.sandboxes.register_starting(sandbox, pool=pool, image="python", ceiling=1000, now=now,
                                                     owner="egress-tests")
+    digest = egress_digest(credential) if credential else None
     assert await egress.sandboxes.publish_ready(sandbox, pool=pool, address="unix:///nowhere", secret="agent-secret",
-                                                now=now, egress_digest=egress_digest(credential) if credential else None)
+                                                now=now, egress_digest=digest)
     return sandbox
 
 
@@ -95,8 +96,8 @@ async def test_every_release_unbinds_the_credential(egress: Egress, mode: str) -
     session, _ = await lease(egress, "ws-r", ["pypi.org"])
     assert await egress.store.binding(credential) is not None
     now = time.time() + (LIMITS.max_lifetime_seconds + 1 if mode == "reap" else 0)
-    released = await egress.sessions.release(session_id=session, workspace=None if mode in ("reap", "admin") else "ws-r",
-                                             now=now, mode=mode)
+    owner = None if mode in ("reap", "admin") else "ws-r"
+    released = await egress.sessions.release(session_id=session, workspace=owner, now=now, mode=mode)
     assert released is not None
     assert not await egress.store.redis.exists(egress.keys.egress_binding(credential))
 

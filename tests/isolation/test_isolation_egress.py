@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 import pytest
-
 from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificate
+
 from sandpool.core.serve import bind
 from sandpool.egress.server import EgressProxy
 from sandpool.egress.serving import bind_unix, build_resolver

@@ -4,7 +4,7 @@
     sandpool admin sessions [--workspace W]
     sandpool admin policy get W
     sandpool admin policy set W key=value...      (null clears a field; changes only the fields named;
-                                                   lists are comma-separated: egress_allow=pypi.org,files.pythonhosted.org)
+                                                   lists are comma-separated: egress_allow=pypi.org,x.org)
     sandpool admin revoke <token or jti>
     sandpool admin end-session <session id>
 

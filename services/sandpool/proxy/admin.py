@@ -24,8 +24,15 @@ from sandpool.core.errors import Forbidden, Invalid, NotFound, Unavailable
 from sandpool.proxy.auth import MAX_JTI_CHARS, Principal
 from sandpool.proxy.edge import OPERATION_KEY
 from sandpool.proxy.gate import Gate
-from sandpool.proxy.policy import (above_ceilings, dump_policy, egress_outside, limit_values, list_values,
-                                   load_policy, policy_model)
+from sandpool.proxy.policy import (
+    above_ceilings,
+    dump_policy,
+    egress_outside,
+    limit_values,
+    list_values,
+    load_policy,
+    policy_model,
+)
 from sandpool.state import StateError
 from sandpool.state.keys import USAGE_DAY_RETENTION_DAYS
 
