@@ -107,7 +107,7 @@ def injected(credential: str, workspace: str) -> dict[str, str]:
     from sandpool.contract import tenancy
 
     headers = {"Authorization": f"Bearer {credential}", tenancy.WORKSPACE: workspace}
-    headers.update({limit.header: "0" for limit in catalogue.forwarded() if limit.header})
+    headers.update({limit.header: limit.unset for limit in catalogue.forwarded() if limit.header})
     return headers
 
 

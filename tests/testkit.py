@@ -67,7 +67,7 @@ def injected_headers(credential: str, workspace: str, **limits: int) -> dict[str
     headers = {"Authorization": f"Bearer {credential}", tenancy.WORKSPACE: workspace}
     for limit in catalogue.forwarded():
         assert limit.header is not None
-        headers[limit.header] = str(limits.get(limit.name, 0))
+        headers[limit.header] = str(limits.get(limit.name, limit.unset))
     return headers
 
 

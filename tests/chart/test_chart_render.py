@@ -29,7 +29,7 @@ def _values(scenario: str | None) -> tuple[str, ...]:
 
 def test_scenarios_exist() -> None:
     assert {"external-redis-values.yaml", "ingress-tls-values.yaml", "gvisor-pools-values.yaml",
-            "egress-allowlist-values.yaml", "servicemonitor-hpa-values.yaml"} <= set(SCENARIOS)
+            "egress-values.yaml", "servicemonitor-hpa-values.yaml"} <= set(SCENARIOS)
 
 
 def test_lint_strict_every_scenario(helm: Helm) -> None:
@@ -152,7 +152,9 @@ def test_every_default_value_is_in_the_schema_and_commented() -> None:
     (("redis.mode=sentinel",), "redis.mode"),
     (("pools[0].name=Bad_Name",), "pools.0.name"),
     (("auth.generateSigningKey=maybe",), "auth.generateSigningKey"),
-    (("sandboxes.egress.allow[0].cidr=everywhere",), "cidr"),
+    (("egress.denyCidrs[0]=everywhere",), "egress.denyCidrs.0"),
+    (("egress.allowCeiling[0]=a b",), "egress.allowCeiling.0"),
+    (("egress.port=0",), "egress.port"),
     (("internalCredential.value=short",), "internalCredential.value"),
 ])
 def test_schema_rejects_mistyped_values(helm: Helm, sets: tuple[str, ...], message: str) -> None:
@@ -169,6 +171,12 @@ def test_schema_rejects_mistyped_values(helm: Helm, sets: tuple[str, ...], messa
      'the name "a" is used twice'),
     ({"pools": [{"name": "a", "warm": 20, "ceiling": 4}]}, "warm (20) is above ceiling (4)"),
     ({"sandboxes": {"createNamespace": True}}, "sandboxes.createNamespace needs sandboxes.namespace"),
+    # The raw-CIDR egress of old: refused with the way to migrate, never silently dropped.
+    ({"pools": [{"name": "web", "warm": 1, "ceiling": 2, "egress": True}]}, "pools[web].egress is removed"),
+    ({"sandboxes": {"egress": {"allowDNS": True, "allow": [{"cidr": "10.0.0.0/8"}]}}},
+     "sandboxes.egress is removed"),
+    ({"egress": {"enabled": True}, "scheduler": {"provider": "local"}},
+     "egress.enabled needs scheduler.provider=kubernetes"),
 ])
 def test_inconsistent_values_fail_with_a_named_reason(helm: Helm, tmp_path: Path, values: dict[str, Any],
                                                       message: str) -> None:

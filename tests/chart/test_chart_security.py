@@ -18,6 +18,7 @@ DEFAULT_AND_SCENARIOS = [None, *SCENARIOS]
 SCHEDULER = {"app.kubernetes.io/name": "sandpool", "app.kubernetes.io/instance": "sp",
              "app.kubernetes.io/component": "scheduler"}
 PROXY = {**SCHEDULER, "app.kubernetes.io/component": "proxy"}
+EGRESS = {**SCHEDULER, "app.kubernetes.io/component": "egress"}
 SANDBOXES = {"app.kubernetes.io/name": "sandpool", "app.kubernetes.io/component": "sandbox",
              "sandpool.dev/installation": "sp"}
 
@@ -75,7 +76,7 @@ def test_rbac_is_a_namespaced_role_limited_to_the_provider(helm: Helm, scenario:
     assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     role = find(objs, "Role", "-scheduler")
     sandbox_ns = "sandpool-sandboxes" if scenario in ("gvisor-pools-values.yaml",
-                                                       "egress-allowlist-values.yaml") else "sandpool"
+                                                       "egress-values.yaml") else "sandpool"
     assert role["metadata"]["namespace"] == sandbox_ns
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules == {
@@ -115,19 +116,54 @@ def test_sandboxes_take_ingress_only_from_the_scheduler_and_have_no_egress(helm:
     assert f"--kube-namespace={policy['metadata']['namespace']}" in scheduler_args
 
 
-def test_egress_allow_list_opens_only_egress_pools(helm: Helm) -> None:
-    objs = helm.render("egress-allowlist-values.yaml")
+def test_with_the_egress_proxy_sandboxes_may_reach_it_and_nothing_else(helm: Helm) -> None:
+    objs = helm.render("egress-values.yaml")
+    base = find(objs, "NetworkPolicy", "-sandboxes")["spec"]
+    assert base["egress"] == []  # still denied by default: the egress policy below adds one path
     policy = find(objs, "NetworkPolicy", "-sandboxes-egress")
+    assert policy["metadata"]["namespace"] == "sandpool-sandboxes"
     spec = policy["spec"]
-    assert spec["podSelector"] == {"matchLabels": {**SANDBOXES, "sandpool.dev/egress": "true"}}
+    assert spec["podSelector"] == {"matchLabels": SANDBOXES}
     assert spec["policyTypes"] == ["Egress"] and "ingress" not in spec
-    dns, mirror, single = spec["egress"]
+    assert spec["egress"] == [{
+        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "sandpool"}},
+                "podSelector": {"matchLabels": EGRESS}}],
+        "ports": [{"port": 3128, "protocol": "TCP"}]}]  # no DNS, no other port, no other pod
+    service = find(objs, "Service", "-egress")
+    assert service["spec"]["selector"] == EGRESS
+    # Without the egress proxy: no egress policy, no proxy, and nothing opens a sandbox's egress.
+    plain = helm.render()
+    assert not [o for o in plain if o["metadata"]["name"].endswith("-egress")]
+    assert all(p["spec"].get("egress") in (None, []) for p in plain if p["kind"] == "NetworkPolicy"
+               and p["spec"]["podSelector"] == {"matchLabels": SANDBOXES})
+
+
+def test_the_egress_proxy_takes_only_sandboxes_and_reaches_only_dns_redis_and_public_addresses(helm: Helm) -> None:
+    objs = helm.render("egress-values.yaml")
+    spec = find(objs, "NetworkPolicy", "-sandpool-egress")["spec"]
+    assert spec["podSelector"] == {"matchLabels": EGRESS}
+    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+    sandboxes, metrics = spec["ingress"]
+    assert sandboxes == {"from": [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "sandpool-sandboxes"}}, "podSelector": {"matchLabels": SANDBOXES}}],
+        "ports": [{"port": 3128, "protocol": "TCP"}]}
+    assert metrics["ports"] == [{"port": 9464, "protocol": "TCP"}]  # the metrics port: never for sandboxes
+    dns, redis, public = spec["egress"]
     assert {p["port"] for p in dns["ports"]} == {53}
-    assert mirror == {"to": [{"ipBlock": {"cidr": "10.20.0.0/16", "except": ["169.254.169.254/32"]}}],
-                      "ports": [{"port": 443, "protocol": "TCP"}]}
-    assert single == {"to": [{"ipBlock": {"cidr": "192.0.2.10/32"}}]}
-    # Without an allow-list no egress policy exists at all.
-    assert not [o for o in helm.render() if o["metadata"]["name"].endswith("-sandboxes-egress")]
+    assert redis == {"to": [{"podSelector": {"matchLabels": {**EGRESS, "app.kubernetes.io/component": "redis"}}}],
+                     "ports": [{"port": 6379, "protocol": "TCP"}]}
+    v4, v6 = (peer["ipBlock"] for peer in public["to"])
+    assert "ports" not in public and v4["cidr"] == "0.0.0.0/0" and v6["cidr"] == "::/0"
+    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10", "127.0.0.0/8",
+            "10.96.0.0/12", "10.244.0.0/16"} == set(v4["except"])
+    assert {"::1/128", "fc00::/7", "fe80::/10", "fd00:10:96::/112"} == set(v6["except"])
+    redis_in = find(objs, "NetworkPolicy", "-redis")["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {"matchLabels": EGRESS}} in redis_in
+    egress_pod = pod_spec(find(objs, "Deployment", "-egress"))
+    assert egress_pod["automountServiceAccountToken"] is False
+    [container] = egress_pod["containers"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
 
 
 @pytest.mark.parametrize("scenario", DEFAULT_AND_SCENARIOS, ids=lambda s: s or "defaults")
@@ -138,7 +174,7 @@ def test_scheduler_only_from_proxy_and_redis_only_from_control_plane(helm: Helm,
     assert scheduler["policyTypes"] == ["Ingress"]
     first, *metrics = scheduler["ingress"]
     assert first == {"from": [{"podSelector": {"matchLabels": PROXY}}], "ports": [{"port": 8081, "protocol": "TCP"}]}
-    if scenario == "servicemonitor-hpa-values.yaml":
+    if scenario in ("servicemonitor-hpa-values.yaml", "egress-values.yaml"):
         assert metrics == [{"from": [{"namespaceSelector": {"matchLabels": {
             "kubernetes.io/metadata.name": "monitoring"}}}], "ports": [{"port": 8081, "protocol": "TCP"}]}]
     else:
@@ -148,7 +184,10 @@ def test_scheduler_only_from_proxy_and_redis_only_from_control_plane(helm: Helm,
         assert not redis and not [o for o in objs if o["kind"] == "StatefulSet"]
         return
     [rule] = redis[0]["spec"]["ingress"]
-    assert rule["from"] == [{"podSelector": {"matchLabels": PROXY}}, {"podSelector": {"matchLabels": SCHEDULER}}]
+    control_plane = [{"podSelector": {"matchLabels": PROXY}}, {"podSelector": {"matchLabels": SCHEDULER}}]
+    if scenario == "egress-values.yaml":  # the egress proxy reads bindings and meters bytes
+        control_plane.append({"podSelector": {"matchLabels": EGRESS}})
+    assert rule["from"] == control_plane
     assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
 
 

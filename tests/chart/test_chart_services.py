@@ -20,6 +20,7 @@ import pytest
 from chart_support import SCENARIOS, Helm, find, pod_spec, secret_value
 from sandpool.cli import build_parser
 from sandpool.core.settings import settings_from_args
+from sandpool.egress.settings import EgressSettings
 from sandpool.pool.templates import load_pools
 from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
 from sandpool.proxy.settings import ProxySettings
@@ -133,10 +134,34 @@ def test_pools_file_loads_with_the_schedulers_loader(helm: Helm, scenario: str |
             ("default", "gvisor", 64), ("large", "gvisor", 8), ("kata", "kata", 4)]
         assert pools[1].memory == "8Gi" and pools[1].extra["workspace_size"] == "10Gi"
         assert pools[2].args == ("--max-output-bytes", "1048576")
-    if scenario == "egress-allowlist-values.yaml":
-        assert [p.extra["egress"] for p in pools] == [False, True]
+    assert not any("egress" in p.extra for p in pools)
     if scenario is None:
         assert pools[0].image == "sandpool/sandbox:0.1.0" and pools[0].cpu == "1"
+
+
+def test_egress_command_line_is_accepted_by_sandpool_egress(helm: Helm) -> None:
+    objs = helm.render("egress-values.yaml")
+    spec = pod_spec(find(objs, "Deployment", "-egress"))
+    [container] = spec["containers"]
+    assert container["command"] == ["sandpool"]
+    [settings] = _parse("egress", container["args"], EgressSettings)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert (settings.host, settings.port) == ("0.0.0.0", ports["proxy"])
+    assert (settings.metrics_host, settings.metrics_port) == ("0.0.0.0", ports["metrics"])
+    assert settings.egress_allow_ceiling == ["pypi.org", "files.pythonhosted.org", "*.githubusercontent.com"]
+    assert settings.deny_cidrs == ["10.96.0.0/12", "10.244.0.0/16", "fd00:10:96::/112"]
+    assert not settings.unsafe_allow_loopback_for_tests and settings.unix_socket is None
+    [redis_env] = [e for e in container["env"] if e["name"] == "SANDPOOL_REDIS_URL"]
+    assert "secretKeyRef" in redis_env["valueFrom"]
+    # The scheduler hands sandbox pods the proxy's Service, on the port the Service serves.
+    service = find(objs, "Service", "-egress")
+    scheduler = pod_spec(find(objs, "Deployment", "-scheduler"))["containers"][0]
+    [_, kube] = _parse("scheduler", scheduler["args"], SchedulerSettings, KubernetesProviderSettings)
+    proxy_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "proxy")
+    assert kube.kube_egress_proxy == f"{service['metadata']['name']}.sandpool.svc:{proxy_port}"
+    assert not [o for o in helm.render() if o["metadata"]["name"].endswith("-egress")]
+    default_scheduler = pod_spec(find(helm.render(), "Deployment", "-scheduler"))["containers"][0]
+    assert not any(a.startswith("--kube-egress-proxy") for a in default_scheduler["args"])
 
 
 def _free_port() -> int:

@@ -60,7 +60,7 @@ def alive(pid: int) -> bool:
 class Up:
     """`sandpool up` in a subprocess, its stdout lines collected by a thread."""
 
-    def __init__(self, *args: str, data_dir: Path | None = None) -> None:
+    def __init__(self, *args: str, data_dir: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="spu"))
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -68,7 +68,8 @@ class Up:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sandpool", "up", "--port", str(self.port), "--data-dir", str(self.data_dir),
              "--pool-size", "2", "--max-sandboxes", "6", "--log-level", "warning", *args],
-            stdout=subprocess.PIPE, stderr=self.stderr, start_new_session=True)
+            stdout=subprocess.PIPE, stderr=self.stderr, start_new_session=True,
+            env={**os.environ, **env} if env else None)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -7,8 +7,9 @@ names are mapped by the proxy's own resolver (`--resolve-overrides`), never by
 addresses the address policy must refuse. Loopback is admitted only through
 the test-only setting, and the tests of loopback refusal turn it off.
 
-Sessions are real: a sandbox record published and leased with the scheduler's
-own scripts, then its egress credential bound as the lease will bind it.
+Sessions are real: a sandbox record published with its egress credential's
+digest and leased with the scheduler's own scripts, which bind the credential to
+the session and its allow-list (and the release unbinds it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from sandpool.egress.serving import build_resolver
 from sandpool.egress.settings import EgressSettings
 from sandpool.state import Keys, close, connect
 from sandpool.state.egress import EgressStore
+from sandpool.state.keys import egress_digest
 from sandpool.state.sandboxes import SandboxStore
 from sandpool.state.sessions import Leased, SessionLimits, SessionStore
 
@@ -114,18 +116,19 @@ class Egress:
         return f"http://{user}:{credential}@{self.address}"
 
     async def bind_session(self, allow: list[str], *, workspace: str = WORKSPACE) -> Bound:
-        """A live session (leased like the scheduler leases) with a fresh egress credential bound to it."""
+        """A live session with a fresh egress credential bound to it, as the scheduler leases it: the sandbox
+        published with the credential's digest, the lease binding it to the session and `allow`."""
         now = time.time()
         sandbox, session = f"sb-{uuid.uuid4().hex[:10]}", f"se-{uuid.uuid4().hex[:10]}"
+        credential = secrets.token_urlsafe(32)
         assert await self.sandboxes.register_starting(sandbox, pool="default", image="python", ceiling=1000,
                                                       now=now, owner="egress-tests")
         assert await self.sandboxes.publish_ready(sandbox, pool="default", address="unix:///nowhere",
-                                                  secret="agent-secret", now=now)
+                                                  secret="agent-secret", now=now,
+                                                  egress_digest=egress_digest(credential))
         leased = await self.sessions.lease(session_id=session, workspace=workspace, pool="default", image="python",
-                                           now=now, limits=LIMITS, workspace_limits={})
-        assert isinstance(leased, Leased)
-        credential = secrets.token_urlsafe(32)
-        await self.store.bind(credential, session=session, workspace=workspace, allow=allow, ttl_seconds=7200)
+                                           now=now, limits=LIMITS, workspace_limits={}, egress_allow=allow)
+        assert isinstance(leased, Leased) and leased.sandbox == sandbox
         bound = Bound(credential, session, workspace)
         self.bound.append(bound)
         return bound

@@ -2,8 +2,8 @@
 
 - `Origin`: a real `http.server` (TLS when given a certificate) serving
   `/bytes/N` (N bytes), `/echo` (what it received: body length and a hash;
-  Content-Length or chunked) and fixed files (a package index for pip); it
-  records every request (method, path, headers, body length).
+  Content-Length or chunked), fixed files (a package index for pip) and fixed
+  redirects (302 to a given Location); it records every request (method, path, headers, body length).
 - `Tap`: a counting TCP relay in front of an origin. The egress proxy connects
   to the tap, so the tap's counts are exactly the bytes the proxy sent to and
   received from the outside, TLS records included: what metering must match.
@@ -123,6 +123,11 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/echo":
             self._send(200, json.dumps({"received": len(body), "sha256": hashlib.sha256(body).hexdigest(),
                                         "host": self.headers.get("Host")}).encode(), "application/json")
+        elif path in self.server.origin.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.server.origin.redirects[path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         elif path in self.server.origin.files:
             content_type, data = self.server.origin.files[path]
             self._send(200, data, content_type)
@@ -154,6 +159,7 @@ class _OriginServer(ThreadingHTTPServer):
 class Origin:
     tls: ssl.SSLContext | None = None
     files: dict[str, tuple[str, bytes]] = field(default_factory=dict)
+    redirects: dict[str, str] = field(default_factory=dict)
     seen: list[Seen] = field(default_factory=list)
     failed_handshakes: int = 0
 

@@ -79,11 +79,26 @@ async def test_a_revoked_credential_stops_working_at_once(egress: Egress, outsid
     assert again.status == 407
 
 
+async def test_the_release_unbinds_the_credential_in_its_own_step(egress: Egress, outside: Outside) -> None:
+    bound = await egress.bind_session([f"files.example.test:{outside.https_tap.port}"])
+    key = egress.keys.egress_binding(bound.credential)
+    assert await egress.store.redis.exists(key)
+    await egress.release(bound)
+    assert not await egress.store.redis.exists(key)
+    answer = await raw_request(egress.port, connect_head(f"files.example.test:{outside.https_tap.port}",
+                                                         bound.credential))
+    assert answer.status == 407 and answer.headers["x-sandpool-egress-refusal"] == "unknown_credential"
+    assert outside.https_tap.opened == 0
+
+
 async def test_a_released_sessions_credential_is_refused_and_its_binding_dropped(
         egress: Egress, outside: Outside) -> None:
-    """Even if the release left the binding behind, the session is gone, so is the credential."""
+    """Even if a binding outlived its session (written again behind the release's back), the session is
+    gone, so is the credential."""
     bound = await egress.bind_session([f"files.example.test:{outside.https_tap.port}"])
     await egress.release(bound)
+    await egress.store.bind(bound.credential, session=bound.session, workspace=bound.workspace,
+                            allow=[f"files.example.test:{outside.https_tap.port}"], ttl_seconds=60)
     key = egress.keys.egress_binding(bound.credential)
     assert await egress.store.redis.exists(key)
     answer = await raw_request(egress.port, connect_head(f"files.example.test:{outside.https_tap.port}",

@@ -54,11 +54,11 @@ AGENT_ARGS = ["--host", "0.0.0.0", "--port", "8080", "--workspace", "/workspace"
               "--secret-file", "/var/run/sandpool/secret"]
 
 
-def labels(pool: str, sandbox: str, *, installation: str = "sandpool", egress: str = "false") -> dict[str, str]:
+def labels(pool: str, sandbox: str, *, installation: str = "sandpool") -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "sandpool", "app.kubernetes.io/component": "sandbox",
         "app.kubernetes.io/managed-by": "sandpool", "sandpool.dev/installation": installation,
-        "sandpool.dev/pool": pool, "sandpool.dev/sandbox": sandbox, "sandpool.dev/egress": egress,
+        "sandpool.dev/pool": pool, "sandpool.dev/sandbox": sandbox,
     }
 
 
@@ -118,7 +118,6 @@ pools:
     tolerations:
       - {key: dedicated, operator: Equal, value: sandbox, effect: NoSchedule}
     workspace_size: 5Gi
-    egress: true
 """)
     (pool,) = load_pools(tmp_path / "pools.yaml")
     opts = PodOptions(namespace="ns", installation="prod", agent_port=9000, uid=4242, tmp_size="16Mi",
@@ -130,7 +129,7 @@ pools:
         "kind": "Pod",
         "metadata": {
             "name": "prod-sb-ff", "namespace": "ns",
-            "labels": labels("gpu", "sb-ff", installation="prod", egress="true"),
+            "labels": labels("gpu", "sb-ff", installation="prod"),
             "annotations": {"sandpool.dev/create-attempt": "t2"},
         },
         "spec": {
@@ -200,6 +199,25 @@ def test_secret_is_owned_by_its_pod_and_never_in_the_pod() -> None:
     assert pod["spec"]["volumes"][2]["secret"]["secretName"] == secret["metadata"]["name"]
     assert secret_value not in repr(pod)
     assert base64.b64encode(secret_value.encode()).decode() not in repr(pod)
+
+
+def test_with_egress_the_credential_is_in_the_secret_and_the_proxy_in_the_agent_flags() -> None:
+    pool = PoolSpec(name="default", image="python", args=("--extra", "1"))
+    credential = "egress-credential-that-must-stay-out-of-the-pod"
+    pod = build_pod(pool, "sb-8", OPTS, attempt="t5", egress_proxy="10.96.0.20:3128")
+    assert pod["spec"]["containers"][0]["args"] == [
+        *AGENT_ARGS, "--egress-proxy", "10.96.0.20:3128", "--egress-credential-file", "/var/run/sandpool/egress",
+        "--extra", "1"]
+    assert pod["spec"]["containers"][0]["volumeMounts"] == MOUNTS  # the one Secret volume holds both keys
+    assert pod["metadata"]["labels"] == labels("default", "sb-8")
+    secret = build_secret(pool, "sb-8", OPTS, secret="agent", owner_uid="uid-8", attempt="t5",
+                          egress_credential=credential)
+    assert secret["data"] == {"secret": base64.b64encode(b"agent").decode(),
+                              "egress": base64.b64encode(credential.encode()).decode()}
+    assert roundtrip(secret, V1Secret) == secret and roundtrip(pod, V1Pod) == pod
+    assert credential not in repr(pod) and base64.b64encode(credential.encode()).decode() not in repr(pod)
+    without = build_pod(pool, "sb-8", OPTS, attempt="t5")
+    assert "--egress-proxy" not in without["spec"]["containers"][0]["args"]
 
 
 @pytest.mark.parametrize("bad", ["", "SB-1", "sb_1", "-sb", "sb-", "a" * 64, "sb.1", "sb 1"])

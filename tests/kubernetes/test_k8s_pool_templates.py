@@ -30,7 +30,7 @@ pools:
       - {key: sandpool.dev/sandbox, operator: Equal, value: "true", effect: NoSchedule}
       - {operator: Exists, effect: NoExecute, tolerationSeconds: 30}
     workspace_size: 2Gi
-    egress: true
+    egress: false
   - name: small
     image: registry.example/small:2
 """
@@ -55,13 +55,13 @@ def test_full_template_becomes_the_exact_pool_spec(tmp_path: Path) -> None:
                     {"operator": "Equal", "key": "sandpool.dev/sandbox", "value": "true", "effect": "NoSchedule"},
                     {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
                 ],
-                "workspace_size": "2Gi", "egress": True,
+                "workspace_size": "2Gi",
             },
         ),
         PoolSpec(
             name="small", image="registry.example/small:2", warm=2, ceiling=16,
             extra={"cpu_request": None, "memory_request": None, "node_selector": {}, "tolerations": [],
-                   "workspace_size": "1Gi", "egress": False},
+                   "workspace_size": "1Gi"},
         ),
     ]
 
@@ -99,6 +99,7 @@ def test_shipped_examples_load(name: str) -> None:
         ("pools:\n  - {name: a, image: i, command: ['']}", "pools[0].command: every word must be"),
         ("pools:\n  - {name: a, image: i, runtime_class: 'G Visor'}", "pools[0].runtime_class: 'G Visor' is not"),
         ("pools:\n  - {name: a, image: i, egress: maybe}", "pools[0].egress: Input should be a valid boolean"),
+        ("pools:\n  - {name: a, image: i, egress: true}", "pools[0].egress: a pool no longer opens egress"),
         ("pools: []", "pools: List should have at least 1 item"),
         ("pool:\n  - {name: a, image: i}", "pool: Extra inputs are not permitted"),
         ("- {name: a, image: i}", "(top level): Input should be a valid dictionary"),

@@ -40,7 +40,7 @@ def test_inbound_tenancy_headers_are_stripped_and_injected_from_the_token(proxy:
     assert sandpool_headers == {"x-sandpool-workspace": "acme", "x-sandpool-max-concurrent-sessions": "3",
                                 "x-sandpool-daily-session-seconds-budget": "600",
                                 "x-sandpool-max-idle-timeout-seconds": "0", "x-sandpool-max-lifetime-seconds": "0",
-                                "x-sandpool-max-exec-timeout-seconds": "0"}
+                                "x-sandpool-max-exec-timeout-seconds": "0", "x-sandpool-egress-allow": ""}
     assert seen.header("authorization") == [f"Bearer {INTERNAL_TOKEN}"]
     assert seen.header("x-request-id") == ["req-42"]
     assert seen.header("proxy-authorization") == [] and seen.header("keep-alive") == []
@@ -52,7 +52,7 @@ def test_no_policy_sends_every_forwarded_limit_as_none_of_its_own(proxy: Proxy, 
         assert client.delete("/sessions/s9", headers=FORGED).status_code == 200
     [seen] = echo.seen
     expected = {"x-sandpool-workspace": "beta"} | {
-        limit.header.lower(): "0" for limit in catalogue.forwarded() if limit.header is not None}
+        limit.header.lower(): limit.unset for limit in catalogue.forwarded() if limit.header is not None}
     assert {k: v for k, v in seen.headers if k.startswith("x-sandpool-")} == expected
     assert seen.method == "DELETE" and seen.path == "/sessions/s9"
 

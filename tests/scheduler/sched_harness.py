@@ -217,5 +217,5 @@ def tenant_headers(workspace: str, **policy: int) -> dict[str, str]:
     out = {"Authorization": f"Bearer {INTERNAL_TOKEN}", tenancy.WORKSPACE: workspace}
     for limit in catalogue.forwarded():
         assert limit.header is not None
-        out[limit.header] = str(values.get(limit.name, 0))
+        out[limit.header] = str(values.get(limit.name, limit.unset))
     return out

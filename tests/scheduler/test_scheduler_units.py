@@ -111,7 +111,7 @@ def injected(workspace: str = "acme", **values: str) -> dict[str, str]:
     out = {"authorization": f"Bearer {TOKEN}", tenancy.WORKSPACE: workspace}
     for limit in catalogue.forwarded():
         assert limit.header is not None
-        out[limit.header] = values.get(limit.name, "0")
+        out[limit.header] = values.get(limit.name, limit.unset)
     return out
 
 

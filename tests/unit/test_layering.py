@@ -3,6 +3,8 @@
 - `contract` imports nothing from the services;
 - the agent imports neither Redis, Kubernetes, nor any control-plane package;
 - the proxy and the scheduler never import each other (they talk over HTTP);
+- the egress proxy imports no other service (it shares only Redis, through `state`);
+  the proxy uses its allow-list parser to check a workspace's list;
 - only the Kubernetes provider imports `kubernetes`; only Redis adapters import `redis`.
 """
 
@@ -39,7 +41,7 @@ def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 SERVICES = ("sandpool.agent", "sandpool.scheduler", "sandpool.pool", "sandpool.providers", "sandpool.proxy",
-            "sandpool.state", "sandpool.client")
+            "sandpool.egress", "sandpool.state", "sandpool.client")
 
 
 @pytest.mark.parametrize(
@@ -48,8 +50,10 @@ SERVICES = ("sandpool.agent", "sandpool.scheduler", "sandpool.pool", "sandpool.p
         ("contract", SERVICES + ("redis", "kubernetes", "httpx")),
         ("agent", tuple(s for s in SERVICES if s != "sandpool.agent") + ("redis", "kubernetes")),
         ("proxy", ("sandpool.scheduler", "sandpool.pool", "sandpool.providers", "sandpool.agent", "kubernetes")),
-        ("scheduler", ("sandpool.proxy", "sandpool.agent", "kubernetes")),
-        ("pool", ("sandpool.proxy", "sandpool.agent", "kubernetes")),
+        ("scheduler", ("sandpool.proxy", "sandpool.agent", "sandpool.egress", "kubernetes")),
+        ("pool", ("sandpool.proxy", "sandpool.agent", "sandpool.egress", "kubernetes")),
+        ("egress", tuple(s for s in SERVICES if s not in ("sandpool.egress", "sandpool.state"))
+         + ("redis", "kubernetes", "fastapi")),
         ("state", SERVICES[:-2] + ("kubernetes",)),
         ("client", tuple(s for s in SERVICES if s != "sandpool.client") + ("redis", "kubernetes")),
     ],

@@ -25,6 +25,7 @@
 {{- define "sandpool.signing.fullname" -}}{{ include "sandpool.fullname" . }}-signing{{- end -}}
 {{- define "sandpool.internal.fullname" -}}{{ include "sandpool.fullname" . }}-internal{{- end -}}
 {{- define "sandpool.redisurl.fullname" -}}{{ include "sandpool.fullname" . }}-redis-url{{- end -}}
+{{- define "sandpool.egress.fullname" -}}{{ include "sandpool.fullname" . }}-egress{{- end -}}
 
 {{- define "sandpool.serviceAccountName" -}}
 {{- default (include "sandpool.scheduler.fullname" .) .Values.serviceAccount.name -}}
@@ -237,6 +238,17 @@ url
 {{- fail (printf "pools[%s]: warm (%d) is above ceiling (%d)" .name (int .warm) (int .ceiling)) -}}
 {{- end -}}
 {{- end -}}
+{{- range .Values.pools -}}
+{{- if .egress -}}
+{{- fail (printf "pools[%s].egress is removed: sandboxes reach the network only through the egress proxy (egress.enabled), to what each workspace's policy (egress_allow) allows; see docs/helm.md, \"Migrating egress\"" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.sandboxes.egress -}}
+{{- fail "sandboxes.egress is removed: set egress.enabled and egress.allowCeiling, and each workspace's egress_allow; see docs/helm.md, \"Migrating egress\"" -}}
+{{- end -}}
+{{- if and .Values.egress.enabled (ne .Values.scheduler.provider "kubernetes") -}}
+{{- fail "egress.enabled needs scheduler.provider=kubernetes (the local provider in a pod has no way to the egress proxy)" -}}
+{{- end -}}
 {{- if and .Values.sandboxes.createNamespace (not .Values.sandboxes.namespace) -}}
 {{- fail "sandboxes.createNamespace needs sandboxes.namespace (the release namespace already exists)" -}}
 {{- end -}}
@@ -280,7 +292,6 @@ pools:
     {{- with .workspaceSize }}
     workspace_size: {{ . | quote }}
     {{- end }}
-    egress: {{ .egress | default false }}
     {{- with .args }}
     args:
       {{- toYaml . | nindent 6 }}
@@ -325,6 +336,9 @@ pools:
 {{- with .Values.sandboxes.priorityClassName }}
 - --kube-priority-class={{ . }}
 {{- end }}
+{{- if .Values.egress.enabled }}
+- --kube-egress-proxy={{ include "sandpool.egress.fullname" . }}.{{ .Release.Namespace }}.svc:{{ .Values.egress.port }}
+{{- end }}
 {{- end }}
 {{- if eq .Values.scheduler.provider "local" }}
 {{- /* A directory the scheduler (uid securityContext.runAsUser) makes inside the emptyDir: it
@@ -332,6 +346,24 @@ pools:
 - --data-dir=/var/lib/sandpool/data
 {{- end }}
 {{- range .Values.scheduler.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The egress proxy's command line (flags of `sandpool egress`, services/sandpool/egress/settings.py). */}}
+{{- define "sandpool.egress.args" -}}
+- egress
+- --host=0.0.0.0
+- --port={{ .Values.egress.port }}
+- --metrics-host=0.0.0.0
+- --metrics-port={{ .Values.egress.metricsPort }}
+{{- with .Values.egress.allowCeiling }}
+- {{ printf "--egress-allow-ceiling=%s" (join "," .) | quote }}
+{{- end }}
+{{- with .Values.egress.denyCidrs }}
+- {{ printf "--deny-cidrs=%s" (join "," .) | quote }}
+{{- end }}
+{{- range .Values.egress.extraArgs }}
 - {{ . | quote }}
 {{- end }}
 {{- end -}}

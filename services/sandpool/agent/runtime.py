@@ -20,7 +20,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from sandpool.agent import hardening, process_cap, procs, produced, seccomp
+from sandpool.agent import egress, hardening, process_cap, procs, produced, seccomp
 from sandpool.agent.editor import Editor
 from sandpool.agent.execution import ChildStartFailed
 from sandpool.agent.interpreter import Interpreter
@@ -41,6 +41,9 @@ class Runtime:
         self.reaper = procs.Reaper()
         self.mplconfigdir = hardening.matplotlib_dir(settings.matplotlib_cache, self.policy)
         env = hardening.child_env(str(workspace), python=settings.sandbox_python(), mplconfigdir=self.mplconfigdir)
+        self.egress = egress.from_settings(settings, str(workspace))  # None without egress: nothing runs
+        if self.egress is not None:
+            env.update(self.egress.environment(env["PATH"]))
         self.cap: process_cap.CodeCgroup | None = None
         preexec = hardening.preexec(self.policy, lambda: self.cap.join_fd if self.cap is not None else -1)
         self.interpreter = Interpreter(
@@ -74,6 +77,8 @@ class Runtime:
         self._reap_task = asyncio.create_task(self._reap_forever())
         if not os.access(self.settings.shell, os.X_OK):
             raise ChildStartFailed(f"the shell {self.settings.shell} is not an executable file")
+        if self.egress is not None:
+            await self.egress.start()
         await self.interpreter.start()
         self._warm()
         self.interpreter.start_spare()
@@ -95,6 +100,8 @@ class Runtime:
 
     async def close(self) -> None:
         await asyncio.gather(self.interpreter.close(), self.shell.close(), return_exceptions=True)
+        if self.egress is not None:
+            await self.egress.aclose()
         procs.kill_trees(set(), keep=set(), include_roots=False)  # whatever sandboxed code left behind
         self.reaper.reap()
         if self.mplconfigdir is not None:

@@ -67,6 +67,16 @@ class AgentSettings(ServiceSettings):
     rlimit_as_bytes: int | None = Field(default=None, ge=16 * MIB, description="Address space per sandboxed "
                                                                                "process (unset: no limit)")
 
+    egress_socket: Path | None = Field(default=None, description=(
+        "The egress proxy's Unix socket as the sandbox sees it: sandboxed code reaches it through "
+        "127.0.0.1:<port>, which the agent relays (local sandboxes; see docs/egress.md). Unset, with "
+        "--egress-proxy unset too: no egress"))
+    egress_proxy: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$", description=(
+        "The egress proxy as HOST:PORT, reached directly (Kubernetes sandboxes: its Service)"))
+    egress_credential: str | None = secret_field(
+        "This sandbox's egress credential, the password of the proxy URL sandboxed code gets")
+    egress_credential_file: Path | None = Field(default=None, description="File holding the egress credential")
+
     code_cgroup_fd: int | None = Field(default=None, ge=3, description=(
         "Inherited descriptor of the cgroup directory sandboxed code runs under (the local provider's "
         "zygote passes it; see docs/agent.md, process cap)"))
@@ -80,6 +90,8 @@ class AgentSettings(ServiceSettings):
             raise ValueError("exec_timeout_seconds must not exceed max_exec_timeout_seconds")
         if self.sandbox_gid is not None and self.sandbox_uid is None:
             raise ValueError("sandbox_gid needs sandbox_uid")
+        if self.egress_socket is not None and self.egress_proxy is not None:
+            raise ValueError("give egress_socket (a local sandbox) or egress_proxy (a pod), not both")
         return self
 
     @classmethod

@@ -3,7 +3,8 @@
     sandpool admin usage [--workspace W] [--from D --to D]
     sandpool admin sessions [--workspace W]
     sandpool admin policy get W
-    sandpool admin policy set W key=value...      (null clears a field; changes only the fields named)
+    sandpool admin policy set W key=value...      (null clears a field; changes only the fields named;
+                                                   lists are comma-separated: egress_allow=pypi.org,x.org)
     sandpool admin revoke <token or jti>
     sandpool admin end-session <session id>
 
@@ -60,7 +61,8 @@ def register(subparsers: Any) -> None:
     actions.required = True
     get = actions.add_parser("get", help="the stored policy, what is in force, and the ceilings")
     get.add_argument("workspace")
-    put = actions.add_parser("set", help="change fields: max_concurrent_sessions=5 allowed_images=python,node")
+    put = actions.add_parser("set", help="change fields: max_concurrent_sessions=5 allowed_images=python,node "
+                                              "egress_allow=pypi.org,files.pythonhosted.org")
     put.add_argument("workspace")
     put.add_argument("changes", nargs="+", metavar="key=value")
 
@@ -98,8 +100,12 @@ def _url(args: argparse.Namespace) -> str:
     return str(url)
 
 
+LIST_FIELDS = ("allowed_images", "egress_allow")
+"""Policy fields that are lists: comma-separated on the command line."""
+
+
 def parse_changes(changes: list[str]) -> dict[str, Any]:
-    """`key=value` pairs: integers, `null`, and comma-separated lists for allowed_images."""
+    """`key=value` pairs: integers, `null`, and comma-separated lists for allowed_images and egress_allow."""
     out: dict[str, Any] = {}
     for change in changes:
         key, sep, value = change.partition("=")
@@ -107,7 +113,7 @@ def parse_changes(changes: list[str]) -> dict[str, Any]:
             raise Refused(f"{change!r} is not key=value")
         if value in ("null", "none", ""):
             out[key] = None
-        elif key == "allowed_images":
+        elif key in LIST_FIELDS:
             out[key] = [v.strip() for v in value.split(",") if v.strip()]
         else:
             try:
@@ -165,8 +171,12 @@ def show_policy(data: dict[str, Any]) -> str:
     rows = [[name, policy.get(name), effective["limits"].get(name, 0) or "none", ceilings.get(name, 0) or "none"]
             for name in names]
     images = effective.get("allowed_images")
+    egress = effective.get("egress_allow") or []
+    ceiling = data.get("egress_ceiling")
     return (f"workspace {data['workspace']}\n" + _table(rows, ["limit", "stored", "in force", "ceiling"])
-            + f"\n\nallowed images: {', '.join(images) if images is not None else 'any'}")
+            + f"\n\nallowed images: {', '.join(images) if images is not None else 'any'}"
+            + f"\negress allowed to: {', '.join(egress) if egress else 'nowhere'}"
+            + f" (installation ceiling: {', '.join(ceiling) if ceiling else 'no egress'})")
 
 
 def execute(admin: AdminClient, args: argparse.Namespace) -> tuple[Any, str]:

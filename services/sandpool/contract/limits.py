@@ -12,6 +12,14 @@ without a policy gets). From this one declaration:
   one needs no new script argument), and are recorded on the session;
 - `docs/api.md` and `docs/proxy.md` list them (a test keeps the list current).
 
+Most limits are counts (`kind="count"`: a non-negative integer, 0 for none of the
+workspace's own, bounded by a numeric ceiling). One is a list (`kind="list"`):
+`egress_allow`, the destinations a session may reach through the egress proxy,
+empty by default (no egress). It travels as a comma-separated header, and its
+ceiling is the egress proxy's own (`sandpool egress --egress-allow-ceiling`, which
+the proxy publishes to Redis): the admin API refuses a list outside it, and the
+egress proxy checks both on every connection.
+
 Adding a limit is one entry here plus its enforcement where `enforced_by` says.
 """
 
@@ -24,11 +32,13 @@ from typing import Literal
 from sandpool.contract.tenancy import HEADER_PREFIX
 
 Enforcer = Literal["proxy", "scheduler", "lease"]
+Kind = Literal["count", "list"]
 
 
 @dataclass(frozen=True)
 class Limit:
-    """One workspace limit. Values are non-negative integers; 0 means "none of its own"."""
+    """One workspace limit. Counts are non-negative integers, 0 meaning "none of its own"; lists are
+    lists of strings, empty meaning "none at all"."""
 
     name: str
     description: str
@@ -38,6 +48,16 @@ class Limit:
     """The operator setting holding the ceiling (and the default): a scheduler setting, or the
     proxy's for limits the proxy enforces."""
     unit: str = ""
+    kind: Kind = "count"
+
+    @property
+    def is_list(self) -> bool:
+        return self.kind == "list"
+
+    @property
+    def unset(self) -> str:
+        """The header value of a workspace with no value of its own: 0 for a count, empty for a list."""
+        return "" if self.is_list else "0"
 
     @property
     def header(self) -> str | None:
@@ -47,7 +67,9 @@ class Limit:
         return "X-Sandpool-" + "-".join(part.capitalize() for part in self.name.split("_"))
 
     @property
-    def ceiling_owner(self) -> Literal["proxy", "scheduler"]:
+    def ceiling_owner(self) -> Literal["proxy", "scheduler", "egress"]:
+        if self.is_list:
+            return "egress"
         return "proxy" if self.enforced_by == "proxy" else "scheduler"
 
 
@@ -64,10 +86,43 @@ LIMITS: tuple[Limit, ...] = (
           ceiling="workspace_daily_session_seconds_budget", unit="s"),
     Limit("requests_per_minute", "Requests per UTC minute, across all proxy replicas", "proxy",
           ceiling="ceiling_requests_per_minute", unit="requests"),
+    Limit("egress_allow", "Destinations sessions may reach through the egress proxy (HOST[:PORT], port 443 by "
+          "default; *.example.com for names below a domain); empty: no egress", "lease",
+          ceiling="egress_allow_ceiling", unit="entries", kind="list"),
 )
 """Every limit, in the order the docs list them."""
 
 MAX_VALUE = 10**12
+MAX_LIST_ENTRIES = 64
+"""Most entries a list limit holds (it travels in one header on every forwarded request)."""
+MAX_LIST_ENTRY_LENGTH = 300
+
+
+def counts(limits: Iterable[Limit] | None = None) -> tuple[Limit, ...]:
+    """The numeric limits (every limit but the lists)."""
+    return tuple(limit for limit in (LIMITS if limits is None else limits) if not limit.is_list)
+
+
+def lists(limits: Iterable[Limit] | None = None) -> tuple[Limit, ...]:
+    """The list-valued limits."""
+    return tuple(limit for limit in (LIMITS if limits is None else limits) if limit.is_list)
+
+
+def encode_list(entries: Iterable[str]) -> str:
+    """A list limit's header value: its entries, comma-separated (an entry never holds a comma)."""
+    return ",".join(entries)
+
+
+def decode_list(raw: str) -> tuple[str, ...] | None:
+    """A list limit's entries from its header value; None when it is not one (too many, too long,
+    or holding spaces or control characters): the caller refuses the request."""
+    entries = tuple(part for part in raw.strip().split(",") if part)
+    if len(entries) > MAX_LIST_ENTRIES:
+        return None
+    for entry in entries:
+        if len(entry) > MAX_LIST_ENTRY_LENGTH or not entry.isascii() or not entry.isprintable() or " " in entry:
+            return None
+    return entries
 
 
 def forwarded(limits: Iterable[Limit] | None = None) -> tuple[Limit, ...]:
@@ -87,6 +142,6 @@ def combine(value: int, ceiling: int) -> int:
 
 
 def combine_all(values: Mapping[str, int], ceilings: Mapping[str, int]) -> dict[str, int]:
-    """Every limit in force: stored values (missing: none) bounded by the ceilings (missing: none)."""
+    """Every numeric limit in force: stored values (missing: none) bounded by the ceilings (missing: none)."""
     return {limit.name: combine(int(values.get(limit.name) or 0), int(ceilings.get(limit.name) or 0))
-            for limit in LIMITS}
+            for limit in counts()}

@@ -327,7 +327,8 @@ class PoolController:
                 await self._destroy_and_forget(sandbox_id, pool.name)
                 return
             published = await self.sandboxes.publish_ready(sandbox_id, pool=pool.name, address=info.address,
-                                                           secret=info.secret, now=time.time())
+                                                           secret=info.secret, now=time.time(),
+                                                           egress_digest=info.egress_digest)
             if not published:
                 log.info("sandbox was forgotten while starting; destroying it",
                          extra={"pool": pool.name, "sandbox": sandbox_id})

@@ -56,6 +56,9 @@ class SandboxInfo:
     address: str | None = None
     secret: str | None = None
     ready: bool = False
+    egress_digest: str | None = None
+    """`state.keys.egress_digest` of the sandbox's egress credential (None: it has no egress): published
+    with the sandbox, bound to its session by the lease. The credential itself stays with the sandbox."""
 
 
 LostListener = Callable[[str, str], None]

@@ -19,8 +19,11 @@ pools:
     tolerations:
       - {key: sandpool.dev/sandbox, operator: Equal, value: "true", effect: NoSchedule}
     workspace_size: 1Gi          # size limit of the writable workspace volume
-    egress: false                # informational: the chart's NetworkPolicy reads it
 ```
+
+(Egress is per workspace, through the egress proxy: docs/egress.md. The old
+`egress: true` of a pool is refused with a pointer there; `egress: false` is
+accepted and means nothing.)
 
 Local sandboxes run their code on a named environment (docs/sandboxes.md): a pool's
 `image` names it, `python` (built from the sandbox image's lock) unless the file
@@ -31,6 +34,7 @@ environments:                    # local provider only; Kubernetes pools run the
   - name: python-ml              # what a pool's `image` (and a CreateSession `image` hint) names
     requirements: ml.txt         # a lock with hashes, relative to this file
     preimport: [numpy, pandas]   # optional: imported before the first call
+    pip: true                    # optional: `pip install` into a per-session layer, through egress
 pools:
   - {name: ml, image: python-ml, warm: 2, ceiling: 8}
 ```
@@ -73,7 +77,7 @@ _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
 _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
 
-EXTRA_KEYS = ("cpu_request", "memory_request", "node_selector", "tolerations", "workspace_size", "egress")
+EXTRA_KEYS = ("cpu_request", "memory_request", "node_selector", "tolerations", "workspace_size")
 """What `PoolSpec.extra` carries from a template, beyond PoolSpec's own fields."""
 
 DEFAULT_WORKSPACE_SIZE = "1Gi"
@@ -183,7 +187,9 @@ class PoolTemplate(_Strict):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     workspace_size: str = Field(default=DEFAULT_WORKSPACE_SIZE, description="size limit of the workspace volume")
-    egress: bool = Field(default=False, description="informational: whether the chart lets this pool reach out")
+    egress: bool | None = Field(default=None, description=(
+        "removed: egress is allowed per workspace through the egress proxy (docs/egress.md); only false is "
+        "accepted, and it means nothing"))
 
     @field_validator("name")
     @classmethod
@@ -224,6 +230,15 @@ class PoolTemplate(_Strict):
                 raise ValueError(f"value of {key!r} is not a label value (quote it: \"true\")")
         return value
 
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("a pool no longer opens egress: sandboxes reach the network only through the egress "
+                             "proxy, as each workspace's policy (egress_allow) allows; remove `egress: true` "
+                             "(docs/helm.md, \"Migrating egress\")")
+        return value
+
     @field_validator("workspace_size", mode="before")
     @classmethod
     def _workspace_size(cls, value: Any) -> Any:
@@ -246,7 +261,6 @@ class PoolTemplate(_Strict):
             "node_selector": dict(self.node_selector),
             "tolerations": [t.as_api() for t in self.tolerations],
             "workspace_size": self.workspace_size,
-            "egress": self.egress,
         }
         return PoolSpec(
             name=self.name, image=self.image, warm=self.warm, ceiling=self.ceiling, max_warm=self.max_warm,
@@ -268,6 +282,9 @@ class EnvironmentTemplate(_Strict):
     preimport: list[str] = Field(default_factory=list, description=(
         "modules the sandbox's interpreter imports before the first call (start time and memory for "
         "a fast first import)"))
+    pip: bool = Field(default=False, description=(
+        "let `pip install` in a session install into a layer of the session's own (the shared environment "
+        "stays read-only) when the workspace's egress allow-list admits the package index"))
 
     @field_validator("name")
     @classmethod

@@ -24,7 +24,15 @@ from sandpool.core.errors import Forbidden, Invalid, NotFound, Unavailable
 from sandpool.proxy.auth import MAX_JTI_CHARS, Principal
 from sandpool.proxy.edge import OPERATION_KEY
 from sandpool.proxy.gate import Gate
-from sandpool.proxy.policy import above_ceilings, dump_policy, limit_values, load_policy, policy_model
+from sandpool.proxy.policy import (
+    above_ceilings,
+    dump_policy,
+    egress_outside,
+    limit_values,
+    list_values,
+    load_policy,
+    policy_model,
+)
 from sandpool.state import StateError
 from sandpool.state.keys import USAGE_DAY_RETENTION_DAYS
 
@@ -55,6 +63,9 @@ class Usage(BaseModel):
 class EffectivePolicy(BaseModel):
     allowed_images: list[str] | None = Field(description="Images a CreateSession may name (null: any)")
     limits: dict[str, int] = Field(description="Values in force: the policy bounded by the ceilings (0: none)")
+    egress_allow: list[str] = Field(default_factory=list, description=(
+        "Destinations sessions leased from now on may reach through the egress proxy (empty: none); the "
+        "egress proxy also bounds each connection by its ceiling"))
 
 
 class SessionInfo(BaseModel):
@@ -175,15 +186,21 @@ def build_router() -> APIRouter:
 
     class PolicyView(BaseModel):
         workspace: str
-        policy: Policy = Field(description="What is stored (null fields inherit the ceiling)")  # type: ignore[valid-type]
+        policy: Policy = Field(description=(  # type: ignore[valid-type]
+            "What is stored (null limits inherit the ceiling; a null egress_allow is empty: no egress)"))
         effective: EffectivePolicy
         ceilings: dict[str, int] = Field(description="The operator's ceilings, as enforced (0: none)")
+        egress_ceiling: list[str] | None = Field(default=None, description=(
+            "The egress proxy's ceiling, as it published it (null: no egress proxy has, so no egress)"))
 
-    def view(workspace: str, policy: BaseModel, ceilings: dict[str, int]) -> PolicyView:
+    def view(workspace: str, policy: BaseModel, ceilings: dict[str, int],
+             egress_ceiling: list[str] | None) -> PolicyView:
         images = policy.allowed_images  # type: ignore[attr-defined]
-        return PolicyView(workspace=workspace, policy=policy, ceilings=ceilings, effective=EffectivePolicy(
-            allowed_images=sorted(images) if images is not None else None,
-            limits=catalogue.combine_all(limit_values(policy), ceilings)))
+        return PolicyView(workspace=workspace, policy=policy, ceilings=ceilings, egress_ceiling=egress_ceiling,
+                          effective=EffectivePolicy(
+                              allowed_images=sorted(images) if images is not None else None,
+                              limits=catalogue.combine_all(limit_values(policy), ceilings),
+                              egress_allow=list_values(policy)["egress_allow"]))
 
     router = APIRouter(prefix="/v1", tags=["admin"], responses=ERRORS)
 
@@ -241,13 +258,14 @@ def build_router() -> APIRouter:
         try:
             raw = await gate.stores.admission.get_policy(workspace)
             ceilings = await _ceilings(gate)
+            egress_ceiling = await gate.stores.egress.ceiling()
         except StateError as exc:
             raise gate.store_failed(exc) from None
         try:
             policy = load_policy(raw)
         except ValueError:
             raise Unavailable("the stored policy is unreadable; PUT a new one", retry_after=60) from None
-        return view(workspace, policy, ceilings)
+        return view(workspace, policy, ceilings, egress_ceiling)
 
     @router.put("/workspaces/{workspace}/policy", response_model=PolicyView,
                 summary="Replace a workspace's policy (admin); values above a ceiling are refused")
@@ -258,16 +276,19 @@ def build_router() -> APIRouter:
         gate = _gate(request)
         try:
             ceilings = await _ceilings(gate)
+            egress_ceiling = await gate.stores.egress.ceiling()
         except StateError as exc:
             raise gate.store_failed(exc) from None
         violations = above_ceilings(policy, ceilings)
+        violations += egress_outside(list_values(policy)["egress_allow"], egress_ceiling)
         if violations:
-            raise Invalid("; ".join(violations), fields=[v.split("=")[0] for v in violations])
+            fields = list(dict.fromkeys(v.split("=")[0].split(":")[0] for v in violations))
+            raise Invalid("; ".join(violations), fields=fields)
         try:
             await gate.stores.admission.put_policy(workspace, dump_policy(policy))
         except StateError as exc:
             raise gate.store_failed(exc) from None
-        return view(workspace, policy, ceilings)
+        return view(workspace, policy, ceilings, egress_ceiling)
 
     @router.post("/revocations", response_model=Revocation, status_code=201,
                  summary="Revoke a token by jti (admin), until the token would have expired")

@@ -40,6 +40,7 @@ from sandpool.proxy.policy import Effective, PolicyCodec, proxy_ceilings_of
 from sandpool.proxy.settings import ProxySettings
 from sandpool.state import StateError, close, connect, ping
 from sandpool.state.admission import AdmissionStore
+from sandpool.state.egress import EgressStore
 from sandpool.state.keys import Keys
 from sandpool.state.sessions import SessionStore
 from sandpool.state.usage import UsageStore
@@ -116,7 +117,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
         client = connect(settings.redis_url, timeout=settings.redis_timeout_seconds)
         keys = Keys(settings.redis_prefix)
         stores = Stores(client=client, admission=AdmissionStore(client, keys), usage=UsageStore(client, keys),
-                        sessions=SessionStore(client, keys))
+                        sessions=SessionStore(client, keys), egress=EgressStore(client, keys))
         # Readiness probes share the forwarding pool: they test the connections calls use.
         scheduler = HopPool(Peer.from_url(settings.scheduler_url), max_connections=settings.forward_max_connections,
                             connect_timeout=settings.forward_connect_timeout_seconds)

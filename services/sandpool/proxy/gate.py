@@ -24,18 +24,21 @@ from sandpool.proxy.metrics import ProxyMetrics
 from sandpool.proxy.policy import CorruptPolicy, Effective, PolicyCodec
 from sandpool.state import Client, StateError
 from sandpool.state.admission import AdmissionStore
+from sandpool.state.egress import EgressStore
 from sandpool.state.sessions import SessionStore
 from sandpool.state.usage import UsageStore
 
 
 @dataclass(frozen=True)
 class Stores:
-    """The proxy's view of shared state: admission, usage, sessions (an admin ends one)."""
+    """The proxy's view of shared state: admission, usage, sessions (an admin ends one), and the egress
+    ceiling the egress proxy published (an admin's egress allow-list must stay within it)."""
 
     client: Client
     admission: AdmissionStore
     usage: UsageStore
     sessions: SessionStore
+    egress: EgressStore
 
 log = logging.getLogger(__name__)
 

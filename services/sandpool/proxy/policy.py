@@ -7,6 +7,11 @@ stored policy may only lower a ceiling: a PUT with a value above one is refused
 inherits the ceiling. The ceilings are read from the settings that enforce
 them: the scheduler publishes its own (lifetimes, timeouts, concurrency,
 budget), the proxy holds the ones it enforces (the request rate).
+
+The egress allow-list (`egress_allow`) is the one list: unset or empty means no
+egress at all (it never inherits the ceiling), each entry is checked with the
+egress proxy's own parser, and the admin API refuses entries outside the ceiling
+the egress proxy published. It reaches the scheduler comma-separated in its header.
 """
 
 from __future__ import annotations
@@ -17,12 +22,36 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from sandpool.contract import limits as catalogue
+from sandpool.egress import allowlist
 
 LimitValue = Annotated[int, Field(ge=1, le=catalogue.MAX_VALUE)] | None
 MAX_IMAGES = 256
+
+
+def _egress_entries(value: list[str] | None) -> list[str] | None:
+    """Every entry as the egress proxy reads it (`HOST[:PORT]`, `*.domain`), or a 422 naming the bad one.
+    Stored in the proxy's canonical form (IDNA as ASCII, lower case, port 443 implied, duplicates
+    dropped): what is shown is what is enforced, and it travels in a header as ASCII."""
+    if value is None:
+        return None
+    try:
+        return [str(rule) for rule in allowlist.parse(value).rules]
+    except allowlist.BadEntry as exc:
+        raise ValueError(str(exc)) from None
+
+
+LIST_CHECKS = {"egress_allow": _egress_entries}
+"""The check of each list limit's entries, by name."""
+
+
+def _list_field(limit: catalogue.Limit) -> tuple[Any, Any]:
+    entry = Annotated[str, Field(min_length=1, max_length=catalogue.MAX_LIST_ENTRY_LENGTH)]
+    check = LIST_CHECKS.get(limit.name, lambda value: value)
+    return (Annotated[list[entry] | None, AfterValidator(check)],  # type: ignore[valid-type]
+            Field(default=None, max_length=catalogue.MAX_LIST_ENTRIES, description=limit.description))
 
 
 @lru_cache(maxsize=8)
@@ -33,7 +62,10 @@ def _model_for(limits: tuple[catalogue.Limit, ...]) -> type[BaseModel]:
             description="Images a CreateSession may name (null: any; a request naming none gets the default pool)")),
     }
     for limit in limits:
-        fields[limit.name] = (LimitValue, Field(default=None, description=limit.description))
+        if limit.is_list:
+            fields[limit.name] = _list_field(limit)
+        else:
+            fields[limit.name] = (LimitValue, Field(default=None, description=limit.description))
     return create_model("Policy", __config__=ConfigDict(extra="forbid"),
                         __doc__="A workspace's policy. Unset (null) fields inherit the operator's ceiling.",
                         **fields)
@@ -45,8 +77,13 @@ def policy_model() -> type[BaseModel]:
 
 
 def limit_values(policy: BaseModel) -> dict[str, int]:
-    """The policy's limit values by name (unset: 0)."""
-    return {limit.name: int(getattr(policy, limit.name, None) or 0) for limit in catalogue.LIMITS}
+    """The policy's numeric limit values by name (unset: 0)."""
+    return {limit.name: int(getattr(policy, limit.name, None) or 0) for limit in catalogue.counts()}
+
+
+def list_values(policy: BaseModel) -> dict[str, list[str]]:
+    """The policy's list values by name (unset: empty, which for egress means none)."""
+    return {limit.name: list(getattr(policy, limit.name, None) or []) for limit in catalogue.lists()}
 
 
 def above_ceilings(policy: BaseModel, ceilings: Mapping[str, int]) -> list[str]:
@@ -69,9 +106,29 @@ class Effective:
     headers: tuple[tuple[str, str], ...]
 
 
+def egress_outside(entries: list[str], ceiling: list[str] | None) -> list[str]:
+    """Why each entry of a workspace's egress allow-list is refused by the ceiling the egress proxy
+    published (None: none published, so no entry is allowed); empty when all are within it."""
+    if not entries:
+        return []
+    if ceiling is None:
+        return ["egress_allow: no egress proxy has published a ceiling, so this installation has no egress "
+                "(start `sandpool egress --egress-allow-ceiling ...`; docs/egress.md)"]
+    try:
+        bound = allowlist.parse(ceiling)
+    except allowlist.BadEntry:
+        return ["egress_allow: the egress ceiling published in Redis is unreadable; restart the egress proxy"]
+    return [f"egress_allow: {why}" for why in allowlist.outside_ceiling(entries, bound)]
+
+
+def _header_value(limit: catalogue.Limit, values: Mapping[str, int], lists: Mapping[str, list[str]]) -> str:
+    return catalogue.encode_list(lists[limit.name]) if limit.is_list else str(values[limit.name])
+
+
 def effective(policy: BaseModel, proxy_ceilings: Mapping[str, int]) -> Effective:
     values = limit_values(policy)
-    headers = tuple((limit.header, str(values[limit.name])) for limit in catalogue.forwarded()
+    lists = list_values(policy)
+    headers = tuple((limit.header, _header_value(limit, values, lists)) for limit in catalogue.forwarded()
                     if limit.header is not None)
     rate = catalogue.combine(values.get("requests_per_minute", 0), int(proxy_ceilings.get("requests_per_minute") or 0))
     images = frozenset(policy.allowed_images) if policy.allowed_images is not None else None  # type: ignore[attr-defined]
@@ -114,5 +171,5 @@ class PolicyCodec:
 
 def proxy_ceilings_of(settings: Any) -> dict[str, int]:
     """The ceilings the proxy itself holds (of the limits it enforces), by catalogue name."""
-    return {limit.name: int(getattr(settings, limit.ceiling, 0) or 0) for limit in catalogue.LIMITS
+    return {limit.name: int(getattr(settings, limit.ceiling, 0) or 0) for limit in catalogue.counts()
             if limit.ceiling_owner == "proxy"}

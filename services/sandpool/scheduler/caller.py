@@ -3,9 +3,10 @@
 Multi-tenant mode fails closed: without the internal credential, without a
 valid workspace, or without the header of any limit the catalogue
 (`contract/limits.py`) says the scheduler enforces, the request is refused; it
-is never given a placeholder tenant or "no limit". Standalone mode has exactly
-one workspace and no policy headers (any `X-Sandpool-*` a standalone client
-sends is ignored).
+is never given a placeholder tenant or "no limit". The one list among them,
+the egress allow-list, is comma-separated (empty: no egress). Standalone mode
+has exactly one workspace, no policy headers (any `X-Sandpool-*` a standalone
+client sends is ignored) and no egress allow-list of its own.
 """
 
 from __future__ import annotations
@@ -33,15 +34,21 @@ class TenancyInvalid(Forbidden):
 class Caller:
     workspace: str
     policy: WorkspacePolicy
+    egress_allow: tuple[str, ...] = ()
+    """The workspace's egress allow-list (bound to a new session's sandbox by the lease); empty: none."""
 
 
 STANDALONE = Caller(workspace=tenancy.STANDALONE_WORKSPACE, policy=NO_POLICY)
 
-def _policy_value(headers: Headers, name: str) -> int:
+def _required(headers: Headers, name: str) -> str:
     raw = headers.get(name)
     if raw is None:
-        raise TenancyMissing(f"{name} is required (the proxy sends every limit it forwards; 0: none)")
-    raw = raw.strip()
+        raise TenancyMissing(f"{name} is required (the proxy sends every limit it forwards; 0 or empty: none)")
+    return raw
+
+
+def _policy_value(headers: Headers, name: str) -> int:
+    raw = _required(headers, name).strip()
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
         raise TenancyInvalid(f"{name} must be a non-negative integer")
     return int(raw)
@@ -52,6 +59,7 @@ class CallerResolver:
 
     def __init__(self, internal_token: str | None) -> None:
         self._expected = None if internal_token is None else f"Bearer {internal_token}".encode()
+        self._counts = tuple(limit for limit in catalogue.counts(catalogue.forwarded()) if limit.header is not None)
 
     @property
     def standalone(self) -> bool:
@@ -70,6 +78,21 @@ class CallerResolver:
             raise TenancyMissing(f"{tenancy.WORKSPACE} is required")
         if not tenancy.is_valid_workspace(workspace):
             raise TenancyInvalid(f"{tenancy.WORKSPACE} is not a valid workspace name")
-        values = {limit.name: _policy_value(headers, limit.header)
-                  for limit in catalogue.forwarded() if limit.header is not None}
-        return Caller(workspace=workspace, policy=WorkspacePolicy(values))
+        values = {limit.name: _policy_value(headers, limit.header)  # type: ignore[arg-type]
+                  for limit in self._counts}
+        egress = _egress_allow(headers)
+        return Caller(workspace=workspace, policy=WorkspacePolicy(values), egress_allow=egress)
+
+
+_EGRESS = catalogue.by_name()["egress_allow"]
+
+
+def _egress_allow(headers: Headers) -> tuple[str, ...]:
+    """The egress allow-list header: entries as the proxy validated them (the egress proxy parses them
+    again on every connection; here only their shape is checked)."""
+    assert _EGRESS.header is not None
+    entries = catalogue.decode_list(_required(headers, _EGRESS.header))
+    if entries is None:
+        raise TenancyInvalid(f"{_EGRESS.header} must be a comma-separated list of at most "
+                             f"{catalogue.MAX_LIST_ENTRIES} destinations")
+    return entries

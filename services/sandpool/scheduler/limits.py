@@ -17,7 +17,7 @@ from sandpool.state.sessions import SessionLimits
 
 
 class WorkspacePolicy(dict[str, int]):
-    """A workspace's own limits as the proxy injected them, by catalogue name (0 = none of its own)."""
+    """A workspace's own numeric limits as the proxy injected them, by catalogue name (0 = none of its own)."""
 
 
 NO_POLICY = WorkspacePolicy()
@@ -42,7 +42,8 @@ class Ceilings:
             default_idle=settings.default_idle_timeout_seconds, max_idle=settings.max_idle_timeout_seconds,
             default_lifetime=settings.default_lifetime_seconds, max_lifetime=settings.max_lifetime_seconds,
             default_exec=settings.default_exec_timeout_seconds, max_exec=settings.max_exec_timeout_seconds,
-            workspace={limit.name: int(getattr(settings, limit.ceiling, 0) or 0) for limit in catalogue.forwarded()},
+            workspace={limit.name: int(getattr(settings, limit.ceiling, 0) or 0)
+                       for limit in catalogue.counts(catalogue.forwarded())},
         )
 
 
@@ -52,9 +53,11 @@ def in_force(ceilings: Ceilings, policy: Mapping[str, int]) -> dict[str, int]:
 
 
 def lease_limits(ceilings: Ceilings, policy: Mapping[str, int]) -> dict[str, int]:
-    """The limits the lease script checks (every catalogue limit `enforced_by` the lease)."""
+    """The numeric limits the lease script checks (every catalogue count `enforced_by` the lease; the
+    egress allow-list goes to the lease on its own, as the list it is)."""
     forced = in_force(ceilings, policy)
-    return {limit.name: forced.get(limit.name, 0) for limit in catalogue.forwarded() if limit.enforced_by == "lease"}
+    return {limit.name: forced.get(limit.name, 0) for limit in catalogue.counts(catalogue.forwarded())
+            if limit.enforced_by == "lease"}
 
 
 def lower(ceiling: int, workspace_max: int) -> int:

@@ -196,7 +196,7 @@ class Scheduler:
             result = await self.store.lease(
                 session_id=session_id, workspace=caller.workspace, pool=pool.name, image=pool.image, now=now,
                 limits=in_force, workspace_limits=limits.lease_limits(self.ceilings, caller.policy),
-                ceiling=pool.ceiling, wait_seconds=wait)
+                ceiling=pool.ceiling, wait_seconds=wait, egress_allow=caller.egress_allow)
         except StateUnavailable:
             # The script may already be on its way and run once a slow Redis catches up: a
             # lease nobody was answered for. Release that id as soon as Redis answers again.

@@ -43,7 +43,8 @@ class Keys:
 
     # --- sandboxes and pools ---------------------------------------------------------------
     def sandbox(self, sandbox_id: str) -> str:
-        """Hash: pool, address, secret, state (starting|ready|leased|doomed), session, timestamps."""
+        """Hash: pool, address, secret, state (starting|ready|leased|doomed), session, timestamps, and
+        `egress`: the digest of its egress credential, when it has one (the lease binds it)."""
         return f"{self.base}sandbox:{sandbox_id}"
 
     @property

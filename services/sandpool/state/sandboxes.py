@@ -102,14 +102,16 @@ class SandboxStore:
             args=[sandbox_id, ceiling, pool, image, f"{now:.3f}", owner, self.record_ttl_ms]))
 
     @translated
-    async def publish_ready(self, sandbox_id: str, *, pool: str, address: str, secret: str, now: float) -> bool:
-        """Make a started sandbox leasable; False when it was forgotten or doomed meanwhile."""
+    async def publish_ready(self, sandbox_id: str, *, pool: str, address: str, secret: str, now: float,
+                            egress_digest: str | None = None) -> bool:
+        """Make a started sandbox leasable; False when it was forgotten or doomed meanwhile.
+        `egress_digest` (`keys.egress_digest` of the sandbox's egress credential) is what the lease binds."""
         k = self.keys
         return bool(await self._publish(
             keys=[k.sandbox(sandbox_id), k.pool_ready(pool), k.pool_members(pool), k.pool_wait_ring(pool),
                   k.pool_queued(pool)],
             args=[sandbox_id, address, secret, f"{now:.3f}", self.record_ttl_ms, k.pool_wait_queue_prefix(pool),
-                  k.waiter_prefix, k.promised]))
+                  k.waiter_prefix, k.promised, egress_digest or ""]))
 
     @translated
     async def sweep_waiters(self, pool: str) -> int:

@@ -85,9 +85,10 @@ local function hand_on(sandbox, sandbox_key, ready, front, ring, queue_prefix, w
 end
 """
 
-# Writes a leased sandbox's new session. `a` is the lease (see LEASE); `k` names the keys.
+# Writes a leased sandbox's new session. `a` is the lease (see LEASE); `k` names the keys; `egress`
+# is the digest of the sandbox's egress credential ('' or false when it has none).
 _GRANT = r"""
-local function grant(a, sandbox, sandbox_key, address, secret, k)
+local function grant(a, sandbox, sandbox_key, address, secret, egress, k)
   local now, idle, lifetime = tonumber(a.now), tonumber(a.idle), tonumber(a.lifetime)
   redis.call('HSET', sandbox_key, 'state', 'leased', 'session', a.session, 'leased_at', tostring(a.now))
   redis.call('HDEL', sandbox_key, 'promised_to')
@@ -98,6 +99,16 @@ local function grant(a, sandbox, sandbox_key, address, secret, k)
     'max_exec_timeout_seconds', a.max_exec, 'limits', cjson.encode(a.limits or {}), 'inflight', 0)
   local expiry = lifetime + tonumber(a.expiry_margin)
   redis.call('EXPIRE', k.session, expiry)
+  if egress and egress ~= '' then
+    -- Bind the sandbox's egress credential to this session and its workspace's allow-list (a JSON
+    -- list, encoded by the caller), expiring with the session: what the egress proxy reads on every
+    -- connection (state/egress.py, `EgressStore.bind` is the reference). Bound even when the list is
+    -- empty, so a refusal names the policy. The credential is fresh per sandbox and a sandbox is
+    -- leased once, so no earlier binding can be under this key.
+    local binding = a.egress_prefix .. egress
+    redis.call('HSET', binding, 'session', a.session, 'workspace', a.workspace, 'allow', a.egress_allow or '[]')
+    redis.call('EXPIRE', binding, expiry)
+  end
   redis.call('ZADD', k.deadlines, math.min(now + lifetime, now + idle), a.session)
   redis.call('SADD', k.ws_sessions, a.session)
   if redis.call('TTL', k.ws_sessions) < expiry then redis.call('EXPIRE', k.ws_sessions, expiry) end
@@ -121,7 +132,9 @@ LEASE = _METER + _WAITING + _GRANT + r"""
 -- ARGV[1] the lease, JSON: {session, workspace, pool, image, now, idle, lifetime, exec, max_exec,
 --         limits: {name: value (0: none)}, ceiling, wait (seconds a waiter may wait; 0: never wait),
 --         bucket (now // 10), lease_rate_prefix, release_rate_prefix, retention, maxlen,
---         expiry_margin, nudge (channel), sandbox_prefix, session_prefix, waiter_prefix}
+--         expiry_margin, nudge (channel), sandbox_prefix, session_prefix, waiter_prefix,
+--         egress_allow (the workspace's egress allow-list as a JSON list, in a string),
+--         egress_prefix (key prefix of egress credential bindings)}
 -- Returns {'ok', sandbox, address, secret} | {'wait'} | {'quota', limit} |
 --         {'capacity', waiters, releases in the last minute}.
 local a = cjson.decode(ARGV[1])
@@ -168,11 +181,11 @@ for _ = 1, 64 do
   local id = redis.call('LPOP', KEYS[1])
   if not id then break end
   local key = a.sandbox_prefix .. id
-  local f = redis.call('HMGET', key, 'state', 'address', 'secret')
+  local f = redis.call('HMGET', key, 'state', 'address', 'secret', 'egress')
   if f[1] == 'ready' then
     if f[2] and f[3] and f[2] ~= '' and f[3] ~= '' then
       bump(a.lease_rate_prefix, a.bucket)  -- demand: a session asked for (the warm target follows it)
-      grant(a, id, key, f[2], f[3], {session = KEYS[2], deadlines = KEYS[3], ws_sessions = ws_key,
+      grant(a, id, key, f[2], f[3], f[4], {session = KEYS[2], deadlines = KEYS[3], ws_sessions = ws_key,
         usage_total = KEYS[5], usage_day = KEYS[6], usage_workspaces = KEYS[7], events = KEYS[8],
         leased = KEYS[10]})
       return {'ok', id, f[2], f[3]}
@@ -221,7 +234,7 @@ local now = cjson.decode(ARGV[1])
 a.now, a.bucket = now.now, now.bucket
 local sandbox = f[2]
 local sandbox_key = a.sandbox_prefix .. sandbox
-local s = redis.call('HMGET', sandbox_key, 'state', 'promised_to', 'address', 'secret')
+local s = redis.call('HMGET', sandbox_key, 'state', 'promised_to', 'address', 'secret', 'egress')
 if s[1] ~= 'promised' or s[2] ~= a.session then
   -- The promised sandbox was lost meanwhile (destroyed, reconciled): queue again, first in line.
   redis.call('HSET', KEYS[1], 'state', 'queued', 'sandbox', '')
@@ -230,7 +243,7 @@ if s[1] ~= 'promised' or s[2] ~= a.session then
   redis.call('PUBLISH', a.nudge, 'wait')
   return {'waiting'}
 end
-grant(a, sandbox, sandbox_key, s[3], s[4], {session = KEYS[2], deadlines = KEYS[3], ws_sessions = KEYS[4],
+grant(a, sandbox, sandbox_key, s[3], s[4], s[5], {session = KEYS[2], deadlines = KEYS[3], ws_sessions = KEYS[4],
   usage_total = KEYS[5], usage_day = KEYS[6], usage_workspaces = KEYS[7], events = KEYS[8], leased = KEYS[9]})
 redis.call('SREM', KEYS[10], a.session)
 redis.call('SREM', KEYS[11], a.session)
@@ -347,6 +360,8 @@ RELEASE = _METER + r"""
 -- ARGV[15], ARGV[16] pool leased set key   = ARGV[15] .. pool .. ARGV[16]
 -- ARGV[17] released-sessions channel (every scheduler replica ends the session's calls in flight)
 -- ARGV[18], ARGV[19] release rate bucket key = ARGV[18] .. pool .. ARGV[19] (counted per 10 seconds)
+-- ARGV[20] key prefix of egress credential bindings (the sandbox's binding is removed: its credential
+--          stops working at once)
 -- Returns {reason, session_seconds, address, sandbox, workspace, pool} or nil (nothing released).
 -- `reap` re-checks the deadline here, so replicas racing over one session are harmless.
 local sid, now, mode = ARGV[1], tonumber(ARGV[3]), ARGV[4]
@@ -369,8 +384,10 @@ redis.call('ZREM', KEYS[2], sid)
 redis.call('SREM', ARGV[6] .. ws .. ARGV[7], sid)
 local sandbox = f[2]
 local sandbox_key = ARGV[5] .. sandbox
-if redis.call('HGET', sandbox_key, 'session') == sid then
+local owner = redis.call('HMGET', sandbox_key, 'session', 'egress')
+if owner[1] == sid then
   redis.call('HSET', sandbox_key, 'state', 'doomed')
+  if owner[2] and owner[2] ~= '' then redis.call('DEL', ARGV[20] .. owner[2]) end
 end
 redis.call('SREM', ARGV[15] .. (f[6] or '') .. ARGV[16], sandbox)
 redis.call('SADD', KEYS[3], sandbox)
@@ -423,7 +440,7 @@ PUBLISH_READY = _WAITING + r"""
 -- KEYS[1] sandbox hash, KEYS[2] pool ready list, KEYS[3] pool members set, KEYS[4] pool wait ring,
 -- KEYS[5] pool queued set
 -- ARGV: sandbox_id, address, secret, ready_at, record_ttl_ms, wait queue prefix, waiter prefix,
---       promised channel
+--       promised channel, egress (digest of the sandbox's egress credential; '' when it has none)
 -- -> 2 promised to a waiter, 1 published ready; 0 the record is no longer `starting` (forgotten or
 --    doomed meanwhile): the caller must destroy what it created, nobody else will lease it.
 if redis.call('HGET', KEYS[1], 'state') ~= 'starting'
@@ -431,6 +448,7 @@ if redis.call('HGET', KEYS[1], 'state') ~= 'starting'
   return 0
 end
 redis.call('HSET', KEYS[1], 'address', ARGV[2], 'secret', ARGV[3], 'ready_at', ARGV[4])
+if ARGV[9] and ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'egress', ARGV[9]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return hand_on(ARGV[1], KEYS[1], KEYS[2], false, KEYS[4], ARGV[6], ARGV[7], KEYS[5], ARGV[8])
 """

@@ -9,7 +9,7 @@ ending a session, listing a workspace's sessions) and the pool controller
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,11 +164,13 @@ class SessionStore:
     @translated
     async def lease(self, *, session_id: str, workspace: str, pool: str, image: str, now: float,
                     limits: SessionLimits, workspace_limits: Mapping[str, int], ceiling: int = 1 << 30,
-                    wait_seconds: float = 0.0) -> Leased | Waiting | Refused:
+                    wait_seconds: float = 0.0, egress_allow: Sequence[str] = ()) -> Leased | Waiting | Refused:
         """Lease a ready sandbox of `pool` for a new session, within the workspace's lease limits.
 
         With none ready, the pool below its `ceiling` and `wait_seconds` > 0, the caller is queued
-        (`Waiting`); a pool at its ceiling is a capacity refusal, metered."""
+        (`Waiting`); a pool at its ceiling is a capacity refusal, metered. A sandbox with an egress
+        credential has it bound to the session and `egress_allow` in the same script (a waiter's
+        binding is made when it claims its sandbox)."""
         k = self.keys
         request = {
             "session": session_id, "workspace": workspace, "pool": pool, "image": image, "now": repr(now),
@@ -181,6 +183,8 @@ class SessionStore:
             "retention": RETENTION_SECONDS, "maxlen": USAGE_STREAM_MAXLEN, "expiry_margin": KEY_EXPIRY_MARGIN_SECONDS,
             "nudge": k.pool_events, "sandbox_prefix": k.sandbox_prefix, "session_prefix": k.session_prefix,
             "waiter_prefix": k.waiter_prefix,
+            "egress_allow": json.dumps(list(egress_allow), separators=(",", ":")),
+            "egress_prefix": k.egress_binding_prefix,
         }
         result = await self._lease(
             keys=[k.pool_ready(pool), k.session(session_id), k.deadlines, k.workspace_sessions(workspace),
@@ -274,7 +278,8 @@ class SessionStore:
 
     @translated
     async def release(self, *, session_id: str, workspace: str | None, now: float, mode: str) -> Released | None:
-        """Release a session; `workspace=None` releases whoever owns it (the reaper, an admin)."""
+        """Release a session; `workspace=None` releases whoever owns it (the reaper, an admin). Its
+        sandbox's egress credential is unbound in the same script."""
         k = self.keys
         day_head, day_tail = _split(k.usage_day(_HOLE, utc_day(now)))
         result = await self._release(
@@ -282,7 +287,7 @@ class SessionStore:
             args=[session_id, workspace or "", repr(now), mode, k.sandbox_prefix, *self._ws_sessions,
                   *self._usage_total, day_head, day_tail, RETENTION_SECONDS, USAGE_STREAM_MAXLEN,
                   k.pool_events, *self._pool_leased, k.released_sessions, self._release_rate[0],
-                  self._release_rate[1] + str(rate_bucket(now))],
+                  self._release_rate[1] + str(rate_bucket(now)), k.egress_binding_prefix],
         )
         if not result:
             return None

@@ -3,6 +3,8 @@
 Starts, each as a child process in its own process group:
 - Redis (unless `--redis-url` names one): a real `redis-server` bound to 127.0.0.1 with a
   generated password, append-only persistence under `<data-dir>/redis`;
+- with `--egress-allow-ceiling`, the egress proxy (`sandpool egress`) on a Unix socket in the
+  stack's short private socket directory, which the local sandboxes reach through their agents;
 - the scheduler with its pool controller and the local provider (sandboxes under
   `<data-dir>/sandboxes`), standalone with `--no-auth`, else multi-tenant behind
 - the proxy, which verifies JWTs against a generated dev key (or `--auth-public-key`).

@@ -13,9 +13,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from sandpool.core.settings import ServiceSettings, add_settings_arguments, flag_name
+from sandpool.core.settings import CommaList, ServiceSettings, add_settings_arguments, flag_name
+
+MANAGED_FIELDS = ("egress_socket",)
+"""Local sandbox settings `up` sets itself (the egress proxy's socket is the one it starts)."""
 
 SCHEDULER_FIELDS = (
     "pools_file", "max_warm", "capacity_wait_seconds",
@@ -49,6 +52,23 @@ class UpSettings(ServiceSettings):
     ready_timeout_seconds: float = Field(default=120.0, gt=0, description="How long to wait for a warm pool")
     stop_grace_seconds: float = Field(default=15.0, ge=0, description="Between SIGTERM and SIGKILL at shutdown")
     log_level: str = Field(default="info", description="Log level of every process started")
+    egress_allow_ceiling: CommaList = Field(default_factory=list, description=(
+        "Start the egress proxy: where sandboxes may ever reach (HOST[:PORT], port 443 by default; "
+        "*.example.com for names below a domain). A workspace reaches only what its policy's egress_allow "
+        "names within it, e.g. for pip: --egress-allow-ceiling pypi.org,files.pythonhosted.org, then "
+        "`sandpool admin policy set dev egress_allow=pypi.org,files.pythonhosted.org` (docs/egress.md). "
+        "Empty: no egress proxy, sandboxes have no network"))
+
+    @field_validator("egress_allow_ceiling")
+    @classmethod
+    def _ceiling(cls, value: list[str]) -> list[str]:
+        from sandpool.egress import allowlist
+
+        try:
+            allowlist.parse(value)
+        except allowlist.BadEntry as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @model_validator(mode="after")
     def _warm_within_ceiling(self) -> UpSettings:
@@ -68,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            exclude=set(SchedulerSettings.model_fields) - set(SCHEDULER_FIELDS))
     sandboxes = parser.add_argument_group("local sandboxes (handed to the scheduler)")
     add_settings_arguments(sandboxes, LocalProviderSettings,  # type: ignore[arg-type]
-                           exclude=set(UpSettings.model_fields) | set(SCHEDULER_FIELDS))
+                           exclude=set(UpSettings.model_fields) | set(SCHEDULER_FIELDS) | set(MANAGED_FIELDS))
 
 
 def handed_on(args: argparse.Namespace) -> list[str]:
@@ -76,7 +96,8 @@ def handed_on(args: argparse.Namespace) -> list[str]:
     from sandpool.providers.local.settings import LocalProviderSettings
 
     names = [*SCHEDULER_FIELDS, *(n for n in LocalProviderSettings.model_fields
-                                  if n not in UpSettings.model_fields and n not in SCHEDULER_FIELDS)]
+                                  if n not in UpSettings.model_fields and n not in SCHEDULER_FIELDS
+                                  and n not in MANAGED_FIELDS)]
     argv: list[str] = []
     for name in names:
         value: Any = getattr(args, name, None)

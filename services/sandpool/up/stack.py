@@ -1,4 +1,5 @@
-"""The processes of one `sandpool up`: Redis, the scheduler, the proxy; started in order, stopped in reverse.
+"""The processes of one `sandpool up`: Redis, the egress proxy, the scheduler, the proxy; started in order,
+stopped in reverse.
 
 Each child runs in its own process group, dies with `up` (PDEATHSIG) and writes
 the one-line reason of a failed start to a file in `<data-dir>/run/`, which `up`
@@ -58,6 +59,7 @@ class Stack:
         self.sockets: Path | None = None  # Redis's and the scheduler's Unix sockets: short, private
         self._stopped = False
         self._lock_fd: int | None = None
+        self.egress_socket: Path | None = None
 
     # --- start -----------------------------------------------------------------------
     def run(self, stopping: threading.Event) -> int:
@@ -72,6 +74,10 @@ class Stack:
         self.sockets = _runtime_dir()
         if self.redis_url is None:
             self.redis_url = self._start_redis(stopping)
+        egress_flags: list[str] = []
+        if s.egress_allow_ceiling:
+            self.egress_socket = self._start_egress(stopping)
+            egress_flags = ["--egress-socket", str(self.egress_socket)]
         auth = s.auth
         # Behind the proxy, the scheduler listens on a Unix socket only the proxy's user reaches
         # (cheaper per call than loopback TCP); without auth it is the public endpoint.
@@ -85,7 +91,7 @@ class Stack:
             "scheduler", *listen,
             "--data-dir", str(self.data_dir), "--pool-size", str(s.pool_size),
             "--max-sandboxes", str(s.max_sandboxes), "--log-level", s.log_level,
-            "--start-failure-file", str(self._failure_file("scheduler")), *self.scheduler_flags,
+            "--start-failure-file", str(self._failure_file("scheduler")), *self.scheduler_flags, *egress_flags,
             *(["--no-standalone", "--internal-token-file", str(token_file)] if auth else ["--standalone"]),
         ])
         public_url = f"http://{_url_host(s.host)}:{s.port}"
@@ -171,6 +177,28 @@ class Stack:
                 raise ConfigurationError(f"redis could not start: redis-server on port {port} did not "
                                          "answer (its log is above; is the port free?)")
             time.sleep(0.05)
+
+    def _start_egress(self, stopping: threading.Event) -> Path:
+        """The egress proxy on a Unix socket in the stack's socket directory (the sandboxes' only way out;
+        its TCP port, on loopback, is of no use to a sandbox, which has a network of its own); returns
+        once the socket accepts connections."""
+        assert self.sockets is not None
+        socket_path = self.sockets / "egress.sock"
+        s = self.settings
+        self._spawn("egress", [
+            "egress", "--host", "127.0.0.1", "--port", "0", "--unix-socket", str(socket_path),
+            "--egress-allow-ceiling", ",".join(s.egress_allow_ceiling), "--log-level", s.log_level,
+            "--start-failure-file", str(self._failure_file("egress")),
+        ])
+        deadline = time.monotonic() + 20
+        while not _listening(socket_path):
+            if self._exited("egress"):
+                raise ConfigurationError(self._why_not_started())
+            if stopping.is_set() or time.monotonic() > deadline:
+                raise ConfigurationError(f"the egress proxy did not listen on {socket_path} within 20s")
+            time.sleep(0.05)
+        log.info("egress proxy up", extra={"socket": str(socket_path), "ceiling": s.egress_allow_ceiling})
+        return socket_path
 
     def _auth_material(self) -> tuple[Path, str | None]:
         if self.settings.auth_public_key is not None:
@@ -347,6 +375,19 @@ def _die_with_parent() -> Any:
             os._exit(1)
 
     return hook
+
+
+def _listening(path: Path) -> bool:
+    import socket
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def _url_host(host: str) -> str:

@@ -10,7 +10,9 @@ provider acts on.
 The agent's per-sandbox secret never appears in the pod spec: the pod mounts a
 Secret volume by name, and the Secret (created right after the pod, owned by it)
 goes when the pod goes. The kubelet does not start a container before every
-volume it mounts exists, so the agent never starts without its secret.
+volume it mounts exists, so the agent never starts without its secret. With
+egress, the sandbox's egress credential travels the same way (a second key of
+that Secret), and the agent is told the egress proxy's address.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ TMP_DIR = "/tmp"  # noqa: S108 - the pod's own size-limited emptyDir, not the ho
 SECRET_DIR = "/var/run/sandpool"
 SECRET_KEY = "secret"
 SECRET_FILE = f"{SECRET_DIR}/{SECRET_KEY}"
+EGRESS_KEY = "egress"
+EGRESS_FILE = f"{SECRET_DIR}/{EGRESS_KEY}"
 HEALTH_PATH = "/healthz"
 DEFAULT_AGENT_COMMAND = ("sandpool", "agent")
 
@@ -41,7 +45,6 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_INSTALLATION = "sandpool.dev/installation"
 LABEL_POOL = "sandpool.dev/pool"
 LABEL_SANDBOX = "sandpool.dev/sandbox"
-LABEL_EGRESS = "sandpool.dev/egress"
 ANNOTATION_ATTEMPT = "sandpool.dev/create-attempt"
 
 # Sandbox ids become label values and part of object names: a DNS label keeps both valid.
@@ -87,7 +90,6 @@ class PoolExtras(BaseModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     workspace_size: str = DEFAULT_WORKSPACE_SIZE
-    egress: bool = False
 
 
 def pool_extras(pool: PoolSpec) -> PoolExtras:
@@ -129,7 +131,7 @@ def sandboxes_selector(installation: str, sandbox_ids: list[str]) -> str:
     return f"{installation_selector(installation)},{LABEL_SANDBOX} in ({','.join(sorted(sandbox_ids))})"
 
 
-def sandbox_labels(opts: PodOptions, pool: PoolSpec, sandbox_id: str, *, egress: bool) -> dict[str, str]:
+def sandbox_labels(opts: PodOptions, pool: PoolSpec, sandbox_id: str) -> dict[str, str]:
     return {
         LABEL_NAME: "sandpool",
         LABEL_COMPONENT: "sandbox",
@@ -137,23 +139,25 @@ def sandbox_labels(opts: PodOptions, pool: PoolSpec, sandbox_id: str, *, egress:
         LABEL_INSTALLATION: opts.installation,
         LABEL_POOL: pool.name,
         LABEL_SANDBOX: sandbox_id,
-        # The chart's NetworkPolicy lets pods of egress-allowed pools out by this label.
-        LABEL_EGRESS: "true" if egress else "false",
     }
 
 
-def agent_command(pool: PoolSpec, opts: PodOptions) -> tuple[list[str], list[str]]:
+def agent_command(pool: PoolSpec, opts: PodOptions, *, egress_proxy: str | None = None) -> tuple[list[str], list[str]]:
     """`command` and `args` of the agent container.
 
     The provider's own flags come first and always: the pod must listen where the
     provider looks and read the secret where the provider puts it, whatever the
     image's entrypoint. A pool's `command` replaces `sandpool agent` (an image that
     installs it elsewhere); a pool's `args` add agent flags after the provider's.
+    With `egress_proxy` (IP:PORT), the agent hands sandboxed code that proxy with
+    the credential from the pod's Secret.
     """
     command = list(pool.command) or list(DEFAULT_AGENT_COMMAND)
     args = ["--host", "0.0.0.0", "--port", str(opts.agent_port),  # noqa: S104 - the pod's own network namespace
-            "--workspace", WORKSPACE_DIR, "--secret-file", SECRET_FILE, *pool.args]
-    return command, args
+            "--workspace", WORKSPACE_DIR, "--secret-file", SECRET_FILE]
+    if egress_proxy is not None:
+        args += ["--egress-proxy", egress_proxy, "--egress-credential-file", EGRESS_FILE]
+    return command, [*args, *pool.args]
 
 
 def _resources(pool: PoolSpec, extras: PoolExtras) -> dict[str, dict[str, str]]:
@@ -167,16 +171,18 @@ def _resources(pool: PoolSpec, extras: PoolExtras) -> dict[str, dict[str, str]]:
     return out
 
 
-def build_pod(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, attempt: str) -> dict[str, Any]:
+def build_pod(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, attempt: str,
+              egress_proxy: str | None = None) -> dict[str, Any]:
     """The sandbox pod, exactly as POSTed.
 
     `attempt` (a random token per create) names the pod's Secret and marks the pod, so
-    a retried create tells its own pod from another's.
+    a retried create tells its own pod from another's. `egress_proxy` (IP:PORT) gives
+    the pod egress through that proxy (its credential is in the pod's Secret).
     """
     check_sandbox_id(sandbox_id)
     extras = pool_extras(pool)
     name = object_name(opts.installation, sandbox_id)
-    command, args = agent_command(pool, opts)
+    command, args = agent_command(pool, opts, egress_proxy=egress_proxy)
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -246,7 +252,7 @@ def build_pod(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, attempt: str
         "metadata": {
             "name": name,
             "namespace": opts.namespace,
-            "labels": sandbox_labels(opts, pool, sandbox_id, egress=extras.egress),
+            "labels": sandbox_labels(opts, pool, sandbox_id),
             "annotations": {ANNOTATION_ATTEMPT: attempt},
         },
         "spec": spec,
@@ -254,23 +260,27 @@ def build_pod(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, attempt: str
 
 
 def build_secret(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, secret: str, owner_uid: str,
-                 attempt: str) -> dict[str, Any]:
-    """The agent's secret as a Secret owned by its pod, so the garbage collector removes it with the pod."""
+                 attempt: str, egress_credential: str | None = None) -> dict[str, Any]:
+    """The agent's secret (and the sandbox's egress credential, when it has one) as a Secret owned by
+    its pod, so the garbage collector removes it with the pod."""
     check_sandbox_id(sandbox_id)
     owner = object_name(opts.installation, sandbox_id)
+    data = {SECRET_KEY: base64.b64encode(secret.encode()).decode("ascii")}
+    if egress_credential is not None:
+        data[EGRESS_KEY] = base64.b64encode(egress_credential.encode()).decode("ascii")
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
             "name": secret_name(opts.installation, sandbox_id, attempt),
             "namespace": opts.namespace,
-            "labels": sandbox_labels(opts, pool, sandbox_id, egress=pool_extras(pool).egress),
+            "labels": sandbox_labels(opts, pool, sandbox_id),
             "annotations": {ANNOTATION_ATTEMPT: attempt},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": owner_uid}],
         },
         "type": "Opaque",
         "immutable": True,
-        "data": {SECRET_KEY: base64.b64encode(secret.encode()).decode("ascii")},
+        "data": data,
     }
 
 

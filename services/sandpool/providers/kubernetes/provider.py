@@ -13,6 +13,10 @@ sandboxes), paced by their own token bucket. Creations are paced by another.
 `list` asks the API server for every pod with this installation's label, so a
 restarted controller finds what its predecessor started.
 
+With `--kube-egress-proxy`, every sandbox also gets an egress credential (a
+second key of its Secret; its digest is published for the lease to bind) and
+the egress proxy's address, resolved here to an IP (sandbox pods have no DNS).
+
 `on_lost(listener)` registers who is told, from the watch and at once, that a
 sandbox's pod was deleted, failed or stopped running behind our back (not for
 pods this provider is creating or was asked to destroy).
@@ -23,8 +27,10 @@ Nothing here is on the CreateSession path: the scheduler leases from Redis.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import secrets
+import socket
 from collections import OrderedDict
 from typing import Any
 
@@ -50,10 +56,12 @@ from sandpool.providers.kubernetes.pods import (
 from sandpool.providers.kubernetes.ratelimit import TokenBucket
 from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
 from sandpool.providers.kubernetes.watch import GONE_REMEMBERED, PodGone, PodWatcher
+from sandpool.state.keys import egress_digest
 
 log = logging.getLogger("sandpool.providers.kubernetes")
 
 DELETE_BATCH = 50  # sandboxes named in one deletecollection selector (a short URL either way)
+EGRESS_RESOLVE_SECONDS = 60.0  # how long a resolved egress proxy address is reused
 
 
 class KubernetesProvider:
@@ -81,6 +89,7 @@ class KubernetesProvider:
         self._lost_listener: LostListener | None = None
         self._creating: set[str] = set()  # sandbox ids whose create() is in flight
         self._deleting: OrderedDict[str, None] = OrderedDict()  # uids of pods we delete ourselves
+        self._egress_resolved: tuple[float, str] | None = None  # (until, IP:PORT)
         self.counts = {"created": 0, "create_failed": 0, "destroyed": 0, "delete_calls": 0, "lost": 0}
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -126,12 +135,14 @@ class KubernetesProvider:
     async def create(self, pool: PoolSpec, sandbox_id: str) -> SandboxInfo:
         self._require_started()
         attempt = secrets.token_hex(8)
+        egress = await self._egress_proxy()
         try:
-            pod = build_pod(pool, sandbox_id, self.options, attempt=attempt)
+            pod = build_pod(pool, sandbox_id, self.options, attempt=attempt, egress_proxy=egress)
         except InvalidPool as exc:
             raise ProviderError(str(exc), transient=False) from None
         name = pod["metadata"]["name"]
         agent_secret = secrets.token_urlsafe(32)
+        egress_credential = secrets.token_urlsafe(32) if egress is not None else None
         loop = asyncio.get_running_loop()
         await self._create_bucket.acquire()
         # The pod's own time to start; a wait for a create token above is not charged to it.
@@ -142,7 +153,7 @@ class KubernetesProvider:
         try:
             uid = await self._create_pod(pod, attempt)
             created = True
-            await self._create_secret(pool, sandbox_id, agent_secret, uid, attempt)
+            await self._create_secret(pool, sandbox_id, agent_secret, uid, attempt, egress_credential)
             state = await self.watcher.wait_ready(name, uid, deadline - loop.time())
             address = agent_address(str(state.pod_ip), self.settings.kube_agent_port)
             await self._wait_for_agent(address, name, uid, deadline)
@@ -166,7 +177,33 @@ class KubernetesProvider:
         finally:
             self._creating.discard(sandbox_id)
         self.counts["created"] += 1
-        return SandboxInfo(sandbox_id=sandbox_id, pool=pool.name, address=address, secret=agent_secret, ready=True)
+        return SandboxInfo(sandbox_id=sandbox_id, pool=pool.name, address=address, secret=agent_secret, ready=True,
+                           egress_digest=egress_digest(egress_credential) if egress_credential else None)
+
+    async def _egress_proxy(self) -> str | None:
+        """The egress proxy as IP:PORT (its Service's name resolved here, reused for a minute); None
+        without egress. A name that does not resolve fails the create (retried later)."""
+        target = self.settings.kube_egress_proxy
+        if target is None:
+            return None
+        host, _, port = target.rpartition(":")
+        host = host.strip("[]")
+        try:
+            ipaddress.ip_address(host)
+            return target
+        except ValueError:
+            pass
+        loop = asyncio.get_running_loop()
+        if self._egress_resolved is not None and loop.time() < self._egress_resolved[0]:
+            return self._egress_resolved[1]
+        try:
+            found = await loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ProviderError(f"the egress proxy {target} does not resolve: {exc.strerror or exc}") from None
+        address = str(found[0][4][0])
+        resolved = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+        self._egress_resolved = (loop.time() + EGRESS_RESOLVE_SECONDS, resolved)
+        return resolved
 
     async def _create_pod(self, pod: dict[str, Any], attempt: str) -> str:
         """POST the pod; a 409 on a pod our own earlier (retried) POST made is that pod."""
@@ -182,9 +219,11 @@ class KubernetesProvider:
                 return existing.uid
             raise ProviderError(f"a pod named {name} already exists", transient=existing.terminating) from None
 
-    async def _create_secret(self, pool: PoolSpec, sandbox_id: str, value: str, owner_uid: str, attempt: str) -> None:
+    async def _create_secret(self, pool: PoolSpec, sandbox_id: str, value: str, owner_uid: str, attempt: str,
+                             egress_credential: str | None = None) -> None:
         """POST the Secret owned by the pod; a 409 can only be our own earlier (retried) POST."""
-        body = build_secret(pool, sandbox_id, self.options, secret=value, owner_uid=owner_uid, attempt=attempt)
+        body = build_secret(pool, sandbox_id, self.options, secret=value, owner_uid=owner_uid, attempt=attempt,
+                            egress_credential=egress_credential)
         name = body["metadata"]["name"]
         try:
             await self.api.create_secret(body)

@@ -40,6 +40,12 @@ class KubernetesProviderSettings(ServiceSettings):
     kube_termination_grace_seconds: int = Field(default=2, ge=0, le=300, description=(
         "terminationGracePeriodSeconds of sandbox pods: a sandbox holds nothing worth a long goodbye"))
 
+    kube_egress_proxy: str | None = Field(default=None, pattern=r"^([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$",
+                                          description=(
+        "HOST:PORT of the egress proxy's Service (the chart sets it with egress.enabled): each sandbox pod gets "
+        "an egress credential in its Secret, and its agent hands sandboxed code the proxy URL. A name is "
+        "resolved here, by the scheduler: sandbox pods have no DNS. Unset: sandboxes have no egress"))
+
     kube_create_rate: float = Field(default=10.0, gt=0, description=(
         "Sandbox creations per second sustained (each is a Pod and a Secret POST): token bucket rate"))
     kube_create_burst: int = Field(default=10, ge=1, description="Creations allowed at once before the rate applies")

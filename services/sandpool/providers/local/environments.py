@@ -14,8 +14,11 @@ sandbox. A build runs `pip install --require-hashes --no-deps -r LOCK` into a te
 directory that is renamed into place only when complete, under a lock file: a crash
 never leaves a half environment that a later run would use, and two builders never
 race. It also pre-builds matplotlib's font cache (as the sandbox image does) and
-replaces pip with `offline_pip.py`, which refuses `pip install` at once, saying that
-the sandbox has no network.
+replaces pip with `offline_pip.py`, which refuses `pip install` at once, saying why.
+An environment declared with `pip: true` also gets a copy of the builder's real pip
+(`share/sandpool/pip`) and a site hook (`_sandpool_pip_layer`): in a sandbox with
+egress, `pip install` then installs into the session's own layer under its
+workspace, which the hook puts on sys.path after the environment's own packages.
 
     python -m sandpool.providers.local.environments [--pools-file F]   # build; print the interpreter
 """
@@ -64,6 +67,8 @@ class EnvironmentSpec:
     name: str
     requirements: Path
     preimport: tuple[str, ...] = ()
+    pip: bool = False
+    """`pip install` into a per-session layer (with egress); a separate build of the same lock."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,11 @@ class Environment:
     path: str | None = None
     """The built environment's directory; None for an interpreter given as is (`--sandbox-python`)."""
     details: dict[str, object] = field(default_factory=dict, compare=False)
+
+    @property
+    def pip(self) -> bool:
+        """Built with a real pip for per-session installs (`pip: true`)."""
+        return self.details.get("pip") is True
 
 
 # --- where things are --------------------------------------------------------------------------
@@ -159,11 +169,12 @@ def base_python(privileged: bool) -> PythonInfo:
                                  ": install python3, or pass --sandbox-python")
 
 
-def environment_key(lock: bytes, base: PythonInfo) -> str:
-    """The cache directory name of (this lock, this base Python): same inputs, same environment."""
+def environment_key(lock: bytes, base: PythonInfo, *, pip: bool = False) -> str:
+    """The cache directory name of (this lock, this base Python, pip or not): same inputs, same environment."""
     # The salt names the build recipe: bump it when a build would make something different.
     digest = hashlib.sha256(b"sandpool-environment-1\0" + lock + b"\0" +
-                            os.path.realpath(base.executable).encode() + b"\0" + base.version.encode())
+                            os.path.realpath(base.executable).encode() + b"\0" + base.version.encode() +
+                            (b"\0pip" if pip else b""))
     return f"py{base.minor}-{digest.hexdigest()[:16]}"
 
 
@@ -176,14 +187,14 @@ def _read_lock(spec: EnvironmentSpec) -> bytes:
 
 
 def location(spec: EnvironmentSpec, cache_dir: Path, base: PythonInfo) -> Path:
-    return Path(cache_dir).absolute() / environment_key(_read_lock(spec), base)
+    return Path(cache_dir).absolute() / environment_key(_read_lock(spec), base, pip=spec.pip)
 
 
 def declared(pools_file: Path) -> dict[str, EnvironmentSpec]:
     """The environments a pools file declares (`environments:`), by name."""
     from sandpool.pool.templates import load_environments
 
-    return {t.name: EnvironmentSpec(t.name, t.requirements, tuple(t.preimport))
+    return {t.name: EnvironmentSpec(t.name, t.requirements, tuple(t.preimport), pip=t.pip)
             for t in load_environments(pools_file)}
 
 
@@ -238,7 +249,7 @@ def build(spec: EnvironmentSpec, cache_dir: Path, base: PythonInfo, *, progress:
     say = progress or (lambda _line: None)
     cache_dir = Path(cache_dir).absolute()
     lock_bytes = _read_lock(spec)
-    final = cache_dir / environment_key(lock_bytes, base)
+    final = cache_dir / environment_key(lock_bytes, base, pip=spec.pip)
     try:
         _make_dirs(cache_dir)
         lock_fd = os.open(cache_dir / f".{final.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -299,6 +310,9 @@ def _build_locked(spec: EnvironmentSpec, lock_bytes: bytes, final: Path, base: P
                 _run([str(python), "-I", "-c", "import matplotlib.font_manager"], log_file, spec,
                      what="build the matplotlib font cache", env={"MPLCONFIGDIR": str(cache), "MPLBACKEND": "Agg"})
             _install_offline_pip(python)
+            if spec.pip:
+                say(f"environment {spec.name}: adding pip for per-session installs")
+                _install_real_pip(tmp, pip_python, spec)
         _relocate(tmp, final)
         details = {
             "lock": str(spec.requirements), "lock_sha256": hashlib.sha256(lock_bytes).hexdigest(),
@@ -306,6 +320,7 @@ def _build_locked(spec: EnvironmentSpec, lock_bytes: bytes, final: Path, base: P
             "base_prefix": base.base_prefix, "matplotlib_cache": MATPLOTLIB_CACHE,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "build_seconds": round(time.monotonic() - started, 1),
+            "pip": spec.pip,
         }
         (tmp / MARKER).write_text(json.dumps(details, indent=2) + "\n")
         _open_up(tmp)
@@ -420,6 +435,54 @@ def _install_offline_pip(python: Path) -> None:
         path = python.parent / name
         path.write_text(script)
         path.chmod(0o755)
+
+
+REAL_PIP = "share/sandpool/pip"
+"""Where a `pip: true` environment keeps the real pip (its `pip/__pip-runner__.py` runs exactly that copy)."""
+LAYER_HOOK = '''"""A session's own packages: `pip install` in a sandbox with egress puts them under SANDBOX_PIP_LAYER
+(the agent sets it: `.local` in the workspace); their site directory goes on sys.path after the
+environment's own, which stays read-only and shared. Run at every interpreter start (a .pth line)."""
+import os
+import sys
+
+
+def _add():
+    prefix = os.environ.get("SANDBOX_PIP_LAYER")
+    if not prefix or not os.path.isabs(prefix):
+        return
+    site = os.path.join(prefix, "lib", "python%d.%d" % sys.version_info[:2], "site-packages")
+    try:
+        os.makedirs(site, exist_ok=True)  # there from the start, so later installs are found without a restart
+    except OSError:
+        return
+    if site not in sys.path:
+        sys.path.append(site)
+
+
+_add()
+'''
+
+
+def _install_real_pip(venv: Path, pip_python: str, spec: EnvironmentSpec) -> None:
+    """Copy the builder's pip (pure Python, everything vendored) into the environment, and the site hook."""
+    try:
+        done = subprocess.run([pip_python, "-c", "import os, pip; print(os.path.dirname(pip.__file__))"],
+                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_SECONDS, check=True,
+                              env=_plain_env())
+    except (OSError, subprocess.SubprocessError):
+        raise EnvironmentUnavailable(f"cannot build the sandbox environment {spec.name}: {pip_python} has no pip "
+                                     "to copy for `pip: true`") from None
+    source = Path(done.stdout.strip())
+    if not (source / "__pip-runner__.py").is_file():
+        raise EnvironmentUnavailable(f"cannot build the sandbox environment {spec.name}: the pip at {source} is "
+                                     "too old for `pip: true` (22.3 or later runs from a copy)")
+    shutil.copytree(source, venv / REAL_PIP / "pip", ignore=shutil.ignore_patterns("__pycache__"))
+    site_packages = next((venv / "lib").glob("python3*/site-packages"))
+    (site_packages / "_sandpool_pip_layer.py").write_text(LAYER_HOOK)
+    (site_packages / "_sandpool_pip_layer.pth").write_text("import _sandpool_pip_layer\n")
+    subprocess.run([str(venv / "bin" / "python"), "-I", "-m", "compileall", "-q", str(venv / REAL_PIP)],
+                   check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=BUILD_TIMEOUT_SECONDS,
+                   env=_plain_env(), preexec_fn=_umask)
 
 
 def _relocate(tmp: Path, final: Path) -> None:

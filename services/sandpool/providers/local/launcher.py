@@ -21,6 +21,14 @@ from sandpool.providers.local.procs import ProcessHandle, kill_tree, start_time
 
 
 @dataclass(frozen=True)
+class EgressAccess:
+    """A sandbox's way out: the egress proxy's Unix socket (host path) and the sandbox's own credential."""
+
+    socket: str
+    credential: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class SandboxLimits:
     """What one sandbox may use. `uid`/`gid` None: sandboxed code runs as the service's own user."""
 
@@ -37,6 +45,7 @@ class SandboxLimits:
     cpu_millis: int | None = None  # CPU quota in thousandths of a core (None: no quota); needs the zygote's cgroups
     spare_interpreter: bool | None = None  # None: the agent's default
     agent_log_level: str = "warning"
+    egress: EgressAccess | None = None  # None: no egress (no credential, no relay)
 
 
 @dataclass(frozen=True)
@@ -84,12 +93,17 @@ def agent_arguments(workspace: Path, socket_path: Path, secret: AgentSecret, lim
         args += ["--rlimit-fsize-bytes", str(limits.max_file_size_bytes)]
     if limits.memory_bytes:
         args += ["--rlimit-as-bytes", str(limits.memory_bytes)]
+    if limits.egress is not None:
+        args += ["--egress-socket", limits.egress.socket]  # the credential goes by environment
     return args
 
 
-def agent_environment(workspace: Path) -> dict[str, str]:
-    """A clean environment: nothing of the control plane's (credentials, Redis URL) reaches a sandbox."""
+def agent_environment(workspace: Path, egress: EgressAccess | None = None) -> dict[str, str]:
+    """A clean environment: nothing of the control plane's (credentials, Redis URL) reaches a sandbox;
+    only the sandbox's own egress credential, when it has one."""
+    extra = {"SANDPOOL_EGRESS_CREDENTIAL": egress.credential} if egress is not None else {}
     return {
+        **extra,
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "HOME": str(workspace),
@@ -114,7 +128,7 @@ class SubprocessLauncher:
             proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "sandpool", *agent_arguments(workspace, socket_path, secret, limits),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                cwd=str(log_path.parent), env=agent_environment(workspace),
+                cwd=str(log_path.parent), env=agent_environment(workspace, limits.egress),
                 start_new_session=True, close_fds=True)
         return ProcessHandle(pid=proc.pid, pgid=proc.pid, start_time=start_time(proc.pid))
 

@@ -12,6 +12,11 @@ provider lists and destroys what an earlier one started):
     <socket dir>/<id>/agent.sock        the agent's socket (address unix://...), in a short private
                                         directory of its own (`sockets.py`): any data dir path works
 
+With `--egress-socket` (the egress proxy's Unix socket), each sandbox also gets
+an egress credential: handed to its agent (never written to the data dir), its
+digest published with the sandbox for the lease to bind; the agent relays a port
+on the sandbox's own loopback to that socket (docs/egress.md).
+
 When sandpool runs as root, sandboxed code runs as an unprivileged uid: by
 default one of its own per sandbox (so sandboxes cannot signal each other's
 processes or open each other's files, and destroy can kill every process of
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +37,7 @@ import random
 import re
 import secrets
 import shutil
+import stat
 import sys
 import time
 from pathlib import Path
@@ -40,11 +47,12 @@ from sandpool.core.settings import ConfigurationError
 from sandpool.pool.provider import SANDBOX_ID_LENGTH, LostListener, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.local import environments, fsmount
 from sandpool.providers.local.isolation.detect import required_missing
-from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits
+from sandpool.providers.local.launcher import AgentSecret, EgressAccess, Launcher, SandboxLimits
 from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
 from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, cpu_millis, default_sandbox_python
-from sandpool.providers.local.sockets import SocketDir
+from sandpool.providers.local.sockets import SOCKET_PATH_MAX, SocketDir
 from sandpool.providers.local.zygote import ZygoteError, make_launcher
+from sandpool.state.keys import egress_digest
 
 log = logging.getLogger("sandpool.providers.local")
 
@@ -89,6 +97,7 @@ class LocalProvider:
 
     # --- lifecycle of the provider itself ------------------------------------------------
     async def start(self) -> None:
+        self._check_egress_socket()
         self.environments = await asyncio.to_thread(self._resolve_environments)
         roots = self._environment_roots()  # refused before anything is made
         try:
@@ -124,6 +133,23 @@ class LocalProvider:
             self._require_isolation()
         for warning in self.warnings:
             log.warning("local sandboxes are weakly isolated: %s", warning)
+
+    def _check_egress_socket(self) -> None:
+        """Refuse an egress socket no agent could connect to (an agent without a private root uses the
+        host path itself, so it must fit in sun_path); warn when nothing listens there yet."""
+        path = self.settings.egress_socket
+        if path is None:
+            return
+        if not path.is_absolute() or len(os.fsencode(path)) > SOCKET_PATH_MAX:
+            raise ProviderError(f"--egress-socket {path} must be an absolute path of at most {SOCKET_PATH_MAX} "
+                                "bytes", transient=False)
+        try:
+            is_socket = stat.S_ISSOCK(os.stat(path).st_mode)
+        except OSError:
+            is_socket = False
+        if not is_socket:
+            log.warning("no egress proxy listens at --egress-socket %s yet: sandboxed code's connections "
+                        "through it fail until one does", path)
 
     def _resolve_environments(self) -> dict[str, environments.Environment]:
         """The environments sandboxes run, by name: `python` and those the pools file declares.
@@ -238,6 +264,7 @@ class LocalProvider:
             "rlimits": {"memory_mb": s.memory_mb, "max_processes": s.max_processes,
                         "max_open_files": s.max_open_files, "max_file_size_mb": s.max_file_size_mb},
             "cpu_limit": s.cpu_limit or None,
+            "egress_socket": str(s.egress_socket) if s.egress_socket is not None else None,
             "warnings": list(self.warnings),
         }
 
@@ -291,6 +318,10 @@ class LocalProvider:
         (sandbox_dir / "meta.json").write_text(json.dumps({
             "pool": pool.name, "uid": limits.uid, "gid": limits.gid, "created_at": time.time(),
             "dedicated_uid": self._dedicated(limits.uid), "socket": str(socket_path)}))
+        egress = None
+        if self.settings.egress_socket is not None:
+            egress = EgressAccess(socket=str(self.settings.egress_socket), credential=secrets.token_urlsafe(32))
+            limits = dataclasses.replace(limits, egress=egress)
         secret = AgentSecret(value=secrets.token_urlsafe(32), file=sandbox_dir / "secret")
         fd = os.open(secret.file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -303,7 +334,8 @@ class LocalProvider:
         (sandbox_dir / "agent.pid").write_text(handle.to_line())
         await self._wait_healthy(sandbox_id, socket_path, handle)
         return SandboxInfo(sandbox_id=sandbox_id, pool=pool.name, address=f"unix://{socket_path}",
-                           secret=secret.value, ready=True)
+                           secret=secret.value, ready=True,
+                           egress_digest=egress_digest(egress.credential) if egress is not None else None)
 
     async def destroy(self, sandbox_id: str) -> None:
         if not SANDBOX_ID.match(sandbox_id):

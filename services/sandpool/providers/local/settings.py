@@ -80,6 +80,10 @@ class LocalProviderSettings(ServiceSettings):
     environments_dir: Path | None = Field(default=None, description=(
         "Cache of built sandbox environments, one per lock and base Python, shared read-only by every "
         "sandbox (default: /var/cache/sandpool/environments as root, else ~/.cache/sandpool/environments)"))
+    egress_socket: Path | None = Field(default=None, description=(
+        "Unix socket of the egress proxy (`sandpool egress --unix-socket`): each sandbox gets an egress "
+        "credential and reaches the proxy through a port on its own loopback that its agent relays to this "
+        "socket, bound read-only into the sandbox (unset: sandboxes have no egress; docs/egress.md)"))
     pools_file: Path | None = Field(default=None, description=(
         "YAML file of pools; its `environments:` name the environments local sandboxes may run"))
 

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import sandpool
 from sandpool.providers.local import zygote_protocol
+from sandpool.providers.local.isolation import mounts
 from sandpool.providers.local.isolation.detect import IsolationReport
 from sandpool.core.settings import ConfigurationError
 from sandpool.providers.local.isolation.detect import TOGGLEABLE
@@ -231,12 +232,14 @@ class ZygoteClient:
 
     async def launch(self, sandbox_id: str, *, socket_path: str, workspace: str | None, uid: int | None,
                      secret: str, limits: dict[str, int | None], agent: dict[str, Any],
-                     log_path: str | None = None) -> dict[str, Any]:
+                     log_path: str | None = None, egress_socket: str | None = None) -> dict[str, Any]:
         fd = zygote_protocol.secret_fd(secret)
+        message = {"op": "launch", "sandbox_id": sandbox_id, "socket_path": socket_path, "workspace": workspace,
+                   "uid": uid, "limits": limits, "agent": agent, "log_path": log_path}
+        if egress_socket is not None:
+            message["egress_socket"] = egress_socket  # host path, bound read-only into the sandbox root
         try:
-            reply = await self.request({"op": "launch", "sandbox_id": sandbox_id, "socket_path": socket_path,
-                                        "workspace": workspace, "uid": uid, "limits": limits, "agent": agent,
-                                        "log_path": log_path}, (fd,))
+            reply = await self.request(message, (fd,))
         finally:
             os.close(fd)
         if not reply.get("ok"):
@@ -413,6 +416,13 @@ class ZygoteLauncher:
             agent["matplotlib_cache"] = limits.matplotlib_cache
         if getattr(limits, "preimport", ()):
             agent["preimport"] = list(limits.preimport)
+        egress = getattr(limits, "egress", None)
+        if egress is not None:
+            # The agent relays to the socket where the sandbox sees it: bound at a fixed path in its own
+            # root, or the host's path when there is no private root.
+            agent["egress_socket"] = (mounts.EGRESS_SOCKET if self.report.is_active("filesystem")
+                                      else egress.socket)
+            agent["egress_credential"] = egress.credential
         uid = limits.uid if self.report.is_active("unprivileged_uid") else None
         reply = await self.client.launch(
             sandbox_id, socket_path=str(socket_path), workspace=str(workspace), uid=uid, secret=secret.value,
@@ -421,7 +431,7 @@ class ZygoteLauncher:
                     "code_pids_max": limits.max_processes or None,
                     "cpu_millis": getattr(limits, "cpu_millis", None),
                     "workspace_bytes": limits.workspace_bytes},
-            agent=agent, log_path=str(log_path))
+            agent=agent, log_path=str(log_path), egress_socket=egress.socket if egress is not None else None)
         pid = int(reply["pid"])
         return ProcessHandle(pid=pid, pgid=pid, start_time=start_time(pid))
 

@@ -243,13 +243,17 @@ class Zygote:
                 raise ValueError("uid must be a positive integer")
             if "unprivileged_uid" not in self.layers:
                 uid = None
+            egress_socket = message.get("egress_socket")
+            if egress_socket is not None and (not isinstance(egress_socket, str) or not os.path.isabs(egress_socket)):
+                raise ValueError("egress_socket must be an absolute path")
             self._launch(rid, sandbox_id, uid, limits, agent, host_socket, message.get("workspace"),
-                         message.get("log_path"), secret_fd)
+                         message.get("log_path"), secret_fd, egress_socket=egress_socket)
         finally:
             os.close(secret_fd)
 
     def _launch(self, rid: Any, sandbox_id: str, uid: int | None, limits: dict[str, Any], agent: dict[str, Any],
-                host_socket: str, host_workspace: Any, log_path: Any, secret_fd: int) -> None:
+                host_socket: str, host_workspace: Any, log_path: Any, secret_fd: int, *,
+                egress_socket: str | None = None) -> None:
         if not isinstance(host_workspace, str) or not os.path.isabs(host_workspace):
             raise ValueError("workspace must be an absolute path")
         memory_bytes, pids_max = _int(limits.get("memory_bytes")), _int(limits.get("pids_max"))
@@ -270,7 +274,7 @@ class Zygote:
                 else None,
                 workspace_bytes=workspace_bytes or 256 * MIB,
                 tmp_bytes=min(workspace_bytes or 64 * MIB, 64 * MIB), shm_bytes=min(memory_bytes or 64 * MIB, 64 * MIB),
-                agent_dir=os.path.dirname(host_socket))
+                agent_dir=os.path.dirname(host_socket), egress_socket=egress_socket)
         spec = zygote_child.ChildSpec(
             sandbox_id=sandbox_id, layers=self.layers, uid=uid, plan=self.plan, fs=fs, new_root=self.new_root,
             host_workspace=host_workspace, host_socket=host_socket, agent=agent,

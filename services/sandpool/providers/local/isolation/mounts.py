@@ -14,6 +14,8 @@ for /proc, as a member of its own PID namespace). What the sandbox sees:
   cap is the disk the sandbox can fill, and tmpfs pages count against the
   sandbox's memory cgroup;
 - the agent's socket directory (the only path shared with the host);
+- with egress, the egress proxy's Unix socket, read-only, at `EGRESS_SOCKET` in a
+  directory only root (the agent, which relays to it) may enter;
 - nothing else: no /home, /root, /work, /var, /run, /sys, no data dir, no other
   sandbox, no Redis files, no service secrets.
 
@@ -41,6 +43,8 @@ DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 
 WORKSPACE = "/workspace"
 AGENT_DIR = "/run/sandpool"
+EGRESS_DIR = "/run/sandpool-egress"
+EGRESS_SOCKET = EGRESS_DIR + "/egress.sock"
 
 RO = linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV
 
@@ -101,6 +105,7 @@ class SandboxFs:
     tmp_bytes: int
     shm_bytes: int
     agent_dir: str | None  # host directory bound (read-write) at AGENT_DIR
+    egress_socket: str | None = None  # host path of the egress proxy's socket, bound read-only at EGRESS_SOCKET
 
 
 def _mkdirs(path: str) -> None:
@@ -184,6 +189,14 @@ def build_root(plan: RootPlan, fs: SandboxFs, new_root: str) -> None:
         linux.mount(fs.agent_dir, r + AGENT_DIR, None, linux.MS_BIND)
         linux.mount(None, r + AGENT_DIR, None,
                     linux.MS_BIND | linux.MS_REMOUNT | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
+    if fs.egress_socket:
+        # The socket file alone (never its host directory), read-only, where only root may reach it:
+        # sandboxed code goes through the agent's relay, and the proxy checks its credential anyway.
+        _mkdirs(r + EGRESS_DIR)
+        os.chmod(r + EGRESS_DIR, 0o700)
+        _touch(r + EGRESS_SOCKET)
+        linux.mount(fs.egress_socket, r + EGRESS_SOCKET, None, linux.MS_BIND)
+        linux.mount(None, r + EGRESS_SOCKET, None, linux.MS_BIND | linux.MS_REMOUNT | RO | linux.MS_NOEXEC)
 
     # Swap roots: pivot_root(".", ".") stacks the old root under the new one; detaching
     # it leaves no path back to the host tree.
