@@ -190,6 +190,16 @@ def test_a_killed_up_takes_its_stack_with_it(up_factory) -> None:
     while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [pid for pid in tree if alive(pid)] == []
+    # Its socket directory outlived it (nothing could remove it); the next up on the data dir does.
+    sockets = Path((up.data_dir / "run" / "sockets-dir").read_text())
+    assert sockets.is_dir() and sockets.name.startswith("sandpool-up-")
+    again = up_factory("--no-auth", data_dir=up.data_dir)
+    again.wait_for("SANDPOOL_URL=")
+    assert not sockets.exists()
+    second = Path((up.data_dir / "run" / "sockets-dir").read_text())
+    assert second.is_dir() and second != sockets
+    assert_stopped_clean(again)  # a clean stop removes its directory and the note of it
+    assert not second.exists() and not (up.data_dir / "run" / "sockets-dir").exists()
 
 
 def test_a_second_up_on_the_same_data_dir_is_refused_and_touches_nothing(up_factory) -> None:

@@ -71,7 +71,9 @@ class Stack:
         self.run_dir.mkdir(mode=0o700, exist_ok=True)
         for stale in self.run_dir.glob("*.failed"):
             stale.unlink()
+        _remove_recorded_runtime_dir(self.run_dir / SOCKETS_RECORD)
         self.sockets = _runtime_dir()
+        _write_private(self.run_dir / SOCKETS_RECORD, str(self.sockets))
         if self.redis_url is None:
             self.redis_url = self._start_redis(stopping)
         egress_flags: list[str] = []
@@ -294,6 +296,7 @@ class Stack:
             self._terminate(name, proc)
         if self.sockets is not None:
             shutil.rmtree(self.sockets, ignore_errors=True)
+            (self.run_dir / SOCKETS_RECORD).unlink(missing_ok=True)
 
     def _terminate(self, name: str, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is None:
@@ -338,6 +341,21 @@ async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: s
         log.warning("could not forget sandbox records", extra={"error": str(exc)})
     finally:
         await close(client)
+
+
+SOCKETS_RECORD = "sockets-dir"
+"""The run dir's note of where this run's sockets are, so the next `up` on the data dir removes
+them after a SIGKILL left no chance to (it holds the data dir's lock: their owner is gone)."""
+
+
+def _remove_recorded_runtime_dir(record: Path) -> None:
+    try:
+        recorded = Path(record.read_text().strip())
+    except OSError:
+        return
+    if recorded.name.startswith("sandpool-up-") and recorded.is_dir() and recorded.stat().st_uid == os.getuid():
+        shutil.rmtree(recorded, ignore_errors=True)
+    record.unlink(missing_ok=True)
 
 
 def _runtime_dir() -> Path:
