@@ -111,6 +111,12 @@ class AllowList:
         return ", ".join(map(str, self.rules)) or "(empty)"
 
 
+def checked(entries: list[str]) -> list[str]:
+    """`entries` unchanged once they parse: a settings validator's check (`BadEntry` is a ValueError)."""
+    parse(entries)
+    return entries
+
+
 def parse(entries: Iterable[str]) -> AllowList:
     """A list of entries as an allow-list; `BadEntry` for the first bad one (an operator's input)."""
     items = list(entries)

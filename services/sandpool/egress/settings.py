@@ -72,11 +72,7 @@ class EgressSettings(ServiceSettings):
     @field_validator("egress_allow_ceiling")
     @classmethod
     def _ceiling(cls, value: list[str]) -> list[str]:
-        try:
-            allowlist.parse(value)
-        except allowlist.BadEntry as exc:
-            raise ValueError(str(exc)) from None
-        return value
+        return allowlist.checked(value)
 
     @field_validator("deny_cidrs")
     @classmethod

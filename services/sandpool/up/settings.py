@@ -64,11 +64,7 @@ class UpSettings(ServiceSettings):
     def _ceiling(cls, value: list[str]) -> list[str]:
         from sandpool.egress import allowlist
 
-        try:
-            allowlist.parse(value)
-        except allowlist.BadEntry as exc:
-            raise ValueError(str(exc)) from None
-        return value
+        return allowlist.checked(value)
 
     @model_validator(mode="after")
     def _warm_within_ceiling(self) -> UpSettings:
