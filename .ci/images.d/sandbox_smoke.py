@@ -140,15 +140,16 @@ async def smoke(port: int, health: str, secret: str, uid: int) -> None:
         check(not mpldir.startswith("/workspace") and caches == "1" and rebuilt == "0",
               "MPLCONFIGDIR is outside the workspace; the first import read the pre-built font cache (not rewritten)",
               out["stdout"])
-        produced = [f["file_id"] for f in out.get("content", [])]
-        check(produced == ["figure.png"], "the figure is reported as the exec's produced file", produced)
+        produced = sorted(f["file_id"] for f in out.get("content", []))
+        check(produced == ["figure-1.png", "figure.png"],
+              "the saved figure and the one left open (saved as figure-1.png) are the exec's produced files", produced)
         got = await agent.request("GET", "/sessions/ci-smoke/files", params={"path": "figure.png"})
         check(got.status_code == 200 and got.content.startswith(PNG_MAGIC) and len(got.content) > 1000,
               f"GetFile returns the PNG ({len(got.content)} bytes)", got.status_code)
         listed = await agent.request("GET", "/sessions/ci-smoke/files/list", params={"path": "."})
         names = sorted(entry["path"] for entry in listed.json()["files"]) if listed.status_code == 200 else []
-        check(listed.status_code == 200 and names == ["figure.png"],
-              "the workspace holds only the user's file (no matplotlib cache or config)", listed.text[:300])
+        check(listed.status_code == 200 and names == ["figure-1.png", "figure.png"],
+              "the workspace holds only the figures (no matplotlib cache or config)", listed.text[:300])
 
         out = await agent.py(
             "import numpy, pandas, scipy, scipy.linalg, sympy, matplotlib\n"
