@@ -5,7 +5,10 @@
 - the proxy and the scheduler never import each other (they talk over HTTP);
 - the egress proxy imports no other service (it shares only Redis, through `state`);
   the proxy uses its allow-list parser to check a workspace's list;
-- only the Kubernetes provider imports `kubernetes`; only Redis adapters import `redis`.
+- the pool controller never imports the scheduler (the scheduler runs it, not the reverse);
+- only the Kubernetes provider imports `kubernetes`; only `state/` imports `redis` (every Redis
+  record and script lives there);
+- nothing reaches into the proxy but the command line and `sandpool up`, which start it.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ SERVICES = ("sandpool.agent", "sandpool.scheduler", "sandpool.pool", "sandpool.p
         ("agent", tuple(s for s in SERVICES if s != "sandpool.agent") + ("redis", "kubernetes")),
         ("proxy", ("sandpool.scheduler", "sandpool.pool", "sandpool.providers", "sandpool.agent", "kubernetes")),
         ("scheduler", ("sandpool.proxy", "sandpool.agent", "sandpool.egress", "kubernetes")),
-        ("pool", ("sandpool.proxy", "sandpool.agent", "sandpool.egress", "kubernetes")),
+        ("pool", ("sandpool.scheduler", "sandpool.proxy", "sandpool.agent", "sandpool.egress", "kubernetes")),
         ("egress", tuple(s for s in SERVICES if s not in ("sandpool.egress", "sandpool.state"))
          + ("redis", "kubernetes", "fastapi")),
         ("state", SERVICES[:-2] + ("kubernetes",)),
@@ -69,4 +72,21 @@ def test_only_the_kubernetes_provider_imports_kubernetes() -> None:
         for line in offenders(package, ("kubernetes",)):
             if not line.startswith("providers/kubernetes/"):
                 bad.append(line)
+    assert bad == []
+
+
+def _packages() -> list[str]:
+    return [p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith("_")]
+
+
+def test_only_state_imports_redis() -> None:
+    bad = [line for package in _packages() if package != "state" for line in offenders(package, ("redis",))]
+    assert bad == []
+
+
+def test_nothing_but_the_launchers_imports_the_proxy() -> None:
+    # `sandpool up` checks the proxy's keys before it starts anything (a one-line failure).
+    launchers = ("proxy", "up")
+    bad = [line for package in _packages() if package not in launchers
+           for line in offenders(package, ("sandpool.proxy",))]
     assert bad == []
