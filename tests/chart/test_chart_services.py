@@ -132,9 +132,8 @@ def test_pools_file_loads_with_the_schedulers_loader(helm: Helm, scenario: str |
     if scenario == "gvisor-pools-values.yaml":
         assert [(p.name, p.runtime_class, p.ceiling) for p in pools] == [
             ("default", "gvisor", 64), ("large", "gvisor", 8), ("kata", "kata", 4)]
-        assert pools[1].memory == "8Gi" and pools[1].extra["workspace_size"] == "10Gi"
+        assert pools[1].memory == "8Gi" and pools[1].options["kubernetes"].workspace_size == "10Gi"
         assert pools[2].args == ("--max-output-bytes", "1048576")
-    assert not any("egress" in p.extra for p in pools)
     if scenario is None:
         assert pools[0].image == "sandpool/sandbox:0.1.0" and pools[0].cpu == "1"
 

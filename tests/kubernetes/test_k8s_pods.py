@@ -226,8 +226,9 @@ def test_bad_sandbox_ids_are_refused(bad: str) -> None:
         build_pod(PoolSpec(name="p", image="i"), bad, OPTS, attempt="x")
 
 
-def test_bad_extras_are_refused() -> None:
-    pool = PoolSpec(name="p", image="i", extra={"node_selector": ["not", "a", "map"]})
+def test_untyped_options_are_refused() -> None:
+    # Options come typed from the pools file (validated there, once); a raw dict is a caller's bug.
+    pool = PoolSpec(name="p", image="i", options={"kubernetes": {"node_selector": ["not", "a", "map"]}})
     with pytest.raises(InvalidPool, match="pool 'p' has invalid Kubernetes settings"):
         build_pod(pool, "sb-1", OPTS, attempt="x")
 

@@ -10,6 +10,8 @@ import pytest
 from sandpool.core.settings import ConfigurationError
 from sandpool.pool.provider import PoolSpec
 from sandpool.pool.templates import load_pools, parse_pools, parse_quantity
+from sandpool.providers.kubernetes.pool_options import KubernetesPoolOptions, Toleration
+from sandpool.providers.local.pool_options import LocalPoolOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,22 +49,26 @@ def test_full_template_becomes_the_exact_pool_spec(tmp_path: Path) -> None:
     assert pools == [
         PoolSpec(
             name="python", image="registry.example/sandbox:1", warm=3, ceiling=9, cpu="1", memory="1Gi",
+            cpu_request="250m", memory_request="256Mi",
             runtime_class="gvisor", command=("/opt/venv/bin/sandpool", "agent"), args=("--extra", "1"),
-            extra={
-                "cpu_request": "250m", "memory_request": "256Mi",
-                "node_selector": {"sandpool.dev/sandbox": "true"},
-                "tolerations": [
-                    {"operator": "Equal", "key": "sandpool.dev/sandbox", "value": "true", "effect": "NoSchedule"},
-                    {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+            options={"local": LocalPoolOptions(), "kubernetes": KubernetesPoolOptions(
+                node_selector={"sandpool.dev/sandbox": "true"},
+                tolerations=[
+                    Toleration(key="sandpool.dev/sandbox", operator="Equal", value="true", effect="NoSchedule"),
+                    Toleration(operator="Exists", effect="NoExecute", tolerationSeconds=30),
                 ],
-                "workspace_size": "2Gi",
-            },
+                workspace_size="2Gi",
+            )},
         ),
         PoolSpec(
             name="small", image="registry.example/small:2", warm=2, ceiling=16,
-            extra={"cpu_request": None, "memory_request": None, "node_selector": {}, "tolerations": [],
-                   "workspace_size": "1Gi"},
+            options={"local": LocalPoolOptions(), "kubernetes": KubernetesPoolOptions()},
         ),
+    ]
+    # The Kubernetes provider reads its options as they are (typed, no second validation).
+    assert [t.as_api() for t in pools[0].options["kubernetes"].tolerations] == [
+        {"operator": "Equal", "key": "sandpool.dev/sandbox", "value": "true", "effect": "NoSchedule"},
+        {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
     ]
 
 

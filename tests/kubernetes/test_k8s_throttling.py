@@ -77,14 +77,16 @@ async def burst(redis: Any, keys: Keys, provider: Any, standin: StandInApiServer
                 "provider": provider.describe(), "requests": dict(standin.requests)}
 
     try:
-        await wait_for(lambda: ready(WARM), timeout=30, what="50 warm sandboxes", state=state)
+        # Generous waits (they end as soon as the condition holds): a loaded CI machine slows the
+        # stand-in API server, and the controller then retries its failed creates.
+        await wait_for(lambda: ready(WARM), timeout=90, what="50 warm sandboxes", state=state)
         sessions = []
         for i in range(WARM):
             leased = await store.lease(session_id=f"s{i}", workspace="ws", pool="default", image="python",
                                        now=time.time(), limits=LIMITS, workspace_limits={})
             assert isinstance(leased, Leased)
             sessions.append(leased)
-        await wait_for(lambda: ready(WARM), timeout=30, what="50 replacements after 50 leases", state=state)
+        await wait_for(lambda: ready(WARM), timeout=90, what="50 replacements after 50 leases", state=state)
         for i in range(WARM):
             assert await store.release(session_id=f"s{i}", workspace="ws", now=time.time(), mode="destroy")
 
@@ -93,7 +95,7 @@ async def burst(redis: Any, keys: Keys, provider: Any, standin: StandInApiServer
             return (await ready(WARM) and await redis.scard(keys.doomed) == 0
                     and live_pods() == await redis.llen(keys.pool_ready("default")))
 
-        await wait_for(settled, timeout=30, what="50 released sandboxes destroyed, 50 warm left",
+        await wait_for(settled, timeout=90, what="50 released sandboxes destroyed, 50 warm left",
                        state=state)
     finally:
         await stop_controller(task)

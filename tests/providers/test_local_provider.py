@@ -11,6 +11,7 @@ import pytest
 from local_helpers import agent_client, output, run
 
 from sandpool.pool.provider import PoolSpec, Provider, ProviderError
+from sandpool.core.settings import ConfigurationError
 from sandpool.providers import build_provider
 from sandpool.providers.local import procs
 from sandpool.providers.local.provider import LocalProvider, data_dir_need
@@ -269,7 +270,7 @@ def test_build_provider_picks_fields_by_name(data_dir: Path) -> None:
     provider = build_provider("local", SchedulerLike(), data_dir=data_dir)
     assert isinstance(provider, LocalProvider)
     assert provider.settings.data_dir == data_dir and provider.settings.start_timeout_seconds == 7.5
-    with pytest.raises(ValueError, match="unknown provider"):
+    with pytest.raises(ConfigurationError, match="unknown provider 'docker' \\(expected one of local, kubernetes\\)"):
         build_provider("docker")
 
 

@@ -273,6 +273,9 @@ pools:
   - name: {{ .name | quote }}
     image: {{ default (include "sandpool.sandboxImage" $) .image | quote }}
     warm: {{ int .warm }}
+    {{- if hasKey . "maxWarm" }}
+    max_warm: {{ int .maxWarm }}
+    {{- end }}
     ceiling: {{ int .ceiling }}
     {{- with .resources }}
     resources:

@@ -10,9 +10,9 @@ and destroys sandboxes with everything they started.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 SANDBOX_ID_LENGTH = 23
 """Length of every id `new_sandbox_id` makes (providers size paths and names by it)."""
@@ -36,11 +36,18 @@ class PoolSpec:
     max_warm: int | None = None
     """The warm cap: the most kept ready when demand asks for more than the floor (None: the floor)."""
     cpu: str | None = None
+    """Limit: CPU of one sandbox (a quantity such as 500m)."""
     memory: str | None = None
+    """Limit: memory of one sandbox (a quantity such as 1Gi)."""
+    cpu_request: str | None = None
+    """What a scheduler should reserve for one sandbox (None: the limit, or nothing)."""
+    memory_request: str | None = None
     runtime_class: str | None = None
     command: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
-    extra: dict[str, object] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Provider name -> that provider's pool options (`providers.registry`), typed and already
+    validated; a provider with none here uses its defaults."""
 
     @property
     def warm_cap(self) -> int:

@@ -41,74 +41,33 @@ pools:
 
 A bad file stops the start with a `ConfigurationError` naming the file and the
 field (`pools[1].resources.limits.memory: ...`): a typo must never silently
-become a default. Nothing here imports a provider; the Kubernetes-only values
-travel in `PoolSpec.extra` under the keys in `EXTRA_KEYS`, as plain JSON-able
-values, so any provider (or a log line) can read them.
+become a default. The keys only one provider reads (`node_selector`,
+`tolerations`, `workspace_size` for Kubernetes) are that provider's pool options,
+declared in its package and found through `providers.registry`; the file is
+validated once with every provider's options beside the common fields, and each
+pool carries them typed in `PoolSpec.options[provider]`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from sandpool.core.settings import ConfigurationError
 from sandpool.pool.provider import PoolSpec
+from sandpool.pool.quantities import parse_quantity, positive_quantity
+from sandpool.providers import registry
+
+__all__ = ["PoolTemplate", "load_environments", "load_pools", "parse_pools", "parse_quantity"]
 
 # A pool name ends up in Kubernetes label values and object names, so it is a DNS label.
 POOL_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
-
-# Kubernetes quantity: a signed decimal number with an optional SI, binary or exponent suffix.
-_QUANTITY = re.compile(r"^(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
-_SUFFIX = {
-    "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-    "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"),
-    "P": Decimal("1e15"), "E": Decimal("1e18"),
-    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50), "Ei": Decimal(2**60),
-}
-# Label keys and values as the API server accepts them (prefix/name; value up to 63 chars).
-_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
-_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
-
-EXTRA_KEYS = ("cpu_request", "memory_request", "node_selector", "tolerations", "workspace_size")
-"""What `PoolSpec.extra` carries from a template, beyond PoolSpec's own fields."""
-
-DEFAULT_WORKSPACE_SIZE = "1Gi"
-
-
-def parse_quantity(text: str) -> Decimal:
-    """The value of a Kubernetes quantity (`250m` -> 0.25, `1Gi` -> 1073741824)."""
-    match = _QUANTITY.match(text.strip()) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 500m, 2, 256Mi, 1Gi)")
-    suffix = match["suffix"] or ""
-    try:
-        number = Decimal(match["number"])
-    except InvalidOperation:  # pragma: no cover - the pattern admits only decimals
-        raise ValueError(f"{text!r} is not a Kubernetes quantity") from None
-    if suffix[:1] in ("e", "E"):
-        return number * (Decimal(10) ** int(suffix[1:]))
-    return number * _SUFFIX[suffix]
-
-
-def _quantity(value: Any) -> Any:
-    # YAML reads `cpu: 1` as an int and `cpu: 0.5` as a float; both are fine quantities.
-    if isinstance(value, bool):
-        raise ValueError("must be a quantity such as 500m or 1Gi, not a boolean")
-    if isinstance(value, (int, float)):
-        value = format(Decimal(str(value)), "f")
-    if not isinstance(value, str):
-        raise ValueError("must be a quantity such as 500m or 1Gi")
-    if parse_quantity(value) <= 0:
-        raise ValueError(f"{value!r} must be greater than zero")
-    return value.strip()
 
 
 class _Strict(BaseModel):
@@ -123,7 +82,7 @@ class ResourceAmounts(_Strict):
     @field_validator("cpu", "memory", mode="before")
     @classmethod
     def _amount(cls, value: Any) -> Any:
-        return None if value is None else _quantity(value)
+        return None if value is None else positive_quantity(value)
 
 
 class Resources(_Strict):
@@ -137,37 +96,6 @@ class Resources(_Strict):
             if request is not None and limit is not None and parse_quantity(request) > parse_quantity(limit):
                 raise ValueError(f"requests.{what} ({request}) is above limits.{what} ({limit})")
         return self
-
-
-class Toleration(_Strict):
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(default=None, ge=0, alias="tolerationSeconds")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Toleration:
-        if self.operator == "Exists" and self.value:
-            raise ValueError("a toleration with operator Exists takes no value")
-        if self.key is None and self.operator != "Exists":
-            raise ValueError("a toleration without a key must use operator Exists")
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError("toleration_seconds applies only to effect NoExecute")
-        return self
-
-    def as_api(self) -> dict[str, Any]:
-        """The toleration as the Kubernetes API spells it (camelCase, unset fields omitted)."""
-        out: dict[str, Any] = {"operator": self.operator}
-        if self.key is not None:
-            out["key"] = self.key
-        if self.value is not None:
-            out["value"] = self.value
-        if self.effect is not None:
-            out["effect"] = self.effect
-        if self.toleration_seconds is not None:
-            out["tolerationSeconds"] = self.toleration_seconds
-        return out
 
 
 class PoolTemplate(_Strict):
@@ -184,9 +112,6 @@ class PoolTemplate(_Strict):
         "most kept ready when demand asks for more (the cap; default: warm, a fixed target)"))
     ceiling: int = Field(default=16, ge=1, description="most sandboxes of this pool at once")
     runtime_class: str | None = Field(default=None, description="Kubernetes RuntimeClass, e.g. gvisor or kata")
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
-    workspace_size: str = Field(default=DEFAULT_WORKSPACE_SIZE, description="size limit of the workspace volume")
     egress: bool | None = Field(default=None, description=(
         "removed: egress is allowed per workspace through the egress proxy (docs/egress.md); only false is "
         "accepted, and it means nothing"))
@@ -220,16 +145,6 @@ class PoolTemplate(_Strict):
             raise ValueError(f"{value!r} is not a RuntimeClass name")
         return value
 
-    @field_validator("node_selector")
-    @classmethod
-    def _node_selector(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, val in value.items():
-            if not _LABEL_KEY.match(key):
-                raise ValueError(f"{key!r} is not a label key")
-            if not isinstance(val, str) or not _LABEL_VALUE.match(val):
-                raise ValueError(f"value of {key!r} is not a label value (quote it: \"true\")")
-        return value
-
     @field_validator("egress")
     @classmethod
     def _egress(cls, value: bool | None) -> bool | None:
@@ -238,11 +153,6 @@ class PoolTemplate(_Strict):
                              "proxy, as each workspace's policy (egress_allow) allows; remove `egress: true` "
                              "(docs/helm.md, \"Migrating egress\")")
         return value
-
-    @field_validator("workspace_size", mode="before")
-    @classmethod
-    def _workspace_size(cls, value: Any) -> Any:
-        return _quantity(value)
 
     @model_validator(mode="after")
     def _warm_within_ceiling(self) -> PoolTemplate:
@@ -254,20 +164,28 @@ class PoolTemplate(_Strict):
         return self
 
     def to_spec(self) -> PoolSpec:
-        """The provider-neutral pool. Limits are PoolSpec's cpu/memory; the rest goes to `extra`."""
-        extra: dict[str, object] = {
-            "cpu_request": self.resources.requests.cpu,
-            "memory_request": self.resources.requests.memory,
-            "node_selector": dict(self.node_selector),
-            "tolerations": [t.as_api() for t in self.tolerations],
-            "workspace_size": self.workspace_size,
-        }
+        """The pool as providers see it: the common fields, and each provider's options typed (taken
+        from this already validated template, not validated again)."""
+        options = {}
+        for name, kind in registry.PROVIDERS.items():
+            cls = kind.pool_options_class()
+            options[name] = cls.model_construct(**{field: getattr(self, field) for field in cls.model_fields})
         return PoolSpec(
             name=self.name, image=self.image, warm=self.warm, ceiling=self.ceiling, max_warm=self.max_warm,
             cpu=self.resources.limits.cpu, memory=self.resources.limits.memory,
+            cpu_request=self.resources.requests.cpu, memory_request=self.resources.requests.memory,
             runtime_class=self.runtime_class, command=tuple(self.command), args=tuple(self.args),
-            extra=extra,
+            options=options,
         )
+
+
+@functools.cache
+def pool_model() -> type[PoolTemplate]:
+    """The model a pool of the file is validated with: the common fields and every registered
+    provider's options (one provider's key is accepted for all: one file serves any provider)."""
+    bases: tuple[type[BaseModel], ...] = (
+        PoolTemplate, *(kind.pool_options_class() for kind in registry.PROVIDERS.values()))
+    return cast("type[PoolTemplate]", create_model("PoolTemplate", __base__=bases))
 
 
 _ENVIRONMENT_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")
@@ -336,9 +254,15 @@ def _where(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+@functools.cache
+def pools_file_model() -> type[PoolsFile]:
+    pools: Any = list[pool_model()]  # type: ignore[misc]  # a model made at run time
+    return cast("type[PoolsFile]", create_model("PoolsFile", __base__=PoolsFile, pools=(pools, Field(min_length=1))))
+
+
 def _validate(data: Any, source: str) -> PoolsFile:
     try:
-        return PoolsFile.model_validate(data)
+        return pools_file_model().model_validate(data)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():

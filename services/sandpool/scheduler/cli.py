@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 from typing import Any
 
@@ -13,25 +12,15 @@ from sandpool.core.settings import (
     dump_settings,
     settings_from_args,
 )
+from sandpool.providers import registry
 from sandpool.scheduler.settings import SchedulerSettings
-
-# provider name -> (module, class) of its own settings, added to the flags when importable.
-PROVIDER_SETTINGS = {
-    "local": ("sandpool.providers.local.settings", "LocalProviderSettings"),
-    "kubernetes": ("sandpool.providers.kubernetes.settings", "KubernetesProviderSettings"),
-}
 
 log = logging.getLogger(__name__)
 
 
 def provider_settings_classes() -> dict[str, type[ServiceSettings]]:
-    found: dict[str, type[ServiceSettings]] = {}
-    for name, (module, cls) in PROVIDER_SETTINGS.items():
-        try:
-            found[name] = getattr(importlib.import_module(module), cls)
-        except (ImportError, AttributeError):
-            continue
-    return found
+    """Each registered provider's own settings class (its flags join the scheduler's)."""
+    return {name: kind.settings_class() for name, kind in registry.PROVIDERS.items()}
 
 
 def register(subparsers: Any) -> None:
@@ -73,9 +62,5 @@ def run(args: argparse.Namespace) -> int:
 
 def build_provider(settings: SchedulerSettings, args: argparse.Namespace) -> Any:
     """The configured provider, its own settings read from the same flags and environment."""
-    from sandpool.providers import build_provider as factory
-
-    cls = provider_settings_classes().get(settings.provider)
-    if cls is None:
-        return factory(settings.provider, settings)
-    return factory(settings.provider, settings_from_args(cls, args))
+    kind = registry.kind(settings.provider)
+    return kind.build(settings_from_args(kind.settings_class(), args))

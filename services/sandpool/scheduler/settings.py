@@ -8,9 +8,8 @@ live in each provider's own settings class.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sandpool.core.settings import (
     ConfigurationError,
@@ -18,6 +17,7 @@ from sandpool.core.settings import (
     read_secret,
     secret_field,
 )
+from sandpool.providers import registry
 
 
 class SchedulerSettings(ServiceSettings):
@@ -50,7 +50,8 @@ class SchedulerSettings(ServiceSettings):
     redis_max_connections: int = Field(default=512, ge=4, description="Redis connections per replica")
 
     # --- pools and the controller ------------------------------------------------------------
-    provider: Literal["local", "kubernetes"] = Field(default="local", description="Who runs sandboxes")
+    provider: str = Field(default="local", description=(
+        "Who runs sandboxes: " + "; ".join(f"{kind.name}, {kind.summary}" for kind in registry.PROVIDERS.values())))
     controller: bool = Field(default=True, description=(
         "Run the pool controller in this process (one leader is active across replicas)"))
     pool_size: int = Field(default=2, ge=0, description=(
@@ -97,6 +98,13 @@ class SchedulerSettings(ServiceSettings):
     # --- reaper ----------------------------------------------------------------------------
     reap_interval_seconds: float = Field(default=1.0, gt=0, description="How often expired sessions are reaped")
     reap_batch: int = Field(default=256, ge=1, description="Most sessions one reaper pass releases")
+
+    @field_validator("provider")
+    @classmethod
+    def _known_provider(cls, value: str) -> str:
+        if value not in registry.PROVIDERS:
+            raise ValueError(f"unknown provider {value!r} (expected one of {', '.join(registry.PROVIDERS)})")
+        return value
 
     @model_validator(mode="after")
     def _warm_within_ceiling(self) -> SchedulerSettings:

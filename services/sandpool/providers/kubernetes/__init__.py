@@ -1,35 +1,25 @@
 """The Kubernetes provider: sandboxes are pods (see docs/kubernetes.md).
 
-Importing this package imports the `kubernetes` client (the `kubernetes` extra);
-`sandpool.providers.build_provider("kubernetes", ...)` imports it only when asked.
+Importing this package imports nothing heavy: `provider` (and what it imports) needs the
+`kubernetes` client (the `kubernetes` extra), `settings` and `pool_options` do not, so the
+registry can list this provider's flags and check a pools file without the client.
+`KubernetesProvider` and `KubernetesProviderSettings` are importable from here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
-from sandpool.core.settings import ConfigurationError, describe_validation_error
-
-from sandpool.providers.kubernetes.provider import KubernetesProvider
-from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
-
-__all__ = ["KubernetesProvider", "KubernetesProviderSettings", "build_provider"]
+__all__ = ["KubernetesProvider", "KubernetesProviderSettings"]
 
 
-def build_provider(settings: Any = None, **overrides: Any) -> KubernetesProvider:
-    """A provider from `KubernetesProviderSettings`, or from any settings object with the same field names."""
-    if isinstance(settings, KubernetesProviderSettings) and not overrides:
-        return KubernetesProvider(settings)
-    given: dict[str, Any] = {}
-    if settings is not None:
-        for name in KubernetesProviderSettings.model_fields:
-            value = getattr(settings, name, None)
-            if value is not None:
-                given[name] = value
-    given.update(overrides)
-    try:
-        return KubernetesProvider(KubernetesProviderSettings(**given))
-    except ValidationError as exc:
-        raise ConfigurationError(describe_validation_error(exc)) from None
+def __getattr__(name: str) -> Any:
+    if name == "KubernetesProvider":
+        from sandpool.providers.kubernetes.provider import KubernetesProvider
+
+        return KubernetesProvider
+    if name == "KubernetesProviderSettings":
+        from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
+
+        return KubernetesProviderSettings
+    raise AttributeError(name)

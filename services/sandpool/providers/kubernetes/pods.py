@@ -22,10 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from sandpool.pool.provider import PoolSpec
-from sandpool.pool.templates import DEFAULT_WORKSPACE_SIZE
+from sandpool.providers.kubernetes.pool_options import KubernetesPoolOptions
 
 AGENT_CONTAINER = "agent"
 AGENT_PORT_NAME = "agent"
@@ -80,23 +78,15 @@ class PodOptions:
         )
 
 
-class PoolExtras(BaseModel):
-    """The Kubernetes-only values a pool template leaves in `PoolSpec.extra` (see pool/templates.py)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    cpu_request: str | None = None
-    memory_request: str | None = None
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    workspace_size: str = DEFAULT_WORKSPACE_SIZE
-
-
-def pool_extras(pool: PoolSpec) -> PoolExtras:
-    try:
-        return PoolExtras.model_validate(pool.extra)
-    except ValueError as exc:
-        raise InvalidPool(f"pool {pool.name!r} has invalid Kubernetes settings: {exc}") from None
+def pool_options(pool: PoolSpec) -> KubernetesPoolOptions:
+    """The pool's Kubernetes options, as the pools file gave them (validated there), else the defaults."""
+    options = pool.options.get("kubernetes")
+    if options is None:
+        return KubernetesPoolOptions()
+    if not isinstance(options, KubernetesPoolOptions):  # a caller's bug: never guess what it meant
+        raise InvalidPool(f"pool {pool.name!r} has invalid Kubernetes settings: {type(options).__name__}, "
+                          "not KubernetesPoolOptions")
+    return options
 
 
 def object_name(installation: str, sandbox_id: str) -> str:
@@ -160,8 +150,8 @@ def agent_command(pool: PoolSpec, opts: PodOptions, *, egress_proxy: str | None 
     return command, [*args, *pool.args]
 
 
-def _resources(pool: PoolSpec, extras: PoolExtras) -> dict[str, dict[str, str]]:
-    requests = {k: v for k, v in (("cpu", extras.cpu_request), ("memory", extras.memory_request)) if v}
+def _resources(pool: PoolSpec) -> dict[str, dict[str, str]]:
+    requests = {k: v for k, v in (("cpu", pool.cpu_request), ("memory", pool.memory_request)) if v}
     limits = {k: v for k, v in (("cpu", pool.cpu), ("memory", pool.memory)) if v}
     out: dict[str, dict[str, str]] = {}
     if requests:
@@ -180,7 +170,7 @@ def build_pod(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, attempt: str
     the pod egress through that proxy (its credential is in the pod's Secret).
     """
     check_sandbox_id(sandbox_id)
-    extras = pool_extras(pool)
+    options = pool_options(pool)
     name = object_name(opts.installation, sandbox_id)
     command, args = agent_command(pool, opts, egress_proxy=egress_proxy)
     spec: dict[str, Any] = {
@@ -208,7 +198,7 @@ def build_pod(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, attempt: str
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
             ],
             "ports": [{"name": AGENT_PORT_NAME, "containerPort": opts.agent_port, "protocol": "TCP"}],
-            "resources": _resources(pool, extras),
+            "resources": _resources(pool),
             "securityContext": {
                 "allowPrivilegeEscalation": False,
                 "privileged": False,
@@ -230,7 +220,7 @@ def build_pod(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, attempt: str
             ],
         }],
         "volumes": [
-            {"name": "workspace", "emptyDir": {"sizeLimit": extras.workspace_size}},
+            {"name": "workspace", "emptyDir": {"sizeLimit": options.workspace_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": opts.tmp_size}},
             {"name": "agent-secret", "secret": {"secretName": secret_name(opts.installation, sandbox_id, attempt),
                                                 "defaultMode": 0o440, "optional": False}},
@@ -238,10 +228,10 @@ def build_pod(pool: PoolSpec, sandbox_id: str, opts: PodOptions, *, attempt: str
     }
     if pool.runtime_class:
         spec["runtimeClassName"] = pool.runtime_class
-    if extras.node_selector:
-        spec["nodeSelector"] = dict(extras.node_selector)
-    if extras.tolerations:
-        spec["tolerations"] = [dict(t) for t in extras.tolerations]
+    if options.node_selector:
+        spec["nodeSelector"] = dict(options.node_selector)
+    if options.tolerations:
+        spec["tolerations"] = [t.as_api() for t in options.tolerations]
     if opts.priority_class:
         spec["priorityClassName"] = opts.priority_class
     if opts.service_account:
