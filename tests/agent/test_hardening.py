@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from agent_harness import content, start_agent
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")

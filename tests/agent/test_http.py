@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import random
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from agent_harness import REPO, Agent, content, start_agent, wait_dead
 
 S = "/sessions/whatever"

@@ -103,7 +103,7 @@ class FakeApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self) -> None:  # noqa: N802 - the http.server spelling
+            def do_GET(self) -> None:  # the http.server spelling
                 path = self.path.split("?")[0]
                 if path == "/version":
                     return self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0"})

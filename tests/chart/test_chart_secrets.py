@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from chart_support import FakeApiServer, Helm, find, parse, secret_value
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-from chart_support import FakeApiServer, Helm, find, parse, secret_value
 
 GENERATED = [("-internal", "token"), ("-signing", "ed25519.key"), ("-redis", "password"),
              ("-redis", "auth.conf"), ("-redis-url", "url")]

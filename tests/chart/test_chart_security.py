@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from chart_support import SCENARIOS, Helm, containers, find, pod_spec
 
 DEFAULT_AND_SCENARIOS = [None, *SCENARIOS]

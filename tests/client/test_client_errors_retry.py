@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import httpx
@@ -120,7 +120,7 @@ def test_parse_retry_after_seconds(value: str | None, expected: float | None) ->
 
 
 def test_parse_retry_after_http_date() -> None:
-    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
     later = format_datetime(now + timedelta(seconds=30), usegmt=True)
     earlier = format_datetime(now - timedelta(seconds=30), usegmt=True)
     assert parse_retry_after(later, now=now) == 30.0

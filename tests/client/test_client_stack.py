@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import asyncio
 import io
+import time
 from collections.abc import Iterator
 
 import pytest

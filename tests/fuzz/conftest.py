@@ -10,7 +10,6 @@ import sys
 import warnings
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -11,9 +11,9 @@ warm target.
 from __future__ import annotations
 
 import json
-from urllib.parse import unquote
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import pytest

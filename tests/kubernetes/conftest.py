@@ -28,11 +28,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from apiserver import StandInApiServer  # noqa: E402
-from kubelet import StandInKubelet  # noqa: E402
-from realapi import RealCluster, Unavailable, binaries  # noqa: E402
+from apiserver import StandInApiServer
+from kubelet import StandInKubelet
+from realapi import RealCluster, Unavailable, binaries
 
-from sandpool.providers.kubernetes import KubernetesProvider, KubernetesProviderSettings  # noqa: E402
+from sandpool.providers.kubernetes import KubernetesProvider, KubernetesProviderSettings
 
 STANDIN_NAMESPACE = "sandboxes"
 INSTALLATION = "test"

@@ -315,7 +315,7 @@ class StandInKubelet:
             return
 
         def rewrite(word: str) -> str:
-            if word == "0.0.0.0":  # noqa: S104 - "every address" of the pod's own network namespace
+            if word == "0.0.0.0":  # "every address" of the pod's own network namespace
                 return str(container.ip)
             for path, host in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
                 if word == path or word.startswith(path + "/"):

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from testkit import tool
 import yaml
 from kubelet import StandInKubelet
 from realapi import RealCluster
+from testkit import tool
 
 from sandpool.pool.provider import PoolSpec, ProviderError
 from sandpool.pool.templates import load_pools

@@ -34,9 +34,12 @@ from conftest import RedisServer  # noqa: E402  (the suite's own redis-server la
 from sandpool.pool.controller import PoolController  # noqa: E402
 from sandpool.pool.provider import PoolSpec  # noqa: E402
 from sandpool.providers.kubernetes import KubernetesProvider, KubernetesProviderSettings  # noqa: E402
-from sandpool.state.sessions import SessionLimits  # noqa: E402
-from sandpool.state.sessions import Leased, SessionStore  # noqa: E402
 from sandpool.state.keys import Keys  # noqa: E402
+from sandpool.state.sessions import (  # noqa: E402
+    Leased,
+    SessionLimits,
+    SessionStore,
+)
 
 LIMITS = SessionLimits(idle_timeout_seconds=300, max_lifetime_seconds=3600, exec_timeout_seconds=30,
                        max_exec_timeout_seconds=60)

@@ -15,9 +15,8 @@ from pool_helpers import eventually
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
 from sandpool.providers.local import procs
-from sandpool.state.sessions import SessionLimits
-from sandpool.state.sessions import Leased, SessionStore
 from sandpool.state.keys import Keys
+from sandpool.state.sessions import Leased, SessionLimits, SessionStore
 
 HERE = Path(__file__).resolve().parent
 LIMITS = SessionLimits(idle_timeout_seconds=300, max_lifetime_seconds=3600, exec_timeout_seconds=30,

@@ -18,8 +18,8 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import redis

@@ -14,7 +14,6 @@ import pytest
 import redis
 
 from sandpool.contract import limits as catalogue
-from sandpool.contract import tenancy
 
 from .conftest import INTERNAL_TOKEN, Echo, Keys, Proxy, free_port
 

@@ -16,11 +16,11 @@ import signal
 import httpx
 import pytest
 from invariants import (
-    leader_service,
     assert_never_leased_twice,
     assert_pool_refilled,
     assert_sessions_work_or_are_gone,
     assert_usage_exact,
+    leader_service,
     leased_sandboxes,
 )
 from sp_harness import Stack, build_stack, wait_for

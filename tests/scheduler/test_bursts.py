@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sched_harness import INTERNAL_TOKEN, ServedApp, tenant_headers, wait_for
+from sched_harness import ServedApp, tenant_headers, wait_for
 
 PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
 

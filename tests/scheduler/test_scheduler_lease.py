@@ -15,8 +15,7 @@ import redis
 from sched_harness import INTERNAL_TOKEN, publish, tenant_headers, wait_for
 
 from sandpool.contract import tenancy
-from sandpool.state.keys import utc_day
-from sandpool.state.keys import Keys
+from sandpool.state.keys import Keys, utc_day
 
 
 def usage_total(r: redis.Redis, keys: Keys, workspace: str = tenancy.STANDALONE_WORKSPACE) -> dict[str, str]:

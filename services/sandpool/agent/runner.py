@@ -40,7 +40,7 @@ class _State:
     stdio_copies: tuple[int, int] = (-1, -1)
 
 
-def _on_sigint(signum, frame):  # noqa: ANN001 - signal handler signature
+def _on_sigint(signum, frame):  # signal handler signature
     # Only user code is interrupted; a late SIGINT landing in the loop below is dropped.
     if _State.in_user_code:
         raise KeyboardInterrupt
@@ -125,12 +125,12 @@ def _save_figures() -> None:
                 pass
 
 
-def _hook_show(pyplot) -> None:  # noqa: ANN001 - the matplotlib.pyplot module
+def _hook_show(pyplot) -> None:  # the matplotlib.pyplot module
     original = getattr(pyplot, "show", None)
     if original is None or getattr(original, "_sandpool_figures", False):
         return
 
-    def show(*args, **kwargs):  # noqa: ANN002, ANN003, ARG001 - pyplot.show's signature
+    def show(*args, **kwargs):  # pyplot.show's signature
         """Figures are files here: each open figure is written to the workspace (figure-N.png) and closed."""
         _save_figures()
 
@@ -144,7 +144,7 @@ class _PyplotFinder:
     calls `plt.show()` at once gets its figures as files too (a meta path finder: stdlib only)."""
 
     @staticmethod
-    def find_spec(name, path=None, target=None):  # noqa: ANN001, ANN205
+    def find_spec(name, path=None, target=None):
         if name != "matplotlib.pyplot":
             return None
         spec = None
@@ -162,7 +162,7 @@ class _PyplotFinder:
         if exec_module is None:
             return spec
 
-        def exec_and_hook(module):  # noqa: ANN001, ANN202
+        def exec_and_hook(module):
             exec_module(module)
             _hook_show(module)
 
@@ -283,7 +283,7 @@ def run(source: str, namespace: dict) -> tuple[int, bool]:
     _State.in_user_code = True
     try:
         try:
-            exec(compiled, namespace)  # noqa: S102 - running the caller's code is this process's job
+            exec(compiled, namespace)  # running the caller's code is this process's job
         finally:
             _State.in_user_code = False
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell is a result

@@ -85,7 +85,7 @@ class Worker:
         ev_r, ev_w = os.pipe()
         argv = self._argv + ([str(req_r), str(ev_w)] if self._extra_fds_in_argv else [])
         try:
-            self.proc = subprocess.Popen(  # noqa: S603 - argv is ours, never the caller's
+            self.proc = subprocess.Popen(  # argv is ours, never the caller's
                 argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, pass_fds=(req_r, ev_w),
                 cwd=self._cwd, env=self._env, start_new_session=True, preexec_fn=self._preexec,
                 close_fds=True)

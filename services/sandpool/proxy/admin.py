@@ -156,7 +156,7 @@ def _day(value: str, name: str) -> dt.date:
 def _days(start: str | None, end: str | None) -> list[str]:
     if start is None and end is None:
         return []
-    today = dt.datetime.now(dt.timezone.utc).date()
+    today = dt.datetime.now(dt.UTC).date()
     last = _day(end, "to") if end is not None else today
     first = _day(start, "from") if start is not None else last
     if first > last:
@@ -182,7 +182,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 def build_router() -> APIRouter:
     """The `/v1` routes, with the policy model of the limits catalogue as it is now."""
-    Policy = policy_model()  # noqa: N806 - a model class, named as one
+    Policy = policy_model()  # a model class, named as one
 
     class PolicyView(BaseModel):
         workspace: str

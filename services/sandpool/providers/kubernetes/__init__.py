@@ -11,7 +11,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandpool.core.settings import ConfigurationError, describe_validation_error
-
 from sandpool.providers.kubernetes.provider import KubernetesProvider
 from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
 

@@ -213,7 +213,7 @@ class KubeApi:
                 raise failure
             attempt += 1
             self.stats.retries += 1
-            backoff = min(self.settings.kube_backoff_max_seconds, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.0)  # noqa: S311
+            backoff = min(self.settings.kube_backoff_max_seconds, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.0)
             wait = max(delay, backoff) if delay is not None else backoff
             log.info("kubernetes call retried", extra={"operation": operation, "status": failure.status,
                                                        "attempt": attempt, "wait_seconds": round(wait, 3)})
@@ -309,5 +309,5 @@ class KubeApi:
             return
         try:
             resp.shutdown()
-        except Exception:  # noqa: BLE001 - best effort: the read timeout ends the stream anyway
+        except Exception:  # best effort: the read timeout ends the stream anyway
             log.debug("could not shut down the watch stream", exc_info=True)

@@ -152,7 +152,7 @@ class PodWatcher:
                 # API-server restart into a storm of LISTs.
                 if exc.status and failures >= 3:
                     self._relist_from_thread()
-            except Exception:  # noqa: BLE001 - the watch must outlive any one bad event
+            except Exception:  # the watch must outlive any one bad event
                 failures += 1
                 log.exception("pod watch crashed; resuming")
                 self._stop.wait(self._backoff(failures))
@@ -229,7 +229,7 @@ class PodWatcher:
             if self.on_lost is not None:
                 try:
                     self.on_lost(state, reason)
-                except Exception:  # noqa: BLE001 - a listener's bug must not stop the watch
+                except Exception:  # a listener's bug must not stop the watch
                     log.exception("pod loss listener failed", extra={"pod": state.name})
         if new is None:
             self._lost.pop(state.uid, None)

@@ -354,7 +354,7 @@ def _umask() -> None:
     os.umask(0o022)  # sandbox uids read what the build writes
 
 
-def _run(argv: list[str], log_file, spec: EnvironmentSpec, *, what: str,  # noqa: ANN001
+def _run(argv: list[str], log_file, spec: EnvironmentSpec, *, what: str,
          env: dict[str, str] | None = None) -> None:
     log_file.write(f"$ {' '.join(argv)}\n")
     log_file.flush()
@@ -369,7 +369,7 @@ def _run(argv: list[str], log_file, spec: EnvironmentSpec, *, what: str,  # noqa
                                      f"(status {done.returncode}; its output: {log_file.name})")
 
 
-def _pip_install(spec: EnvironmentSpec, python: Path, pip_python: str, log_file, say: Progress,  # noqa: ANN001
+def _pip_install(spec: EnvironmentSpec, python: Path, pip_python: str, log_file, say: Progress,
                  packages: int) -> None:
     """`pip install --require-hashes --no-deps -r LOCK` into the new venv, with sandpool's own pip
     (`--python`: the venv gets no pip of its own), streaming a line of progress per package."""

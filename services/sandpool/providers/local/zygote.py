@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import sandpool
+from sandpool.core.settings import ConfigurationError
 from sandpool.providers.local import zygote_protocol
 from sandpool.providers.local.isolation import mounts
-from sandpool.providers.local.isolation.detect import IsolationReport
-from sandpool.core.settings import ConfigurationError
-from sandpool.providers.local.isolation.detect import TOGGLEABLE
+from sandpool.providers.local.isolation.detect import TOGGLEABLE, IsolationReport
 from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits, SubprocessLauncher
 from sandpool.providers.local.procs import ProcessHandle, kill_tree, start_time
 
@@ -131,7 +130,7 @@ class ZygoteClient:
         loop.add_reader(parent.fileno(), self._on_readable)
         try:
             hello = await asyncio.wait_for(asyncio.shield(self._hello), self.start_timeout)
-        except (asyncio.TimeoutError, ZygoteError) as exc:
+        except (TimeoutError, ZygoteError) as exc:
             await self.close()
             raise ZygoteError(f"the zygote did not start: {exc or 'timed out'}") from None
         self.report = IsolationReport.from_dict(hello["isolation"])
@@ -169,7 +168,7 @@ class ZygoteClient:
             if self.on_exit is not None and isinstance(sandbox_id, str):
                 try:
                     self.on_exit(sandbox_id)
-                except Exception:  # noqa: BLE001 - a listener's bug must not break the channel
+                except Exception:  # a listener's bug must not break the channel
                     log.exception("sandbox exit listener failed", extra={"sandbox_id": sandbox_id})
             return
         rid = message.get("id")
@@ -207,7 +206,7 @@ class ZygoteClient:
         try:
             await self._send(data, fds)
             return await asyncio.wait_for(future, timeout or self.request_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ZygoteError(f"the zygote did not answer {message.get('op')} in time") from None
         finally:
             self._pending.pop(rid, None)

@@ -101,7 +101,7 @@ def required_missing(report: IsolationReport, disabled: frozenset[str]) -> list[
             if not layer.active and layer.name not in disabled]
 
 
-def _probe(fn) -> str | None:  # noqa: ANN001 - a no-argument callable run in a forked child
+def _probe(fn) -> str | None:  # a no-argument callable run in a forked child
     """Run `fn` in a forked child; None on success, else the child's one-line reason."""
     r, w = os.pipe()
     pid = os.fork()
