@@ -196,7 +196,7 @@ def _keep_stdio() -> None:
 
 def _restore_stdio() -> None:
     """Put the session's pipes back on fds 1 and 2, and working streams on sys.stdout/stderr."""
-    for fd, copy in zip((1, 2), _State.stdio_copies):
+    for fd, copy in zip((1, 2), _State.stdio_copies, strict=True):
         if copy < 0:
             continue
         try:

@@ -27,6 +27,12 @@ log = logging.getLogger("sandpool.agent.worker")
 _READ_CHUNK = 65536
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """The writer callback: wake the one send waiting for the fd to take more."""
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class WorkerDied(Exception):
     """The child exited (or broke its control channel) while a call ran."""
 
@@ -137,8 +143,8 @@ class Worker:
                 pass
             except OSError:
                 return  # the child died; the event channel reports it
-            writable = loop.create_future()
-            loop.add_writer(fd, lambda: writable.done() or writable.set_result(None))
+            writable: asyncio.Future[None] = loop.create_future()
+            loop.add_writer(fd, _wake, writable)
             try:
                 await writable
             finally:

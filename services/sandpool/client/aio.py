@@ -120,8 +120,8 @@ class AsyncClient:
     async def session(self, *, idle_timeout_seconds: int | None = None, max_lifetime_seconds: int | None = None,
                 image: str | None = None, **extra: Any) -> AsyncIterator[AsyncSession]:
         """A session destroyed when the block exits, however it exits."""
-        s = await self.create_session(idle_timeout_seconds=idle_timeout_seconds, max_lifetime_seconds=max_lifetime_seconds,
-                                image=image, **extra)
+        s = await self.create_session(idle_timeout_seconds=idle_timeout_seconds,
+                                      max_lifetime_seconds=max_lifetime_seconds, image=image, **extra)
         async with s:
             yield s
 

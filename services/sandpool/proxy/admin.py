@@ -207,8 +207,10 @@ def build_router() -> APIRouter:
     @router.get("/usage", response_model=Usage, summary="A workspace's usage: totals and per-day counters")
     async def get_usage(request: Request, principal: Annotated[Principal, Depends(caller("get_usage"))],
                         workspace: Annotated[str | None, Query(description="Default: the token's workspace")] = None,
-                        start: Annotated[str | None, Query(alias="from", description="First UTC day, YYYY-MM-DD")] = None,
-                        end: Annotated[str | None, Query(alias="to", description="Last UTC day (default today)")] = None,
+                        start: Annotated[str | None,
+                                         Query(alias="from", description="First UTC day, YYYY-MM-DD")] = None,
+                        end: Annotated[str | None,
+                                       Query(alias="to", description="Last UTC day (default today)")] = None,
                         ) -> Usage:
         target = _workspace_for(principal, workspace)
         days = _days(start, end)
@@ -221,7 +223,8 @@ def build_router() -> APIRouter:
 
     @router.get("/sessions", response_model=SessionList, summary="A workspace's live sessions and their deadlines")
     async def list_sessions(request: Request, principal: Annotated[Principal, Depends(caller("list_sessions"))],
-                            workspace: Annotated[str | None, Query(description="Default: the token's workspace")] = None,
+                            workspace: Annotated[str | None,
+                                                 Query(description="Default: the token's workspace")] = None,
                             limit: Annotated[int, Query(ge=1, le=MAX_SESSIONS_LISTED)] = 1000) -> SessionList:
         target = _workspace_for(principal, workspace)
         gate = _gate(request)

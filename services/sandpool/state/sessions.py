@@ -114,7 +114,7 @@ def _number(value: str) -> int | float:
 
 
 def _handle(session_id: str, values: list[str | None], deadline: float | None) -> dict[str, Any]:
-    record = dict(zip(HANDLE_FIELDS, values))
+    record = dict(zip(HANDLE_FIELDS, values, strict=True))
     out: dict[str, Any] = {"session_id": session_id}
     for name, value in record.items():
         if value is None or name == "workspace":
@@ -243,7 +243,7 @@ class SessionStore:
             for waiter in waiters:
                 pipe.hget(self.keys.waiter(waiter), "state")
             states = await pipe.execute()
-        return {waiter for waiter, state in zip(waiters, states) if state != "queued"}
+        return {waiter for waiter, state in zip(waiters, states, strict=True) if state != "queued"}
 
     @translated
     async def last_error(self, pool: str) -> str:

@@ -185,7 +185,8 @@ class KubeApi:
             self.stats.by_operation[operation] = self.stats.by_operation.get(operation, 0) + 1
             delay: float | None = None
             try:
-                return await loop.run_in_executor(self._executor, functools.partial(self._blocking, method, args, kwargs))
+                return await loop.run_in_executor(self._executor,
+                                                  functools.partial(self._blocking, method, args, kwargs))
             except ApiException as exc:
                 status = int(exc.status or 0)
                 message = _message(exc)
@@ -249,7 +250,8 @@ class KubeApi:
 
     # --- the watch (blocking: runs on the watcher's own thread) -------------------------------
 
-    def watch_pods_blocking(self, selector: str, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
+    def watch_pods_blocking(self, selector: str, resource_version: str,
+                            timeout_seconds: int) -> Iterator[dict[str, Any]]:
         """Yield raw watch events from `resource_version` until the server ends the request.
 
         An ERROR event carrying 410 (or an HTTP 410) raises `Gone`; other failures raise

@@ -504,7 +504,7 @@ def _relocate(tmp: Path, final: Path) -> None:
 
 def _open_up(root: Path) -> None:
     """Readable (and directories searchable) by every uid, writable by none but the builder."""
-    for directory, dirs, files in os.walk(root):
+    for directory, _dirs, files in os.walk(root):
         os.chmod(directory, 0o755)
         for name in files:
             path = os.path.join(directory, name)

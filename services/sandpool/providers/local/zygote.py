@@ -50,6 +50,12 @@ KillOutcome = Literal["unknown", "killed", "contained"]
 (its PID namespace or cgroup emptied by the kernel, so no /proc scan for leftovers is needed)."""
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """The writer callback: wake the one send waiting for the fd to take more."""
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class ZygoteError(Exception):
     """The zygote could not start or could not do what was asked."""
 
@@ -108,7 +114,7 @@ class ZygoteClient:
                "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "2"}
         try:
             # Popen, not asyncio's subprocess: it must be forked from this (the loop's) thread.
-            self.proc = subprocess.Popen(
+            self.proc = subprocess.Popen(  # noqa: ASYNC220 - see above; it returns once forked
                 [self.python, "-m", "sandpool.providers.local.zygote_server", "--fd", str(child.fileno()),
                  "--parent", str(os.getpid())],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
@@ -219,8 +225,8 @@ class ZygoteClient:
                 zygote_protocol.send_raw(self.sock, data, fds)
                 return
             except BlockingIOError:
-                ready = loop.create_future()
-                loop.add_writer(self.sock.fileno(), lambda: ready.done() or ready.set_result(None))
+                ready: asyncio.Future[None] = loop.create_future()
+                loop.add_writer(self.sock.fileno(), _wake, ready)
                 try:
                     await ready
                 finally:
@@ -274,7 +280,7 @@ class ZygoteClient:
         if self.proc is not None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
-            while self.proc.poll() is None and loop.time() < deadline:
+            while self.proc.poll() is None and loop.time() < deadline:  # noqa: ASYNC110 - Popen's exit is not awaitable
                 await asyncio.sleep(0.02)
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGKILL)
