@@ -121,7 +121,7 @@ class Interpreter(PersistentChild):
         if spare is not None:
             try:
                 worker = await spare
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a spare that failed to start has nothing to close
                 return
             await worker.close()
 

@@ -29,6 +29,10 @@ import sys
 import time
 import traceback
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the runner imports little)
+if TYPE_CHECKING:
+    import ctypes
+
 _HEADER = struct.Struct(">I")
 _MAX_REQUEST = 64 * 1024 * 1024
 
@@ -36,7 +40,7 @@ _MAX_REQUEST = 64 * 1024 * 1024
 class _State:
     in_user_code = False
     pid = 0
-    libc = None
+    libc: ctypes.CDLL | None = None
     stdio_copies: tuple[int, int] = (-1, -1)
 
 
@@ -121,7 +125,7 @@ def _save_figures() -> None:
         finally:
             try:
                 pyplot.close(figure)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the next cell must still run; the figure is the cell's own
                 pass
 
 
@@ -134,8 +138,7 @@ def _hook_show(pyplot) -> None:  # the matplotlib.pyplot module
         """Figures are files here: each open figure is written to the workspace (figure-N.png) and closed."""
         _save_figures()
 
-    show._sandpool_figures = True
-    show.__wrapped__ = original
+    show.__dict__.update(_sandpool_figures=True, __wrapped__=original)  # a marker, and the original as wraps() does
     pyplot.show = show
 
 
@@ -176,7 +179,8 @@ class _PyplotFinder:
 def _flush_all() -> None:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except Exception:  # noqa: BLE001 - user code may have replaced or closed the stream
             pass
     try:
@@ -185,7 +189,7 @@ def _flush_all() -> None:
 
             _State.libc = ctypes.CDLL(None)
         _State.libc.fflush(None)  # C extensions' stdio buffers
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - best effort: no libc, or a cell broke its stdio
         pass
 
 

@@ -70,7 +70,7 @@ class RetryPolicy:
             raise ValueError("retry waits must be >= 0")
 
     def backoff_cap(self, retry_number: int) -> float:
-        return min(self.max_backoff, self.base_backoff * (2 ** min(retry_number, 32)))
+        return min(self.max_backoff, self.base_backoff * (2.0 ** min(retry_number, 32)))
 
     def next_delay(
         self,

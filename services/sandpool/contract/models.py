@@ -142,7 +142,7 @@ ExecRequest = Annotated[
     CodeExecutionRequest | BashExecutionRequest | TextEditorRequest,
     Field(discriminator="tool"),
 ]
-_exec_adapter: TypeAdapter[Any] = TypeAdapter(ExecRequest)
+_exec_adapter: TypeAdapter[CodeExecutionRequest | BashExecutionRequest | TextEditorRequest] = TypeAdapter(ExecRequest)
 
 
 class UnknownTool(ValueError):

@@ -49,4 +49,4 @@ class ControllerMetrics:
     @classmethod
     def from_scheduler(cls, scheduler_metrics: Any) -> ControllerMetrics:
         """Share the scheduler's metric objects (`SchedulerMetrics`), so its /metrics shows them."""
-        return scheduler_metrics.controller  # type: ignore[no-any-return]
+        return scheduler_metrics.controller

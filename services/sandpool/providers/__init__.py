@@ -13,12 +13,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from pydantic import BaseModel
+
 from sandpool.pool.provider import Provider
 
 KINDS = ("local", "kubernetes")
 
 
-def _pick(settings_cls: type, settings: Any, overrides: dict[str, Any]) -> Any:
+def _pick(settings_cls: type[BaseModel], settings: Any, overrides: dict[str, Any]) -> Any:
     given: dict[str, Any] = {}
     if settings is not None:
         for name in settings_cls.model_fields:

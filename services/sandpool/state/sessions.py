@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sandpool.state import scripts
 from sandpool.state.client import Client
@@ -336,7 +336,8 @@ class SessionStore:
     @translated
     async def due(self, now: float, limit: int) -> list[str]:
         """Session ids whose deadline has passed, oldest first (an index range, never a scan)."""
-        return list(await self.redis.zrangebyscore(self.keys.deadlines, "-inf", now, start=0, num=limit))
+        due = await self.redis.zrangebyscore(self.keys.deadlines, "-inf", now, start=0, num=limit)
+        return cast(list[str], list(due))  # members only (no scores), decoded: the client decodes responses
 
     @translated
     async def pool_counts(self, pool: str) -> PoolCounts:

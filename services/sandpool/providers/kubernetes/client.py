@@ -287,11 +287,11 @@ class KubeApi:
                     continue
                 event = json.loads(line)
                 if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    code = int(status.get("code") or 0)
+                    failure = event.get("object") or {}
+                    code = int(failure.get("code") or 0)
                     if code == 410:
-                        raise Gone("watch_pods", code, str(status.get("message", "")), transient=True)
-                    raise ApiError("watch_pods", code, str(status.get("message", "")), transient=True)
+                        raise Gone("watch_pods", code, str(failure.get("message", "")), transient=True)
+                    raise ApiError("watch_pods", code, str(failure.get("message", "")), transient=True)
                 yield event
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             self.stats.connection_errors += 1

@@ -211,8 +211,8 @@ class PodWatcher:
                 self._remember_gone(old)
                 self._changed(old, None)  # deleted while the watch was not looking
         for name, new in fresh.items():
-            old = previous.get(name)
-            self._changed(old if old is not None and old.uid == new.uid else None, new)
+            before = previous.get(name)
+            self._changed(before if before is not None and before.uid == new.uid else None, new)
         for name in list(self._waiters):
             self._wake(name)
 

