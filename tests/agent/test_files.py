@@ -94,7 +94,8 @@ def test_symlinks_made_inside_the_sandbox(agent: Agent) -> None:
     # Writing through a symlink that points out is refused, and the target is untouched.
     assert put(agent, b"pwned", "links/rootdir/tmp/pwned").status_code == 403
     assert not os.path.exists("/tmp/pwned")
-    listing = {f["path"]: f["type"] for f in agent.client.get(f"{S}/files/list", params={"path": "links"}).json()["files"]}
+    entries = agent.client.get(f"{S}/files/list", params={"path": "links"}).json()["files"]
+    listing = {f["path"]: f["type"] for f in entries}
     assert listing["links/out"] == "symlink"
 
 

@@ -136,8 +136,8 @@ def test_sigterm_kills_every_child_and_exits_promptly(tmp_path: Path) -> None:
 
         def long_call() -> None:
             try:
-                holder["resp"] = a.client.post(f"{S}/exec", json={"tool": "code_execution",
-                                                                  "input": {"code": "import time\nopen('started', 'w').close()\ntime.sleep(60)"}})
+                code = "import time\nopen('started', 'w').close()\ntime.sleep(60)"
+                holder["resp"] = a.client.post(f"{S}/exec", json={"tool": "code_execution", "input": {"code": code}})
             except Exception as exc:  # noqa: BLE001 - the connection may be cut at shutdown
                 holder["error"] = exc
 

@@ -29,7 +29,8 @@ class Helm:
     binary: str
     _cache: dict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=dict)
 
-    def run(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, env: dict[str, str] | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([self.binary, *args], capture_output=True, text=True, timeout=60, env=env)
         if check and proc.returncode != 0:
             raise HelmError(proc.stderr.strip() or proc.stdout.strip())

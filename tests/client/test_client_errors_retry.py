@@ -173,7 +173,7 @@ def test_total_wait_and_count_never_exceed_the_policy(retries: int, budget: floa
     policy = RetryPolicy(max_retries=retries, max_total_wait=budget)
     waited, n = 0.0, 0
     while True:
-        delay = policy.next_delay(n, retry_after=after[n % 10], waited=waited, rng=lambda: rolls[n % 10])
+        delay = policy.next_delay(n, retry_after=after[n % 10], waited=waited, rng=lambda roll=rolls[n % 10]: roll)
         if delay is None:
             break
         assert delay >= 0

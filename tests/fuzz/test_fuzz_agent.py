@@ -43,8 +43,8 @@ def _tree() -> list[str]:
 
 @pytest.fixture(scope="module")
 def agent() -> Any:
-    proc = AgentProc("--max-exec-timeout-seconds", "3", "--exec-timeout-seconds", "2", "--interrupt-grace-seconds", "0.5",
-                     "--max-output-bytes", "65536")
+    proc = AgentProc("--max-exec-timeout-seconds", "3", "--exec-timeout-seconds", "2",
+                     "--interrupt-grace-seconds", "0.5", "--max-output-bytes", "65536")
     ws = proc.workspace
     (ws / "notes.txt").write_text("a\nb\nc\n")
     (ws / "dir").mkdir()

@@ -778,7 +778,8 @@ class StandInApiServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else "/"
-                headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+                fields = (line.partition(":") for line in lines[1:] if line)
+                headers = {k.strip().lower(): v.strip() for k, _, v in fields}
                 if urlsplit(path).path == "/healthz":
                     status, body = "200 OK", b'{"status":"ok"}'
                 elif secret and headers.get("authorization") == f"Bearer {secret}":

@@ -243,7 +243,7 @@ async def test_exactly_one_leader_and_a_graceful_handover(redis, keys, provider,
 
 
 async def test_a_killed_leader_is_replaced_within_seconds(redis_url, redis, keys, data_dir, make_provider, tasks):
-    proc = subprocess.Popen([sys.executable, str(HERE / "controller_process.py"), redis_url, keys.prefix,
+    proc = subprocess.Popen([sys.executable, str(HERE / "controller_process.py"),  # noqa: ASYNC220 - returns at once redis_url, keys.prefix,
                              str(data_dir), "crashy", "1500", "2", "4"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -331,7 +331,7 @@ async def test_cancelling_mid_start_stops_promptly_and_leaves_no_half_made_sandb
         c = controller(redis, keys, provider, [pool(warm=6, ceiling=6)])
         task = asyncio.create_task(c.run())
 
-        async def starting() -> bool:
+        async def starting(c: PoolController = c) -> bool:
             return bool(c._starting)
 
         await eventually(starting, what="creates in flight")

@@ -185,7 +185,7 @@ async def test_a_dead_agent_is_listed_not_ready(data_dir: Path) -> None:
     handle = procs.ProcessHandle.from_line((data_dir / "sandboxes" / "sb-dies" / "agent.pid").read_text())
     os.killpg(handle.pgid, 9)
     deadline = asyncio.get_running_loop().time() + 10
-    while procs.is_alive(handle) and asyncio.get_running_loop().time() < deadline:
+    while procs.is_alive(handle) and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110 - polls a pid
         await asyncio.sleep(0.02)
     assert [(s.sandbox_id, s.ready) for s in await provider.list()] == [("sb-dies", False)]
     await provider.destroy("sb-dies")

@@ -62,7 +62,8 @@ def tls_proxy(tmp_path: Path, keys: Keys, echo: Echo, redis_url: str,
             if proc.poll() is not None:
                 raise AssertionError(f"proxy exited: {log.read_text()[-3000:]}")
             try:
-                if httpx.get(url + "/healthz", verify=ssl.create_default_context(cafile=str(cert)), timeout=1).status_code == 200:
+                trusted = ssl.create_default_context(cafile=str(cert))
+                if httpx.get(url + "/healthz", verify=trusted, timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
