@@ -163,9 +163,10 @@ async def sessions(clients: int, seconds: float, calls: int, pool_size: int, cei
 
         redis_bin = REDIS_SERVER_PATH
     # Set-up before anything runs on the loop: blocking here delays nothing that is measured.
-    redis = subprocess.Popen([redis_bin,  # noqa: ASYNC220 - set-up, see above "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no", "--dir", str(work)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = subprocess.Popen(  # noqa: ASYNC220 - set-up, see above
+        [redis_bin, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(work)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {k: v for k, v in environ().items() if not k.startswith("SANDPOOL_")}
     scheduler = subprocess.Popen(  # noqa: ASYNC220 - set-up, see above
         [sys.executable, "-m", "sandpool", "scheduler", "--standalone", "--port", str(port),

@@ -243,9 +243,10 @@ async def test_exactly_one_leader_and_a_graceful_handover(redis, keys, provider,
 
 
 async def test_a_killed_leader_is_replaced_within_seconds(redis_url, redis, keys, data_dir, make_provider, tasks):
-    proc = subprocess.Popen([sys.executable, str(HERE / "controller_process.py"),  # noqa: ASYNC220 - returns at once redis_url, keys.prefix,
-                             str(data_dir), "crashy", "1500", "2", "4"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; the controller runs in a process of its own
+        [sys.executable, str(HERE / "controller_process.py"), redis_url, keys.prefix, str(data_dir), "crashy", "1500",
+         "2", "4"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         async def crashy_filled() -> bool:
             return (await redis.get(keys.controller_leader) == "crashy"
