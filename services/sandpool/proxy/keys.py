@@ -101,7 +101,8 @@ def load_pem_public_key(path: str | Path) -> TrustedKey:
     except ValueError as exc:
         raise ConfigurationError(f"--auth-public-key {path}: not a usable public key ({exc})") from None
     # algorithm_for refused every key type TrustedKey does not hold
-    return TrustedKey(kid=thumbprint(key), algorithm=algorithm, key=key, source=str(path))  # type: ignore[arg-type]
+    return TrustedKey(kid=thumbprint(key), algorithm=algorithm, key=key,  # type: ignore[arg-type]  # see above
+                      source=str(path))
 
 
 def parse_jwks(document: Any, *, source: str = "jwks") -> list[TrustedKey]:
