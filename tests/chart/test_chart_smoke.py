@@ -52,7 +52,7 @@ async def _destroy_sandboxes(data_dir: Path) -> None:
     provider = build_provider("local", data_dir=data_dir)
     await provider.start()
     try:
-        await provider.destroy_all()  # type: ignore[attr-defined]
+        await provider.destroy_all()  # type: ignore[attr-defined]  # the local provider's own method
     finally:
         await provider.close()
 

@@ -225,7 +225,7 @@ def test_session_ids_are_escaped_into_the_path() -> None:
 
 def test_upload_refuses_text_and_empty_paths() -> None:
     with pytest.raises(TypeError, match="bytes"):
-        put_file(Timeouts(), "s", "a.txt", "text")  # type: ignore[arg-type]
+        put_file(Timeouts(), "s", "a.txt", "text")  # type: ignore[arg-type]  # a str, on purpose: refused
     with pytest.raises(ValueError):
         put_file(Timeouts(), "s", "", b"x")
 

@@ -178,7 +178,7 @@ def test_any_bad_credential_is_a_reasoned_401_that_reaches_nobody(edge: Edge, da
     url = template.replace("{session_id}", "nope").replace("{workspace}", TENANT)
     headers = {"Authorization": authorization} if authorization is not None else {}
     try:
-        response = httpx.request(method, edge.stack.proxy.url + url, headers=headers, timeout=30,  # type: ignore[union-attr]
+        response = httpx.request(method, edge.stack.proxy.url + url, headers=headers, timeout=30,  # type: ignore[union-attr]  # this stack has a proxy
                                  json={} if method in ("POST", "PUT") else None)
     except (httpx.LocalProtocolError, UnicodeEncodeError):
         return

@@ -54,7 +54,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     outcome = yield
     report = outcome.get_result()
     if report.when == "call":
-        item.rep_call = report  # type: ignore[attr-defined]
+        item.rep_call = report  # type: ignore[attr-defined]  # pytest's recipe: the report kept on the item
 
 
 def _failed(request: pytest.FixtureRequest) -> bool:

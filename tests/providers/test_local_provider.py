@@ -274,7 +274,7 @@ def test_build_provider_picks_fields_by_name(data_dir: Path) -> None:
 
 
 def _cpu_quota_us(provider: LocalProvider, sandbox_id: str) -> str:
-    bases = [Path(b) for b in provider.launcher.client.cgroup_bases]  # type: ignore[attr-defined]
+    bases = [Path(b) for b in provider.launcher.client.cgroup_bases]  # type: ignore[attr-defined]  # the zygote launcher, here
     for base in bases:
         for name in ("cpu.cfs_quota_us", "cpu.max"):
             if (base / sandbox_id / name).exists():
