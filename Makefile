@@ -1,5 +1,6 @@
 # Developer entry points. CI runs `.ci/run` (the whole suite, short forms); these targets are for people.
 #
+#   make lint       ruff and mypy as CI runs them (.ci/lint; configured in pyproject.toml), before the tests
 #   make test       the whole suite as CI runs it: soak of 1,000 sessions, chaos and fuzzing in their short forms
 #   make test-long  adds the long versions (SANDPOOL_LONG=1): soak of 10,000 sessions, every chaos fault
 #                   repeated 4 times over 400 sessions, 20x the fuzzing examples, randomised instead of
@@ -11,7 +12,10 @@ PYTHON ?= python
 PYTEST ?= $(PYTHON) -m pytest
 RESILIENCE = tests/reliability tests/security tests/fuzz
 
-.PHONY: test test-long resilience resilience-long bench
+.PHONY: lint test test-long resilience resilience-long bench
+
+lint:
+	PYTHON=$(PYTHON) .ci/lint
 
 test:
 	$(PYTEST) -q

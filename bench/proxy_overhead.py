@@ -113,7 +113,10 @@ def injected(credential: str, workspace: str) -> dict[str, str]:
 
 def summary(name: str, samples: list[float]) -> float:
     ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
     p50 = statistics.median(ordered) * 1000
     print(f"{name:>14}: p50 {p50:6.3f} ms  p90 {pick(0.9):6.3f} ms  p99 {pick(0.99):6.3f} ms  (n={len(samples)})")
     return p50

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from agent_harness import content, start_agent
+
 from sandpool.agent import hardening
 from sandpool.agent.hardening import ChildPolicy, child_env, child_path, matplotlib_dir
 from sandpool.agent.settings import AgentSettings

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from agent_harness import Agent, content
 
 S = "/sessions/any-id"
@@ -95,7 +94,8 @@ def test_symlinks_made_inside_the_sandbox(agent: Agent) -> None:
     # Writing through a symlink that points out is refused, and the target is untouched.
     assert put(agent, b"pwned", "links/rootdir/tmp/pwned").status_code == 403
     assert not os.path.exists("/tmp/pwned")
-    listing = {f["path"]: f["type"] for f in agent.client.get(f"{S}/files/list", params={"path": "links"}).json()["files"]}
+    entries = agent.client.get(f"{S}/files/list", params={"path": "links"}).json()["files"]
+    listing = {f["path"]: f["type"] for f in entries}
     assert listing["links/out"] == "symlink"
 
 
@@ -130,7 +130,7 @@ def test_upload_over_cap_writes_nothing(tmp_path_factory: pytest.TempPathFactory
         big_code = {"tool": "code_execution", "input": {"code": "#" * 5000}}
         assert small.client.post(f"{S}/exec", json=big_code).status_code == 413
 
-        def chunks():  # noqa: ANN202
+        def chunks():
             yield b'{"tool": "code_execution", "input": {"code": "'
             for _ in range(10):
                 yield b"#" * 1000
@@ -138,7 +138,7 @@ def test_upload_over_cap_writes_nothing(tmp_path_factory: pytest.TempPathFactory
 
         assert small.client.post(f"{S}/exec", content=chunks()).status_code == 413
 
-        def multipart_chunks():  # noqa: ANN202 - an upload without Content-Length, far over the cap
+        def multipart_chunks():  # an upload without Content-Length, far over the cap
             yield b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n"
             for _ in range(100):
                 yield b"y" * 1000

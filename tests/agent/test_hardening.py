@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from agent_harness import content, start_agent
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
@@ -40,8 +39,8 @@ def test_children_drop_to_the_sandbox_uid(tmp_path: Path) -> None:
     python = python_for_nobody()
     if python is None:
         pytest.skip("no Python (and runner) readable by uid 65534 on this host")
-    a = start_agent(tmp_path, "--python-executable", python, "--sandbox-uid", "65534", "--sandbox-gid", "65534", "--secret-file",
-                    str(secret_file), secret="unused")
+    a = start_agent(tmp_path, "--python-executable", python, "--sandbox-uid", "65534", "--sandbox-gid", "65534",
+                    "--secret-file", str(secret_file), secret="unused")
     a.client.headers["Authorization"] = "Bearer dropped-secret"
     try:
         ids = content(a.py("import os\nprint(os.getuid(), os.geteuid(), os.getgid(), os.getgroups())"))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import random
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from agent_harness import REPO, Agent, content, start_agent, wait_dead
 
 S = "/sessions/whatever"
@@ -137,8 +136,8 @@ def test_sigterm_kills_every_child_and_exits_promptly(tmp_path: Path) -> None:
 
         def long_call() -> None:
             try:
-                holder["resp"] = a.client.post(f"{S}/exec", json={"tool": "code_execution",
-                                                                  "input": {"code": "import time\nopen('started', 'w').close()\ntime.sleep(60)"}})
+                code = "import time\nopen('started', 'w').close()\ntime.sleep(60)"
+                holder["resp"] = a.client.post(f"{S}/exec", json={"tool": "code_execution", "input": {"code": code}})
             except Exception as exc:  # noqa: BLE001 - the connection may be cut at shutdown
                 holder["error"] = exc
 

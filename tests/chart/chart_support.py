@@ -29,7 +29,8 @@ class Helm:
     binary: str
     _cache: dict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=dict)
 
-    def run(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, env: dict[str, str] | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([self.binary, *args], capture_output=True, text=True, timeout=60, env=env)
         if check and proc.returncode != 0:
             raise HelmError(proc.stderr.strip() or proc.stdout.strip())
@@ -103,7 +104,7 @@ class FakeApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self) -> None:  # noqa: N802 - the http.server spelling
+            def do_GET(self) -> None:  # the http.server spelling
                 path = self.path.split("?")[0]
                 if path == "/version":
                     return self._send(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0"})

@@ -8,10 +8,9 @@ many assertions on one scenario cost one `helm template`.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-
 from chart_support import FakeApiServer, Helm
 from testkit import tool
 

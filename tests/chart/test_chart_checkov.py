@@ -13,13 +13,11 @@ import fnmatch
 import json
 import re
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
-from testkit import tool
-
 from chart_support import ROOT, SCENARIOS, Helm
+from testkit import tool
 
 CANARY = """\
 apiVersion: v1

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from chart_support import CHART, ROOT, Helm, find, parse
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-
-from chart_support import CHART, ROOT, Helm, find, parse
 
 DEPLOY = ROOT / "deploy"
 LOCKS = {"control-plane": DEPLOY / "requirements" / "control-plane.txt",

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from chart_support import CHART, SCENARIOS, Helm, HelmError, find, parse
 
 DEFAULT_AND_SCENARIOS = [None, *SCENARIOS]

@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from chart_support import FakeApiServer, Helm, find, parse, secret_value
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-from chart_support import FakeApiServer, Helm, find, parse, secret_value
 
 GENERATED = [("-internal", "token"), ("-signing", "ed25519.key"), ("-redis", "password"),
              ("-redis", "auth.conf"), ("-redis-url", "url")]
@@ -68,7 +67,8 @@ def test_explicit_values_win_over_the_live_secret(helm: Helm, fake_api: FakeApiS
                         f"redis.bundled.password={'q' * 20}")
     assert secret_value(find(upgraded, "Secret", "-internal"), "token") == new_token
     assert secret_value(find(upgraded, "Secret", "-redis"), "password") == "q" * 20
-    assert secret_value(find(upgraded, "Secret", "-redis-url"), "url") == "redis://:" + "q" * 20 + "@sp-sandpool-redis:6379/0"
+    assert (secret_value(find(upgraded, "Secret", "-redis-url"), "url")
+            == "redis://:" + "q" * 20 + "@sp-sandpool-redis:6379/0")
     before = find(installed, "Deployment", "-proxy")["spec"]["template"]["metadata"]["annotations"]
     after = find(upgraded, "Deployment", "-proxy")["spec"]["template"]["metadata"]["annotations"]
     assert before["checksum/secrets"] != after["checksum/secrets"]
@@ -96,6 +96,7 @@ def test_existing_secrets_are_referenced_not_created(helm: Helm) -> None:
                                                   {"key": "ops-b.pub", "path": "ops-b.pub"}]
     assert volumes["internal"]["secret"]["secretName"] == "my-internal"
     args = proxy["containers"][0]["args"]
-    assert "--auth-public-key=/etc/sandpool/keys/ops-a.pub" in args and "--auth-public-key=/etc/sandpool/keys/ops-b.pub" in args
+    assert "--auth-public-key=/etc/sandpool/keys/ops-a.pub" in args
+    assert "--auth-public-key=/etc/sandpool/keys/ops-b.pub" in args
     [redis_env] = [e for e in proxy["containers"][0]["env"] if e["name"] == "SANDPOOL_REDIS_URL"]
     assert redis_env["valueFrom"]["secretKeyRef"] == {"name": "sandpool-redis", "key": "url"}

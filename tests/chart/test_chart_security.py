@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from chart_support import SCENARIOS, Helm, containers, find, pod_spec
 
 DEFAULT_AND_SCENARIOS = [None, *SCENARIOS]
@@ -211,7 +210,8 @@ def test_every_pod_is_selected_by_a_network_policy(helm: Helm) -> None:
             spec = pod_spec(obj)
             if spec is None:
                 continue
-            labels = obj["metadata"]["labels"] if obj["kind"] == "Pod" else obj["spec"]["template"]["metadata"]["labels"]
+            metadata = obj["metadata"] if obj["kind"] == "Pod" else obj["spec"]["template"]["metadata"]
+            labels = metadata["labels"]
             assert any(sel.items() <= labels.items() for sel in selectors), \
                 f"{scenario}: {obj['kind']}/{obj['metadata']['name']} has no NetworkPolicy"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from chart_support import SCENARIOS, Helm, find, pod_spec, secret_value
+
 from sandpool.cli import build_parser
 from sandpool.core.settings import settings_from_args
 from sandpool.egress.settings import EgressSettings
@@ -56,7 +56,7 @@ def test_proxy_command_line_is_accepted_by_sandpool_proxy(helm: Helm, scenario: 
     [container] = spec["containers"]
     assert container["command"] == ["sandpool"]
     [settings] = _parse("proxy", container["args"], ProxySettings)
-    assert settings.host == "0.0.0.0"  # noqa: S104 - the pod's own network namespace
+    assert settings.host == "0.0.0.0"  # the pod's own network namespace
     assert settings.port == container["ports"][0]["containerPort"]
     scheduler_svc = find(objs, "Service", "-scheduler")
     assert settings.scheduler_url == f"http://{scheduler_svc['metadata']['name']}:{scheduler_svc['spec']['ports'][0]['port']}"
@@ -110,7 +110,7 @@ def test_scheduler_command_line_is_accepted_by_sandpool_scheduler(helm: Helm, sc
     spec = pod_spec(find(objs, "Deployment", "-scheduler"))
     [container] = spec["containers"]
     scheduler, kube = _parse("scheduler", container["args"], SchedulerSettings, KubernetesProviderSettings)
-    assert scheduler.host == "0.0.0.0"  # noqa: S104
+    assert scheduler.host == "0.0.0.0"
     assert scheduler.port == container["ports"][0]["containerPort"]
     assert scheduler.provider == "kubernetes" and not scheduler.standalone
     assert _mounted(spec, container, str(scheduler.internal_token_file))["secret"]["items"][0]["key"] == "token"

@@ -17,12 +17,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
-
 from chart_support import CHART, Helm, find, pod_spec, secret_value
 
 
@@ -52,7 +52,7 @@ async def _destroy_sandboxes(data_dir: Path) -> None:
     provider = build_provider("local", data_dir=data_dir)
     await provider.start()
     try:
-        await provider.destroy_all()  # type: ignore[attr-defined]
+        await provider.destroy_all()  # type: ignore[attr-defined]  # the local provider's own method
     finally:
         await provider.close()
 
@@ -78,8 +78,9 @@ def stack(release: list[dict[str, Any]], redis_server: Any,
     subprocess.run([*_sandpool(), "keygen", "--out", str(work / "other.key")], check=True, capture_output=True,
                    timeout=60)
     public = work / "signing.pub"
-    from sandpool.proxy.keys_cli import load_private_key
     from cryptography.hazmat.primitives import serialization
+
+    from sandpool.proxy.keys_cli import load_private_key
     public.write_bytes(load_private_key(key).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     token = work / "internal"
@@ -88,7 +89,7 @@ def stack(release: list[dict[str, Any]], redis_server: Any,
     env = {**os.environ, "SANDPOOL_REDIS_URL": redis_server.url, "SANDPOOL_REDIS_PREFIX": prefix}
     sched_port, proxy_port = _free_port(), _free_port()
     # Agent sockets live under the data dir: keep its path short (sun_path is 108 bytes).
-    data_dir = Path(tempfile.mkdtemp(prefix="spc-", dir="/tmp"))  # noqa: S108
+    data_dir = Path(tempfile.mkdtemp(prefix="spc-", dir="/tmp"))
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     try:

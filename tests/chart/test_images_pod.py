@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import itertools
 import json
 from pathlib import Path
 from types import ModuleType
@@ -16,8 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from chart_support import CHART, ROOT
+
 from sandpool.pool.templates import parse_pools
 from sandpool.providers.kubernetes.pods import PodOptions, build_pod
 from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
@@ -43,7 +44,7 @@ def _chart_pod() -> dict[str, Any]:
 
 
 def _pairs(argv: list[str]) -> list[tuple[str, str]]:
-    return list(zip(argv, argv[1:]))
+    return list(itertools.pairwise(argv))
 
 
 def test_the_pod_becomes_a_hardened_podman_run() -> None:

@@ -11,8 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from client_scripted import ScriptedServer, free_port  # noqa: E402
-from client_stack import Stack, StackUnavailable, up_help  # noqa: E402
+from client_scripted import ScriptedServer, free_port
+from client_stack import Stack, StackUnavailable, up_help
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import httpx
@@ -120,7 +120,7 @@ def test_parse_retry_after_seconds(value: str | None, expected: float | None) ->
 
 
 def test_parse_retry_after_http_date() -> None:
-    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
     later = format_datetime(now + timedelta(seconds=30), usegmt=True)
     earlier = format_datetime(now - timedelta(seconds=30), usegmt=True)
     assert parse_retry_after(later, now=now) == 30.0
@@ -173,7 +173,7 @@ def test_total_wait_and_count_never_exceed_the_policy(retries: int, budget: floa
     policy = RetryPolicy(max_retries=retries, max_total_wait=budget)
     waited, n = 0.0, 0
     while True:
-        delay = policy.next_delay(n, retry_after=after[n % 10], waited=waited, rng=lambda: rolls[n % 10])
+        delay = policy.next_delay(n, retry_after=after[n % 10], waited=waited, rng=lambda roll=rolls[n % 10]: roll)
         if delay is None:
             break
         assert delay >= 0
@@ -225,7 +225,7 @@ def test_session_ids_are_escaped_into_the_path() -> None:
 
 def test_upload_refuses_text_and_empty_paths() -> None:
     with pytest.raises(TypeError, match="bytes"):
-        put_file(Timeouts(), "s", "a.txt", "text")  # type: ignore[arg-type]
+        put_file(Timeouts(), "s", "a.txt", "text")  # type: ignore[arg-type]  # a str, on purpose: refused
     with pytest.raises(ValueError):
         put_file(Timeouts(), "s", "", b"x")
 

@@ -27,7 +27,7 @@ BUSY = Reply(503, {"detail": "no sandbox ready", "reason": "at_capacity"}, {"Ret
 def client_for(server: ScriptedServer, **kw: object) -> Client:
     kw.setdefault("max_retries", 3)
     kw.setdefault("max_retry_wait", 5.0)
-    return Client(server.url, token="tok", **kw)  # type: ignore[arg-type]
+    return Client(server.url, token="tok", **kw)  # type: ignore[arg-type]  # kw: more of Client's own arguments
 
 
 def test_create_session_retries_503_honouring_retry_after_then_succeeds(scripted: ScriptedServer) -> None:
@@ -225,4 +225,4 @@ def test_an_upload_stream_that_cannot_rewind_is_not_retried() -> None:
     call = put_file(Timeouts(), "s", "a", stream)
     stream.read()
     assert may_retry(call, ConnectionFailed("x")) and stream.tell() == 2  # rewound to where it started
-    assert not may_retry(put_file(Timeouts(), "s", "a", OneShot()), ConnectionFailed("x"))  # type: ignore[arg-type]
+    assert not may_retry(put_file(Timeouts(), "s", "a", OneShot()), ConnectionFailed("x"))  # type: ignore[arg-type]  # a stream without seek, on purpose

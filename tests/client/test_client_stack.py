@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import asyncio
 import io
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -32,7 +31,7 @@ RETRIES = {"max_retries": 20, "max_retry_wait": 30.0}
 
 @pytest.fixture
 def client(stack: Stack) -> Iterator[Client]:
-    with Client(stack.url, stack.token, **RETRIES) as c:  # type: ignore[arg-type]
+    with Client(stack.url, stack.token, **RETRIES) as c:  # type: ignore[arg-type]  # RETRIES: Client's own arguments
         yield c
 
 
@@ -166,7 +165,7 @@ def test_capacity_exhausted_raises_at_capacity_after_bounded_retries(stack: Stac
 
 
 async def test_async_client_runs_sessions_concurrently(stack: Stack) -> None:
-    async with AsyncClient(stack.url, stack.token, **RETRIES) as client:  # type: ignore[arg-type]
+    async with AsyncClient(stack.url, stack.token, **RETRIES) as client:  # type: ignore[arg-type]  # as above
 
         async def one(n: int) -> str:
             async with client.session() as s:

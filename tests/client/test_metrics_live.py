@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sandpool.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_observability_assets import ARCHITECTURE, parse_metrics_table  # noqa: E402
+from test_observability_assets import ARCHITECTURE, parse_metrics_table
 
 pytestmark = pytest.mark.timeout(60)
 

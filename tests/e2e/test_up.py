@@ -11,16 +11,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from up_harness import PROC, alive, assert_stopped_clean, descendants, exec_code, free_port, json_lines
+from up_harness import alive, assert_stopped_clean, descendants, exec_code, free_port, json_lines
 
 
 def test_up_no_auth_serves_the_contract_and_stops_clean(up_factory) -> None:

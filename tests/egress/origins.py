@@ -54,7 +54,7 @@ class Certificate:
 def make_certificate(directory: Path) -> Certificate:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandpool egress test origin")])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in TEST_NAMES]
     sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
     public = key.public_key()
@@ -89,7 +89,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _OriginServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:  # the base class's name
         pass
 
     def _body(self) -> bytes:

@@ -34,7 +34,7 @@ async def test_a_rebind_replaces_every_field(egress: Egress) -> None:
     await egress.store.redis.hset(key, "stray", "1")
     await egress.store.bind(bound.credential, session=bound.session, workspace=WORKSPACE, allow=[], ttl_seconds=60)
     assert await egress.store.redis.hgetall(key) == {"session": bound.session, "workspace": WORKSPACE, "allow": "[]"}
-    assert (await egress.store.binding(bound.credential)).allow == "[]"  # type: ignore[union-attr]
+    assert (await egress.store.binding(bound.credential)).allow == "[]"  # type: ignore[union-attr]  # bound above: the binding exists
 
 
 async def test_the_key_is_the_credentials_digest(egress: Egress) -> None:

@@ -10,7 +10,6 @@ import sys
 import warnings
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -20,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     try:
-        import hypothesis.extra._patching  # noqa: F401
+        import hypothesis.extra._patching  # noqa: F401 - imported for its side effect, see above
     except Exception:  # noqa: BLE001 - libcst absent: nothing to pre-import
         pass
 

@@ -77,7 +77,8 @@ def paths(canary: str | None = None) -> st.SearchStrategy[str]:
                                           "link_root/etc/passwd", "link_out", "pipe", "dir"])]
     if canary:
         hostile.append(st.lists(st.text(NAME_CHARS, min_size=1, max_size=8), max_size=2)
-                       .map(lambda parts: "/".join([canary, "secret.txt", *parts]) if parts else canary + "/secret.txt"))
+                       .map(lambda parts: "/".join([canary, "secret.txt", *parts]) if parts
+                            else canary + "/secret.txt"))
         hostile.append(st.just("../canary/secret.txt"))
     return st.one_of(plain_paths, st.sampled_from(["notes.txt", "dir/new.txt", "made.txt"]), *hostile)
 
@@ -188,7 +189,8 @@ def uploads(path_strategy: st.SearchStrategy[str]) -> st.SearchStrategy[dict[str
     })
     raw = st.fixed_dictionaries({
         "content": st.one_of(st.binary(max_size=128),
-                             st.just(b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\n")),
+                             st.just(b"--xyz\r\nContent-Disposition: form-data; "
+                                     b"name=\"file\"; filename=\"a\"\r\n\r\n")),
         "headers": st.fixed_dictionaries({"Content-Type": st.sampled_from(
             ["multipart/form-data; boundary=xyz", "multipart/form-data", "application/octet-stream",
              "multipart/form-data; boundary=" + "b" * 80, "text/plain"])}),

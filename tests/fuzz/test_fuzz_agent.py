@@ -19,9 +19,9 @@ from fuzz_strategies import (
     check_answer,
     content_types,
     encoded,
-    header_texts,
     exec_documents,
     fuzz_settings,
+    header_texts,
     operations_of,
     paths,
     query,
@@ -43,8 +43,8 @@ def _tree() -> list[str]:
 
 @pytest.fixture(scope="module")
 def agent() -> Any:
-    proc = AgentProc("--max-exec-timeout-seconds", "3", "--exec-timeout-seconds", "2", "--interrupt-grace-seconds", "0.5",
-                     "--max-output-bytes", "65536")
+    proc = AgentProc("--max-exec-timeout-seconds", "3", "--exec-timeout-seconds", "2",
+                     "--interrupt-grace-seconds", "0.5", "--max-output-bytes", "65536")
     ws = proc.workspace
     (ws / "notes.txt").write_text("a\nb\nc\n")
     (ws / "dir").mkdir()
@@ -55,10 +55,10 @@ def agent() -> Any:
     for body in ({"tool": "code_execution", "input": {"code": "print(1)"}},
                  {"tool": "bash_code_execution", "input": {"command": "echo 1"}}):
         assert proc.client.post("/sessions/s/exec", json=body).status_code == 200
-    proc.baseline_children = len(descendants(proc.proc.pid))  # type: ignore[attr-defined]
-    proc.baseline_fds = fd_count(proc.proc.pid)  # type: ignore[attr-defined]
-    proc.root_listing = sorted(os.listdir(proc.root))  # type: ignore[attr-defined]
-    proc.slash = _tree()  # type: ignore[attr-defined]
+    proc.baseline_children = len(descendants(proc.proc.pid))  # type: ignore[attr-defined]  # the fixture's baseline, kept on its process
+    proc.baseline_fds = fd_count(proc.proc.pid)  # type: ignore[attr-defined]  # as above
+    proc.root_listing = sorted(os.listdir(proc.root))  # type: ignore[attr-defined]  # as above
+    proc.slash = _tree()  # type: ignore[attr-defined]  # as above
     yield proc
     proc.close()
 
@@ -173,12 +173,12 @@ def test_fuzzing_leaked_nothing(agent: AgentProc) -> None:
     ok = agent.client.post("/sessions/s/exec", json={"tool": "code_execution", "input": {"code": "print(6*7)"}})
     assert ok.status_code == 200 and ok.json()["result_block"]["content"]["stdout"] == "42\n"
     # Processes: interpreter + shell (+ the spare) come back to the baseline once children are replaced.
-    wait_for(lambda: len(descendants(agent.proc.pid)) <= agent.baseline_children, timeout=15,  # type: ignore[attr-defined]
-             what=f"agent children back to {agent.baseline_children}")  # type: ignore[attr-defined]
-    wait_for(lambda: fd_count(agent.proc.pid) <= agent.baseline_fds + 4, timeout=15,  # type: ignore[attr-defined]
+    wait_for(lambda: len(descendants(agent.proc.pid)) <= agent.baseline_children, timeout=15,  # type: ignore[attr-defined]  # the baseline, see agent()
+             what=f"agent children back to {agent.baseline_children}")  # type: ignore[attr-defined]  # as above
+    wait_for(lambda: fd_count(agent.proc.pid) <= agent.baseline_fds + 4, timeout=15,  # type: ignore[attr-defined]  # as above
              what="agent descriptors back to baseline")
     assert (agent.canary / "secret.txt").read_text() == "canary\n"
     assert sorted(os.listdir(agent.canary)) == ["secret.txt"]
-    assert sorted(os.listdir(agent.root)) == agent.root_listing  # type: ignore[attr-defined]
-    assert _tree() == agent.slash  # type: ignore[attr-defined]
+    assert sorted(os.listdir(agent.root)) == agent.root_listing  # type: ignore[attr-defined]  # as above
+    assert _tree() == agent.slash  # type: ignore[attr-defined]  # as above
     time.sleep(0)  # (no timing assertion anywhere)

@@ -178,7 +178,7 @@ def test_any_bad_credential_is_a_reasoned_401_that_reaches_nobody(edge: Edge, da
     url = template.replace("{session_id}", "nope").replace("{workspace}", TENANT)
     headers = {"Authorization": authorization} if authorization is not None else {}
     try:
-        response = httpx.request(method, edge.stack.proxy.url + url, headers=headers, timeout=30,  # type: ignore[union-attr]
+        response = httpx.request(method, edge.stack.proxy.url + url, headers=headers, timeout=30,  # type: ignore[union-attr]  # this stack has a proxy
                                  json={} if method in ("POST", "PUT") else None)
     except (httpx.LocalProtocolError, UnicodeEncodeError):
         return
@@ -264,7 +264,8 @@ def test_admin_api_never_500s(edge: Edge, data: Any, workspace: str, as_admin: b
     if data is None:
         calls = [("PUT", f"/v1/workspaces/{pct(workspace)}/policy", {"json": {"max_concurrent_sessions": 10**12}}),
                  ("GET", "/v1/usage?from=2026-13-01", {}), ("GET", "/v1/usage?from=9999-12-31&to=0001-01-01", {}),
-                 ("GET", "/v1/sessions?limit=-1", {}), ("POST", "/v1/revocations", {"json": {"jti": "j", "exp": 2**63}})]
+                 ("GET", "/v1/sessions?limit=-1", {}),
+                 ("POST", "/v1/revocations", {"json": {"jti": "j", "exp": 2**63}})]
     else:
         op = data.draw(st.sampled_from(["put-policy", "get-policy", "usage", "sessions", "revoke", "end-session"]),
                        label="op")

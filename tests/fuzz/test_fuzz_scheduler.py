@@ -11,9 +11,9 @@ warm target.
 from __future__ import annotations
 
 import json
-from urllib.parse import unquote
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -59,8 +59,8 @@ class Live:
         response = wait_for(lambda: (r := self.client.post("/sessions", json={})).status_code == 201 and r,
                             timeout=60, what="a session")
         self.sid = response.json()["session_id"]
-        setup = ("echo a > notes.txt; echo keep > marker.keep; mkdir -p dir; ln -sfn / link_root; ln -sfn /etc/hostname link_out;"
-                 " rm -f pipe; mkfifo pipe")
+        setup = ("echo a > notes.txt; echo keep > marker.keep; mkdir -p dir; ln -sfn / link_root;"
+                 " ln -sfn /etc/hostname link_out; rm -f pipe; mkfifo pipe")
         done = self.client.post(f"/sessions/{self.sid}/exec",
                                 json={"tool": "bash_code_execution", "input": {"command": setup}})
         assert done.status_code == 200, done.text
@@ -233,7 +233,7 @@ def test_fuzzing_left_no_state(live: Live) -> None:
     with live.stack.rdb() as r:
         def settled() -> bool:
             names = set(r.scan_iter(match="{" + live.stack.prefix + "}:*", count=1000))
-            sessions = [n for n in names if n.startswith(keys.session_prefix) or n.startswith(keys.workspace_sessions_prefix)]
+            sessions = [n for n in names if n.startswith((keys.session_prefix, keys.workspace_sessions_prefix))]
             return not sessions and r.zcard(keys.deadlines) == 0 and r.scard(keys.doomed) == 0
 
         wait_for(settled, timeout=30, what="no session, deadline or doomed sandbox left")

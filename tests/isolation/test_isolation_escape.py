@@ -22,7 +22,7 @@ from .harness import Harness
 pytestmark = pytest.mark.isolation
 
 
-def _status(sandbox, field: str) -> str:  # noqa: ANN001
+def _status(sandbox, field: str) -> str:
     out = sandbox.python(f"print([l.split(':',1)[1].strip() for l in open('/proc/self/status') "
                          f"if l.startswith('{field}:')][0])")
     return out["stdout"].strip()
@@ -69,7 +69,7 @@ def test_seccomp_refuses_namespace_and_mount_calls(harness: Harness) -> None:
     harness.kill(sandbox)
 
 
-def test_no_network_at_all(harness: Harness, redis_server) -> None:  # noqa: ANN001
+def test_no_network_at_all(harness: Harness, redis_server) -> None:
     # A real TCP listener on the host's loopback standing in for the scheduler's port.
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -120,7 +120,7 @@ def test_no_network_at_all(harness: Harness, redis_server) -> None:  # noqa: ANN
         harness.kill(sandbox)
 
 
-def test_host_files_data_dir_and_redis_are_out_of_sight(harness: Harness, redis_server) -> None:  # noqa: ANN001
+def test_host_files_data_dir_and_redis_are_out_of_sight(harness: Harness, redis_server) -> None:
     marker = harness.base / "service-secret.txt"
     marker.write_text("host-only")
     redis_marker = Path(redis_server.data_dir) / "marker.rdb"

@@ -70,7 +70,8 @@ def test_disabled_layers_are_reported_missing_and_really_off(
             "import os, json, socket\n"
             "agent = dict(l.split(':\\t', 1) for l in open('/proc/1/status').read().splitlines() if ':\\t' in l)\n"
             "res = {'uid': os.getuid(), 'agent_seccomp': agent.get('Seccomp', '').strip(),\n"
-            "       'agent_name': agent.get('Name', '').strip(), 'ifaces': len(open('/proc/net/dev').readlines()) - 2,\n"
+            "       'agent_name': agent.get('Name', '').strip(),\n"
+            "       'ifaces': len(open('/proc/net/dev').readlines()) - 2,\n"
             "       'cgroup': open('/proc/self/cgroup').read()}\n"
             "s = socket.socket(); s.settimeout(2)\n"
             f"res['connect'] = s.connect_ex(('127.0.0.1', {port}))\n"
@@ -186,10 +187,11 @@ async def test_garbage_on_the_channel_stops_the_zygote_and_its_sandboxes(tmp_pat
     client.sock.send(b"\xff not json")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10
-    while client.proc.poll() is None and loop.time() < deadline:
+    while client.proc.poll() is None and loop.time() < deadline:  # noqa: ASYNC110 - a Popen exit is not awaitable
         await asyncio.sleep(0.02)
     assert client.proc.poll() is not None
-    assert not os.path.exists(f"/proc/{sandbox_pid}/status") or "zombie" in open(f"/proc/{sandbox_pid}/status").read()
+    status = f"/proc/{sandbox_pid}/status"
+    assert not os.path.exists(status) or "zombie" in open(status).read()  # noqa: ASYNC230 - a /proc file
     with pytest.raises(ZygoteError):
         await client.list()
     await client.close()

@@ -17,14 +17,14 @@ EAGAIN = "Resource temporarily unavailable"
 NORMAL_CALL = "echo hi; ls / | wc -l; for i in 1 2 3 4; do (true); done; cat /proc/self/status | grep -c Pid"
 
 
-def _normal_call_succeeds(sandbox) -> None:  # noqa: ANN001
+def _normal_call_succeeds(sandbox) -> None:
     out = sandbox.bash(NORMAL_CALL, timeout=30)
     assert out["return_code"] == 0, out
     assert out["stdout"].startswith("hi\n"), out
     assert BUSY not in out["stderr"] and EAGAIN not in out["stderr"], out["stderr"][-500:]
 
 
-def _code_tasks(harness: Harness, sandbox) -> int:  # noqa: ANN001
+def _code_tasks(harness: Harness, sandbox) -> int:
     code = harness.cgroup(sandbox, "pids") / "sandbox" / "code"
     return int((code / "pids.current").read_text())
 

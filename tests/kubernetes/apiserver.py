@@ -182,7 +182,7 @@ def pss_restricted_violations(pod: dict[str, Any]) -> list[str]:
             out.append(f"unrestricted capabilities (container {name!r} must drop ALL)")
         if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
             out.append(f"unrestricted capabilities (container {name!r} adds some)")
-        if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True):
+        if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
             out.append(f"runAsNonRoot != true (container {name!r})")
         if sc.get("runAsUser", psc.get("runAsUser")) == 0:
             out.append(f"runAsUser=0 (container {name!r})")
@@ -736,7 +736,7 @@ class StandInApiServer:
             mounts[mount["mountPath"]] = host
 
         def rewrite(word: str) -> str:
-            if word == "0.0.0.0":  # noqa: S104 - "all addresses" of the pod's own network namespace
+            if word == "0.0.0.0":  # "all addresses" of the pod's own network namespace
                 return str(run.ip)
             for path, host in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
                 if word == path or word.startswith(path + "/"):
@@ -778,7 +778,8 @@ class StandInApiServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 path = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else "/"
-                headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+                fields = (line.partition(":") for line in lines[1:] if line)
+                headers = {k.strip().lower(): v.strip() for k, _, v in fields}
                 if urlsplit(path).path == "/healthz":
                     status, body = "200 OK", b'{"status":"ok"}'
                 elif secret and headers.get("authorization") == f"Bearer {secret}":

@@ -28,11 +28,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from apiserver import StandInApiServer  # noqa: E402
-from kubelet import StandInKubelet  # noqa: E402
-from realapi import RealCluster, Unavailable, binaries  # noqa: E402
+from apiserver import StandInApiServer
+from kubelet import StandInKubelet
+from realapi import RealCluster, Unavailable, binaries
 
-from sandpool.providers.kubernetes import KubernetesProvider, KubernetesProviderSettings  # noqa: E402
+from sandpool.providers.kubernetes import KubernetesProvider, KubernetesProviderSettings
 
 STANDIN_NAMESPACE = "sandboxes"
 INSTALLATION = "test"
@@ -54,7 +54,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     outcome = yield
     report = outcome.get_result()
     if report.when == "call":
-        item.rep_call = report  # type: ignore[attr-defined]
+        item.rep_call = report  # type: ignore[attr-defined]  # pytest's recipe: the report kept on the item
 
 
 def _failed(request: pytest.FixtureRequest) -> bool:

@@ -315,7 +315,7 @@ class StandInKubelet:
             return
 
         def rewrite(word: str) -> str:
-            if word == "0.0.0.0":  # noqa: S104 - "every address" of the pod's own network namespace
+            if word == "0.0.0.0":  # "every address" of the pod's own network namespace
                 return str(container.ip)
             for path, host in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
                 if word == path or word.startswith(path + "/"):
@@ -352,7 +352,8 @@ class StandInKubelet:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 target = lines[0].split(" ")[1] if len(lines[0].split(" ")) > 1 else "/"
-                headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+                fields = (line.partition(":") for line in lines[1:] if line)
+                headers = {k.strip().lower(): v.strip() for k, _, v in fields}
                 if urlsplit(target).path == "/healthz":
                     status, body = "200 OK", b'{"status":"ok"}'
                 elif secret and headers.get("authorization") == f"Bearer {secret}":

@@ -78,7 +78,7 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
 
 def write_certificates(directory: Path) -> None:
     """ca.crt, server.crt/key (127.0.0.1, localhost, kubernetes.default), sa.key/pub."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandpool-test-ca")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())

@@ -81,7 +81,7 @@ async def test_pods_are_stored_as_hardened_as_built(provider: KubernetesProvider
                 subset(value, have[key], f"{where}.{key}")
         elif isinstance(want, list) and want and isinstance(want[0], dict):
             assert len(want) == len(have), where
-            for i, (w, h) in enumerate(zip(want, have)):
+            for i, (w, h) in enumerate(zip(want, have, strict=True)):
                 subset(w, h, f"{where}[{i}]")
         else:
             assert want == have, f"{where}: built {want!r}, stored {have!r}"

@@ -21,9 +21,8 @@ from realapi import RealCluster
 
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
-from sandpool.state.sessions import SessionLimits
-from sandpool.state.sessions import Leased, SessionStore
 from sandpool.state.keys import Keys
+from sandpool.state.sessions import Leased, SessionLimits, SessionStore
 
 WARM = 3
 POOL = PoolSpec(name="default", image="python", warm=WARM, ceiling=2 * WARM)

@@ -21,9 +21,8 @@ from apiserver import StandInApiServer
 
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
-from sandpool.state.sessions import SessionLimits
-from sandpool.state.sessions import Leased, SessionStore
 from sandpool.state.keys import Keys
+from sandpool.state.sessions import Leased, SessionLimits, SessionStore
 
 NS = "sandboxes"
 WARM = 50

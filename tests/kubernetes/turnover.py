@@ -26,17 +26,21 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+# E402 below: the imports need the two paths above (a script, run as `python tests/kubernetes/turnover.py`)
 
-import redis.asyncio as aioredis  # noqa: E402
-from apiserver import StandInApiServer  # noqa: E402
-from conftest import RedisServer  # noqa: E402  (the suite's own redis-server launcher)
+import redis.asyncio as aioredis  # noqa: E402 - see above
+from apiserver import StandInApiServer  # noqa: E402 - see above
+from conftest import RedisServer  # noqa: E402 - see above; the suite's own redis-server launcher
 
-from sandpool.pool.controller import PoolController  # noqa: E402
-from sandpool.pool.provider import PoolSpec  # noqa: E402
-from sandpool.providers.kubernetes import KubernetesProvider, KubernetesProviderSettings  # noqa: E402
-from sandpool.state.sessions import SessionLimits  # noqa: E402
-from sandpool.state.sessions import Leased, SessionStore  # noqa: E402
-from sandpool.state.keys import Keys  # noqa: E402
+from sandpool.pool.controller import PoolController  # noqa: E402 - see above
+from sandpool.pool.provider import PoolSpec  # noqa: E402 - see above
+from sandpool.providers.kubernetes import KubernetesProvider, KubernetesProviderSettings  # noqa: E402 - see above
+from sandpool.state.keys import Keys  # noqa: E402 - see above
+from sandpool.state.sessions import (  # noqa: E402 - see above
+    Leased,
+    SessionLimits,
+    SessionStore,
+)
 
 LIMITS = SessionLimits(idle_timeout_seconds=300, max_lifetime_seconds=3600, exec_timeout_seconds=30,
                        max_exec_timeout_seconds=60)
@@ -64,7 +68,7 @@ async def measure(args: argparse.Namespace) -> dict[str, object]:
     task = asyncio.create_task(controller.run())
     store = SessionStore(redis, keys)
     try:
-        while await redis.llen(keys.pool_ready("default")) < args.warm:
+        while await redis.llen(keys.pool_ready("default")) < args.warm:  # noqa: ASYNC110 - polls Redis on purpose
             await asyncio.sleep(0.05)
         created0, destroyed0 = provider.counts["created"], provider.counts["destroyed"]
         calls0 = provider.api.stats.calls

@@ -15,9 +15,8 @@ from pool_helpers import eventually
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
 from sandpool.providers.local import procs
-from sandpool.state.sessions import SessionLimits
-from sandpool.state.sessions import Leased, SessionStore
 from sandpool.state.keys import Keys
+from sandpool.state.sessions import Leased, SessionLimits, SessionStore
 
 HERE = Path(__file__).resolve().parent
 LIMITS = SessionLimits(idle_timeout_seconds=300, max_lifetime_seconds=3600, exec_timeout_seconds=30,
@@ -244,9 +243,10 @@ async def test_exactly_one_leader_and_a_graceful_handover(redis, keys, provider,
 
 
 async def test_a_killed_leader_is_replaced_within_seconds(redis_url, redis, keys, data_dir, make_provider, tasks):
-    proc = subprocess.Popen([sys.executable, str(HERE / "controller_process.py"), redis_url, keys.prefix,
-                             str(data_dir), "crashy", "1500", "2", "4"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; the controller runs in a process of its own
+        [sys.executable, str(HERE / "controller_process.py"), redis_url, keys.prefix, str(data_dir), "crashy", "1500",
+         "2", "4"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         async def crashy_filled() -> bool:
             return (await redis.get(keys.controller_leader) == "crashy"
@@ -332,7 +332,7 @@ async def test_cancelling_mid_start_stops_promptly_and_leaves_no_half_made_sandb
         c = controller(redis, keys, provider, [pool(warm=6, ceiling=6)])
         task = asyncio.create_task(c.run())
 
-        async def starting() -> bool:
+        async def starting(c: PoolController = c) -> bool:
             return bool(c._starting)
 
         await eventually(starting, what="creates in flight")

@@ -74,7 +74,7 @@ def test_nothing_names_the_temporary_build_directory(built: environments.Environ
 
 
 def test_every_uid_can_read_an_environment_and_none_can_change_it(built: environments.Environment) -> None:
-    for directory, dirs, files in os.walk(built.path):
+    for directory, _dirs, files in os.walk(built.path):
         assert os.stat(directory).st_mode & 0o777 == 0o755, directory
         for name in files:
             path = os.path.join(directory, name)

@@ -45,7 +45,7 @@ async def test_an_agent_that_dies_reaches_the_listener_and_a_destroy_does_not(da
         killed = time.monotonic()
         os.killpg(handle.pgid, signal.SIGKILL)  # the OOM killer, or a crash
         deadline = killed + 10
-        while "sb-dies" not in at and time.monotonic() < deadline:
+        while "sb-dies" not in at and time.monotonic() < deadline:  # noqa: ASYNC110 - a test's bounded wait
             await asyncio.sleep(0.005)
         assert told == [("sb-dies", "failed")]
         print(f"\nloss window (local agent killed): {at['sb-dies'] - killed:.3f} s")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from local_helpers import agent_client, output, run
 
-from sandpool.pool.provider import PoolSpec, Provider, ProviderError
 from sandpool.core.settings import ConfigurationError
+from sandpool.pool.provider import PoolSpec, Provider, ProviderError
 from sandpool.providers import build_provider
 from sandpool.providers.local import procs
 from sandpool.providers.local.provider import LocalProvider, data_dir_need
@@ -186,7 +186,7 @@ async def test_a_dead_agent_is_listed_not_ready(data_dir: Path) -> None:
     handle = procs.ProcessHandle.from_line((data_dir / "sandboxes" / "sb-dies" / "agent.pid").read_text())
     os.killpg(handle.pgid, 9)
     deadline = asyncio.get_running_loop().time() + 10
-    while procs.is_alive(handle) and asyncio.get_running_loop().time() < deadline:
+    while procs.is_alive(handle) and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110 - polls a pid
         await asyncio.sleep(0.02)
     assert [(s.sandbox_id, s.ready) for s in await provider.list()] == [("sb-dies", False)]
     await provider.destroy("sb-dies")
@@ -275,7 +275,7 @@ def test_build_provider_picks_fields_by_name(data_dir: Path) -> None:
 
 
 def _cpu_quota_us(provider: LocalProvider, sandbox_id: str) -> str:
-    bases = [Path(b) for b in provider.launcher.client.cgroup_bases]  # type: ignore[attr-defined]
+    bases = [Path(b) for b in provider.launcher.client.cgroup_bases]  # type: ignore[attr-defined]  # the zygote launcher, here
     for base in bases:
         for name in ("cpu.cfs_quota_us", "cpu.max"):
             if (base / sandbox_id / name).exists():

@@ -18,8 +18,8 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import redis
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .conftest import ThreadServer
 
 
-def wait_for(predicate, *, timeout: float = 20.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
+def wait_for(predicate, *, timeout: float = 20.0, what: str = "") -> None:  # type: ignore[no-untyped-def]  # predicate: any no-argument callable
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

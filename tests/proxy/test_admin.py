@@ -132,7 +132,7 @@ def test_usage_totals_and_days_read_what_the_scheduler_wrote(proxy: Proxy, keys:
         too_long = client.get("/v1/usage", params={"from": "2020-01-01", "to": "2026-12-01"})
         reversed_range = client.get("/v1/usage", params={"from": "2026-12-02", "to": "2026-12-01"})
         not_a_date = client.get("/v1/usage", params={"from": "yesterday"})
-        only_from = client.get("/v1/usage", params={"from": dt.datetime.now(dt.timezone.utc).date().isoformat()})
+        only_from = client.get("/v1/usage", params={"from": dt.datetime.now(dt.UTC).date().isoformat()})
     assert plain == {"workspace": "acme", "days": [], "total": {
         "sessions_created": 7, "session_seconds": 123.5, "executions": 41, "execution_seconds": 2.5,
         "by_tool": {"code_execution": {"executions": 40, "execution_seconds": 2},

@@ -12,7 +12,8 @@ from .conftest import free_port
 from .stack import PRINT_1, Stack
 
 
-def admin(stack: Stack, *args: str, token: str | None = None, url: str | None = None) -> subprocess.CompletedProcess[str]:
+def admin(stack: Stack, *args: str, token: str | None = None,
+          url: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "SANDPOOL_URL": url or stack.proxy.url}
     if token is not None:
         env["SANDPOOL_TOKEN"] = token

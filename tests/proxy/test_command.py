@@ -25,7 +25,7 @@ from .conftest import INTERNAL_TOKEN, Echo, Keys, free_port
 def self_signed(directory: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(hours=1))
@@ -62,7 +62,8 @@ def tls_proxy(tmp_path: Path, keys: Keys, echo: Echo, redis_url: str,
             if proc.poll() is not None:
                 raise AssertionError(f"proxy exited: {log.read_text()[-3000:]}")
             try:
-                if httpx.get(url + "/healthz", verify=ssl.create_default_context(cafile=str(cert)), timeout=1).status_code == 200:
+                trusted = ssl.create_default_context(cafile=str(cert))
+                if httpx.get(url + "/healthz", verify=trusted, timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

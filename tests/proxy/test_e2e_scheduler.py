@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import httpx
-import pytest
-import redis
 
 from .conftest import INTERNAL_TOKEN
 from .stack import PRINT_1, Stack, wait_for

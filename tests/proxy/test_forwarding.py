@@ -14,7 +14,6 @@ import pytest
 import redis
 
 from sandpool.contract import limits as catalogue
-from sandpool.contract import tenancy
 
 from .conftest import INTERNAL_TOKEN, Echo, Keys, Proxy, free_port
 
@@ -28,7 +27,7 @@ FORGED = {
 
 def test_inbound_tenancy_headers_are_stripped_and_injected_from_the_token(proxy: Proxy, keys: Keys, echo: Echo,
                                                                           rdb: redis.Redis, redis_prefix: str) -> None:
-    rdb.set("{%s}:policy:acme" % redis_prefix, json.dumps({"max_concurrent_sessions": 3,
+    rdb.set(f"{{{redis_prefix}}}:policy:acme", json.dumps({"max_concurrent_sessions": 3,
                                                           "daily_session_seconds_budget": 600}))
     with proxy.client(keys.token("acme")) as client:
         response = client.post("/sessions", json={}, headers={**FORGED, "X-Request-Id": "req-42",
@@ -161,7 +160,7 @@ def test_request_id_generated_when_absent_or_unsafe(proxy: Proxy, keys: Keys, ec
     with proxy.client(keys.token()) as client:
         generated = client.post("/sessions", json={})
         unsafe = client.post("/sessions", json={}, headers={"X-Request-Id": "a b\tc" + "x" * 200})
-    for response, seen in zip((generated, unsafe), echo.seen):
+    for response, seen in zip((generated, unsafe), echo.seen, strict=True):
         rid = response.headers["x-request-id"]
         assert len(rid) == 32 and seen.header("x-request-id") == [rid]
 

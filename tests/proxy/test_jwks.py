@@ -85,7 +85,8 @@ def test_jwks_url_with_rsa_and_ec_keys(make_proxy: Callable[..., Proxy], keys: K
     members = [
         {**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(rsa_key.public_key())), "kid": "r1", "alg": "RS256"},
         {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(ec_key.public_key())), "kid": "e1"},
-        {"kty": "oct", "k": jwt.utils.base64url_encode(b"secret" * 8).decode(), "kid": "h1", "alg": "HS256"},  # must never be trusted
+        # must never be trusted:
+        {"kty": "oct", "k": jwt.utils.base64url_encode(b"secret" * 8).decode(), "kid": "h1", "alg": "HS256"},
     ]
     fetched: list[int] = []
 

@@ -65,7 +65,7 @@ def test_thumbprint_matches_rfc7638_example() -> None:
     # RFC 8037 appendix A.3: the thumbprint of its Ed25519 example key.
     pem = serialization.load_der_public_key(bytes.fromhex(
         "302a300506032b6570032100d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"))
-    assert thumbprint(pem) == "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k"  # type: ignore[arg-type]
+    assert thumbprint(pem) == "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k"  # type: ignore[arg-type]  # an Ed25519 key, of the types thumbprint takes
 
 
 def test_commands(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ def test_an_admin_ends_any_workspace_session_and_nobody_else_can(stack: Stack, c
         other = acme.post("/sessions", json={})
         assert other.status_code == 201 or stack.ready() == 0
     [line] = [r for r in caplog.records if r.getMessage() == "session ended by an admin"]
-    assert (line.admin, line.workspace, line.session) == ("workspace:ops", "acme", sid)  # type: ignore[attr-defined]
+    assert (line.admin, line.workspace, line.session) == ("workspace:ops", "acme", sid)  # type: ignore[attr-defined]  # the record's `extra` fields
     released = [e for _, e in stack.rdb.xrange(stack.rkeys.usage_events) if e.get("session") == sid
                 and e["type"] == "session_released"]
     assert [e["reason"] for e in released] == ["admin"]

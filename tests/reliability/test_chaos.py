@@ -16,11 +16,11 @@ import signal
 import httpx
 import pytest
 from invariants import (
-    leader_service,
     assert_never_leased_twice,
     assert_pool_refilled,
     assert_sessions_work_or_are_gone,
     assert_usage_exact,
+    leader_service,
     leased_sandboxes,
 )
 from sp_harness import Stack, build_stack, wait_for
@@ -39,7 +39,7 @@ RUNS = [pytest.param(SHORT, id="short", marks=pytest.mark.timeout(300)),
 
 def standalone_workload(stack: Stack, sessions: int, urls: list[str] | None = None, **kw: object) -> Workload:
     return Workload(urls or [s.url for s in stack.schedulers], Keys(stack.prefix), stack.rdb,
-                    threads=3, sessions=sessions, calls_per_session=2, **kw)  # type: ignore[arg-type]
+                    threads=3, sessions=sessions, calls_per_session=2, **kw)  # type: ignore[arg-type]  # kw: more of Workload's own arguments
 
 
 def wait_progress(workload: Workload, done: int) -> None:
@@ -114,14 +114,14 @@ def test_kill_9_of_the_proxy_loses_no_session(stacks: list[Stack], run: tuple[in
     stack = build_stack(proxy=True, pool_size=POOL, max_sandboxes=POOL * 3, scheduler_args=CHAOS_ARGS)
     stacks.append(stack)
     token = stack.token("chaos", ttl_seconds=3600)
-    workload = Workload([stack.proxy.url], Keys(stack.prefix), stack.rdb,  # type: ignore[union-attr]
+    workload = Workload([stack.proxy.url], Keys(stack.prefix), stack.rdb,  # type: ignore[union-attr]  # this stack has a proxy
                         headers={"Authorization": f"Bearer {token}"}, threads=3, sessions=sessions,
                         calls_per_session=2).start()
     for fault in range(faults):
         wait_progress(workload, (fault + 1) * sessions // (faults + 2))
-        stack.proxy.kill9()  # type: ignore[union-attr]
+        stack.proxy.kill9()  # type: ignore[union-attr]  # this stack has a proxy
         stack.add_proxy()    # same port, same key: it keeps nothing, so it carries on
-    with httpx.Client(base_url=stack.proxy.url, headers={"Authorization": f"Bearer {token}"},  # type: ignore[union-attr]
+    with httpx.Client(base_url=stack.proxy.url, headers={"Authorization": f"Bearer {token}"},  # type: ignore[union-attr]  # this stack has a proxy
                       timeout=30) as client:
         outcome = settle_and_check(stack, "chaos", workload, [client])
     # The proxy holds nothing: no session died with it.

@@ -148,7 +148,7 @@ def test_an_unreachable_redis_is_a_prompt_503_everywhere_and_nothing_breaks(stac
                 assert response.status_code == 503, (name, response.text)
                 assert reasoned_5xx(response) in ("redis_unavailable", "unavailable"), (name, response.text)
                 assert response.headers.get("retry-after"), name
-            for base in (stack.proxy.url, stack.schedulers[0].url):  # type: ignore[union-attr]
+            for base in (stack.proxy.url, stack.schedulers[0].url):  # type: ignore[union-attr]  # this stack has a proxy
                 ready = httpx.get(base + "/readyz", timeout=30)
                 assert ready.status_code == 503 and "redis" in ready.text.lower(), ready.text
                 assert httpx.get(base + "/healthz", timeout=30).status_code == 200
@@ -156,7 +156,7 @@ def test_an_unreachable_redis_is_a_prompt_503_everywhere_and_nothing_breaks(stac
             stack.redis.resume()
             scheduler.close()
         # Back: the session is intact and usable, and new sessions are leased again.
-        wait_for(lambda: httpx.get(stack.proxy.url + "/readyz", timeout=5).status_code == 200,  # type: ignore[union-attr]
+        wait_for(lambda: httpx.get(stack.proxy.url + "/readyz", timeout=5).status_code == 200,  # type: ignore[union-attr]  # this stack has a proxy
                  timeout=30, what="the proxy ready again")
         assert client.get(f"/sessions/{sid}/files", params={"path": "a.txt"}).content == b"kept"
         assert exec_py(client, sid, "print(4)").json()["result_block"]["content"]["stdout"] == "4\n"

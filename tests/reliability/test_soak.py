@@ -40,7 +40,7 @@ FILES_EVERY = 5                # upload + download + list in every 5th session (
 def services(stack: Stack) -> dict[str, int]:
     """The long-lived processes: proxy, scheduler, the scheduler's zygote(s), Redis."""
     scheduler = stack.schedulers[0].pid
-    out = {"proxy": stack.proxy.pid, "scheduler": scheduler, "redis": stack.redis.proc.pid}  # type: ignore[union-attr]
+    out = {"proxy": stack.proxy.pid, "scheduler": scheduler, "redis": stack.redis.proc.pid}  # type: ignore[union-attr]  # this stack has a proxy and its own Redis
     for child in sorted(descendants(scheduler)):
         if _ppid(child) == scheduler:
             out[f"scheduler-child-{len(out)}"] = child  # the zygote (its children are the sandboxes)
@@ -95,7 +95,7 @@ def settle(stack: Stack) -> None:
 
 
 def run(stack: Stack, sessions: int) -> Workload:
-    workload = Workload([stack.proxy.url], Keys(stack.prefix), stack.rdb,  # type: ignore[union-attr]
+    workload = Workload([stack.proxy.url], Keys(stack.prefix), stack.rdb,  # type: ignore[union-attr]  # this stack has a proxy
                         headers={"Authorization": f"Bearer {stack.token('soak', ttl_seconds=86400)}"},
                         threads=THREADS, sessions=sessions, deadline_s=3600, files_every=FILES_EVERY)
     record = workload.start().join(timeout=3600)

@@ -12,12 +12,11 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from sched_harness import INTERNAL_TOKEN, Agents, ServedApp  # noqa: E402
+from sched_harness import INTERNAL_TOKEN, Agents, ServedApp
 
-from sandpool.scheduler.app import create_app  # noqa: E402
-from sandpool.scheduler.settings import SchedulerSettings  # noqa: E402
-from sandpool.state.keys import Keys  # noqa: E402
-
+from sandpool.scheduler.app import create_app
+from sandpool.scheduler.settings import SchedulerSettings
+from sandpool.state.keys import Keys
 
 
 @pytest.fixture

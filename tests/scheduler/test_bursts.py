@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sched_harness import INTERNAL_TOKEN, ServedApp, tenant_headers, wait_for
+from sched_harness import ServedApp, tenant_headers, wait_for
 
 PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
 
@@ -59,11 +59,11 @@ async def burst(url: str, count: int, *, headers: dict[str, str] | None = None,
         return await asyncio.gather(*(client.post("/sessions", json={}) for _ in range(count)))
 
 
-def ready(r, keys, pool: str = "default") -> int:  # type: ignore[no-untyped-def]
+def ready(r, keys, pool: str = "default") -> int:  # type: ignore[no-untyped-def]  # r, keys: the suite's fixtures
     return int(r.llen(keys.pool_ready(pool)))
 
 
-def no_waiters_left(r, keys, pool: str = "default") -> bool:  # type: ignore[no-untyped-def]
+def no_waiters_left(r, keys, pool: str = "default") -> bool:  # type: ignore[no-untyped-def]  # as above
     return (r.scard(keys.pool_waiters(pool)) == 0 and r.scard(keys.pool_queued(pool)) == 0
             and not r.exists(keys.pool_wait_ring(pool)) and not list(r.scan_iter(keys.waiter_prefix + "*")))
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from sandpool.scheduler.forward import AGENT_TCP_SOCKET_OPTIONS, AgentClients
 
 

@@ -15,8 +15,7 @@ import redis
 from sched_harness import INTERNAL_TOKEN, publish, tenant_headers, wait_for
 
 from sandpool.contract import tenancy
-from sandpool.state.keys import utc_day
-from sandpool.state.keys import Keys
+from sandpool.state.keys import Keys, utc_day
 
 
 def usage_total(r: redis.Redis, keys: Keys, workspace: str = tenancy.STANDALONE_WORKSPACE) -> dict[str, str]:
@@ -222,7 +221,8 @@ def test_daily_budget_refuses_once_spent(tenant_scheduler, r, keys) -> None:
 
 
 @pytest.mark.parametrize(("auth", "workspace", "status"), [
-    (None, "acme", 401), ("Bearer wrong-credential-000000000000", "acme", 401), (f"Basic {INTERNAL_TOKEN}", "acme", 401),
+    (None, "acme", 401), ("Bearer wrong-credential-000000000000", "acme", 401),
+    (f"Basic {INTERNAL_TOKEN}", "acme", 401),
     (f"Bearer {INTERNAL_TOKEN}", None, 403), (f"Bearer {INTERNAL_TOKEN}", "../etc", 403),
     (f"Bearer {INTERNAL_TOKEN}", "", 403),
 ])
@@ -308,7 +308,10 @@ def test_a_lease_redis_runs_after_the_caller_gave_up_is_released(scheduler, r, k
         assert busy.result() == 1
     blocker.close()
     assert resp.status_code == 503 and resp.json()["reason"] == "redis_unavailable", resp.text
-    events = lambda: [f for _, f in r.xrange(keys.usage_events, "-", "+")]  # noqa: E731
+
+    def events() -> list[dict[str, str]]:
+        return [f for _, f in r.xrange(keys.usage_events, "-", "+")]
+
     created = [e["session"] for e in events() if e["type"] == "session_created"]
     assert len(created) == 1, "the lease sent before the timeout ran once Redis was free"
     wait_for(lambda: r.sismember(keys.doomed, sandbox), timeout=10, what="the orphan released")

@@ -52,7 +52,7 @@ def test_two_schedulers_never_lease_one_sandbox_twice(replicas, r, keys) -> None
     for sandbox in published:
         assert r.hget(keys.sandbox(sandbox), "state") == "leased"
     # Each replica sees the other's sessions: destroy through the other one.
-    for sid, x in zip(granted, [b, a] * 6):
+    for sid, x in zip(granted, [b, a] * 6, strict=True):
         assert httpx.delete(f"{x.url}/sessions/{sid}", timeout=10).status_code == 204
     assert r.zcard(keys.deadlines) == 0
     assert r.scard(keys.doomed) == 12

@@ -9,16 +9,16 @@ from starlette.datastructures import Headers
 
 from sandpool.contract import limits as catalogue
 from sandpool.contract import tenancy
+from sandpool.contract.operations import operation_of
 from sandpool.core.errors import Forbidden, Unauthorized
 from sandpool.core.settings import ConfigurationError, add_settings_arguments, settings_from_args
 from sandpool.pool.provider import PoolSpec
 from sandpool.scheduler import limits
-from sandpool.state.keys import utc_day
-from sandpool.contract.operations import operation_of
 from sandpool.scheduler.caller import STANDALONE, CallerResolver
 from sandpool.scheduler.forward import request_headers
 from sandpool.scheduler.pools import PoolDirectory
 from sandpool.scheduler.settings import SchedulerSettings
+from sandpool.state.keys import utc_day
 
 CEILINGS = limits.Ceilings(default_idle=300, max_idle=3600, default_lifetime=3600, max_lifetime=86400,
                            default_exec=60, max_exec=300)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(TESTS / "reliability"))
 if str(TESTS) not in sys.path:
     sys.path.append(str(TESTS))  # `proxy.test_auth`: the proxy's table of bad credentials
 
-from sp_harness import Stack, build_stack  # noqa: E402
+from sp_harness import Stack, build_stack  # noqa: E402 - it needs the sys.path lines above
 
 POOL = 3
 

@@ -20,7 +20,8 @@ PROBES: list[tuple[str, str, dict[str, Any]]] = [
     ("GET", "/sessions/{sid}/files", {"params": {"path": "a.txt"}}),
     ("POST", "/sessions/{sid}/files", {"files": {"file": ("a.txt", b"overwritten")}}),
 ]
-INJECTED = [{}, {"X-Sandpool-Workspace": "tenant-a"}, {"x-sandpool-workspace": "tenant-a", "X-Sandpool-Max-Concurrent-Sessions": "0"},
+INJECTED = [{}, {"X-Sandpool-Workspace": "tenant-a"},
+            {"x-sandpool-workspace": "tenant-a", "X-Sandpool-Max-Concurrent-Sessions": "0"},
             {"Authorization": "Bearer x", "X-Sandpool-Workspace": "tenant-a"}]
 
 

@@ -31,7 +31,7 @@ def agent_hostile_table() -> list[tuple[str, int]]:
     tree = ast.parse(AGENT_TABLE.read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "HOSTILE" for t in node.targets):
-            return [tuple(x) for x in ast.literal_eval(node.value)]  # type: ignore[misc]
+            return [tuple(x) for x in ast.literal_eval(node.value)]  # type: ignore[misc]  # literal_eval: the table's pairs
     raise AssertionError("tests/agent/test_files.py has no HOSTILE table any more")
 
 

@@ -42,7 +42,7 @@ OPERATIONS: list[tuple[str, str, dict[str, Any]]] = [
 
 @pytest.fixture(scope="module")
 def keys(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> tuple[ProxyKeys, ProxyKeys]:
-    trusted = ProxyKeys(stack.private_key, stack.public_key)  # type: ignore[arg-type]
+    trusted = ProxyKeys(stack.private_key, stack.public_key)  # type: ignore[arg-type]  # the stack made its key pair when it started
     other = ProxyKeys(*generate_keypair(tmp_path_factory.mktemp("other") / "untrusted.pem"))
     return trusted, other
 
@@ -75,7 +75,7 @@ def tenant_state(stack: Stack) -> list[str]:
 
 def refuse_everywhere(stack: Stack, sid: str, authorization: list[tuple[str, str]] | str | None,
                       cause: str | None, name: str) -> None:
-    with httpx.Client(base_url=stack.proxy.url, timeout=30) as client:  # type: ignore[union-attr]
+    with httpx.Client(base_url=stack.proxy.url, timeout=30) as client:  # type: ignore[union-attr]  # this stack has a proxy
         for method, template, kwargs in OPERATIONS:
             headers: Any = [("Authorization", authorization)] if isinstance(authorization, str) \
                 else (authorization or [])
@@ -126,7 +126,7 @@ def test_more_hostile_credentials(stack: Stack, keys: tuple[ProxyKeys, ProxyKeys
     authorization = build(stack, keys[0])
     if name == "a 12 KiB token":
         # Either the proxy's 401 or the HTTP server's own refusal of an oversized header: never a pass.
-        response = httpx.get(f"{stack.proxy.url}/sessions/{victim}/files/list",  # type: ignore[union-attr]
+        response = httpx.get(f"{stack.proxy.url}/sessions/{victim}/files/list",  # type: ignore[union-attr]  # this stack has a proxy
                              headers={"Authorization": authorization}, timeout=30)
         assert response.status_code in (400, 401, 431), response.text
     else:
@@ -138,7 +138,7 @@ def test_more_hostile_credentials(stack: Stack, keys: tuple[ProxyKeys, ProxyKeys
 def test_a_revoked_token_is_refused_at_once_everywhere(stack: Stack, victim: str) -> None:
     jti = "revoke-" + uuid.uuid4().hex
     token = stack.token("acme", jti=jti)
-    with httpx.Client(base_url=stack.proxy.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:  # type: ignore[union-attr]
+    with httpx.Client(base_url=stack.proxy.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:  # type: ignore[union-attr]  # this stack has a proxy
         assert c.get(f"/sessions/{victim}/files/list").status_code == 200  # verified and cached
     with stack.client("ops", admin=True) as admin:
         assert admin.post("/v1/revocations", json={"jti": jti, "ttl": 600}).status_code == 201

@@ -144,7 +144,8 @@ def balanced(text: str) -> bool:
 
 def test_the_metrics_table_parses(table: dict[str, Metric]) -> None:
     assert len(table) >= 13
-    assert table["sandpool_leases_total"].labels == {"outcome": frozenset({"granted", "capacity", "quota", "start_timeout"})}
+    outcomes = frozenset({"granted", "capacity", "quota", "start_timeout"})
+    assert table["sandpool_leases_total"].labels == {"outcome": outcomes}
     assert table["sandpool_requests_total"].labels == {"service": None, "operation": None, "status": None}
     assert table["sandpool_sandbox_start_seconds"].type == "histogram"
     for metric in table.values():

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandpool.agent import produced
 from sandpool.agent.auth import BearerSecretMiddleware
@@ -130,7 +130,7 @@ def rt(request: Request) -> Runtime:
     return request.scope[RUNTIME_KEY]
 
 
-async def exec_call(runtime: Runtime, raw: bytes, scope: dict[str, Any]) -> Response:
+async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
     """Execute: one tool call, answered with the contract's result (both paths run this)."""
     try:
         body = json.loads(raw)
@@ -330,7 +330,7 @@ async def _SERVER_ERROR(scope: Scope, receive: Receive, send: Send) -> None:
     await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
 
 
-async def _self_call(app: FastAPI, secret: str) -> None:
+async def _self_call(app: ASGIApp, secret: str) -> None:
     """One exec through the whole ASGI stack before serving: a self-test, and the first real call is warm."""
     body = json.dumps({"tool": "code_execution", "input": {"code": "print(end='')"}}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
@@ -344,7 +344,7 @@ async def _self_call(app: FastAPI, secret: str) -> None:
     async def receive() -> dict[str, Any]:
         return messages.pop(0) if messages else {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         if message["type"] == "http.response.start":
             status.append(message["status"])
 

@@ -7,7 +7,7 @@ import argparse
 from sandpool.core.settings import add_settings_arguments, settings_from_args
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     from sandpool.agent.settings import AgentSettings
 
     parser = subparsers.add_parser(

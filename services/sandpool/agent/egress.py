@@ -52,7 +52,7 @@ class Egress:
         self.credential = credential
         self.workspace = workspace
         self.relay = Relay(socket_path) if socket_path is not None else None
-        self.proxy = proxy if proxy is not None else f"127.0.0.1:{self.relay.port}"  # type: ignore[union-attr]
+        self.proxy = proxy if proxy is not None else f"127.0.0.1:{self.relay.port}"  # type: ignore[union-attr]  # proxy or socket_path
 
     @property
     def url(self) -> str:

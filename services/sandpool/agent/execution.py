@@ -134,7 +134,7 @@ class PersistentChild:
         seq = worker.seq
         try:
             return_code = await asyncio.wait_for(self._send_and_wait(worker, text, seq), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             return_code, lost = await self._stop_overdue(worker, seq)
             note = (f"[sandpool: timeout: execution exceeded the {timeout:g}s limit and was "
@@ -171,7 +171,7 @@ class PersistentChild:
                 try:
                     self.worker = await self.replacement()
                     self._lost_since_last_call = True
-                except Exception:  # noqa: BLE001 - the next call retries the start
+                except Exception:  # the next call retries the start
                     log.exception("could not restart the %s", self.kind)
                     self.worker = None
         return ExecOutcome(stdout=out.stdout.text(), stderr=stderr,
@@ -214,7 +214,7 @@ class PersistentChild:
                 break
             try:
                 return await asyncio.wait_for(self._completion(worker, seq), min(0.2, remaining)), False
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             except WorkerDied:
                 break

@@ -149,7 +149,7 @@ def matplotlib_dir(seed: Path | None, policy: ChildPolicy) -> str | None:
     """
     path = None
     # The temp dir found at start may be a host path a sandbox root does not have: /tmp then.
-    for where in dict.fromkeys((tempfile.gettempdir(), "/tmp")):  # noqa: S108 - the sandbox's own /tmp
+    for where in dict.fromkeys((tempfile.gettempdir(), "/tmp")):  # the sandbox's own /tmp
         try:
             path = Path(tempfile.mkdtemp(prefix="sandpool-mpl-", dir=where))
             break

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import subprocess
 import json
 import logging
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,7 +59,7 @@ def parse_frame(buf: bytearray) -> bytes | None:
 class Interpreter(PersistentChild):
     kind = "interpreter"
 
-    def __init__(self, *, python: str | None, workspace: str, env: dict[str, str], preexec,  # noqa: ANN001
+    def __init__(self, *, python: str | None, workspace: str, env: dict[str, str], preexec,
                  reaper: procs.Reaper, max_output_bytes: int, grace_seconds: float, spare: bool,
                  preimport: tuple[str, ...] = ()) -> None:
         super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
@@ -85,7 +85,7 @@ class Interpreter(PersistentChild):
             event = json.loads(await worker.next_event(START_TIMEOUT_SECONDS))
             if event.get("event") != "ready":
                 raise ValueError("interpreter did not report ready")
-        except (asyncio.TimeoutError, WorkerDied, ValueError, OSError):
+        except (TimeoutError, WorkerDied, ValueError, OSError):
             await worker.close()
             raise ChildStartFailed("the Python interpreter failed to start") from None
         return worker
@@ -121,7 +121,7 @@ class Interpreter(PersistentChild):
         if spare is not None:
             try:
                 worker = await spare
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a spare that failed to start has nothing to close
                 return
             await worker.close()
 
@@ -137,7 +137,7 @@ class Interpreter(PersistentChild):
         try:
             await worker.send(_HEADER.pack(len(body)) + body)
             await asyncio.wait_for(self._completion(worker, worker.seq), REAP_TIMEOUT_SECONDS)
-        except (asyncio.TimeoutError, WorkerDied):
+        except (TimeoutError, WorkerDied):
             log.warning("the interpreter did not reap the processes the process cap killed")
             worker.kill()  # replaced at the next call
 

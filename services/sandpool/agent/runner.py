@@ -29,6 +29,10 @@ import sys
 import time
 import traceback
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the runner imports little)
+if TYPE_CHECKING:
+    import ctypes
+
 _HEADER = struct.Struct(">I")
 _MAX_REQUEST = 64 * 1024 * 1024
 
@@ -36,11 +40,11 @@ _MAX_REQUEST = 64 * 1024 * 1024
 class _State:
     in_user_code = False
     pid = 0
-    libc = None
+    libc: ctypes.CDLL | None = None
     stdio_copies: tuple[int, int] = (-1, -1)
 
 
-def _on_sigint(signum, frame):  # noqa: ANN001 - signal handler signature
+def _on_sigint(signum, frame):  # signal handler signature
     # Only user code is interrupted; a late SIGINT landing in the loop below is dropped.
     if _State.in_user_code:
         raise KeyboardInterrupt
@@ -121,21 +125,20 @@ def _save_figures() -> None:
         finally:
             try:
                 pyplot.close(figure)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the next cell must still run; the figure is the cell's own
                 pass
 
 
-def _hook_show(pyplot) -> None:  # noqa: ANN001 - the matplotlib.pyplot module
+def _hook_show(pyplot) -> None:  # the matplotlib.pyplot module
     original = getattr(pyplot, "show", None)
     if original is None or getattr(original, "_sandpool_figures", False):
         return
 
-    def show(*args, **kwargs):  # noqa: ANN002, ANN003, ARG001 - pyplot.show's signature
+    def show(*args, **kwargs):  # pyplot.show's signature
         """Figures are files here: each open figure is written to the workspace (figure-N.png) and closed."""
         _save_figures()
 
-    show._sandpool_figures = True
-    show.__wrapped__ = original
+    show.__dict__.update(_sandpool_figures=True, __wrapped__=original)  # a marker, and the original as wraps() does
     pyplot.show = show
 
 
@@ -144,7 +147,7 @@ class _PyplotFinder:
     calls `plt.show()` at once gets its figures as files too (a meta path finder: stdlib only)."""
 
     @staticmethod
-    def find_spec(name, path=None, target=None):  # noqa: ANN001, ANN205
+    def find_spec(name, path=None, target=None):
         if name != "matplotlib.pyplot":
             return None
         spec = None
@@ -162,7 +165,7 @@ class _PyplotFinder:
         if exec_module is None:
             return spec
 
-        def exec_and_hook(module):  # noqa: ANN001, ANN202
+        def exec_and_hook(module):
             exec_module(module)
             _hook_show(module)
 
@@ -176,7 +179,8 @@ class _PyplotFinder:
 def _flush_all() -> None:
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except Exception:  # noqa: BLE001 - user code may have replaced or closed the stream
             pass
     try:
@@ -185,7 +189,7 @@ def _flush_all() -> None:
 
             _State.libc = ctypes.CDLL(None)
         _State.libc.fflush(None)  # C extensions' stdio buffers
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - best effort: no libc, or a cell broke its stdio
         pass
 
 
@@ -196,7 +200,7 @@ def _keep_stdio() -> None:
 
 def _restore_stdio() -> None:
     """Put the session's pipes back on fds 1 and 2, and working streams on sys.stdout/stderr."""
-    for fd, copy in zip((1, 2), _State.stdio_copies):
+    for fd, copy in zip((1, 2), _State.stdio_copies, strict=True):
         if copy < 0:
             continue
         try:
@@ -283,7 +287,7 @@ def run(source: str, namespace: dict) -> tuple[int, bool]:
     _State.in_user_code = True
     try:
         try:
-            exec(compiled, namespace)  # noqa: S102 - running the caller's code is this process's job
+            exec(compiled, namespace)  # running the caller's code is this process's job
         finally:
             _State.in_user_code = False
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell is a result

@@ -107,7 +107,12 @@ def native_arch() -> str | None:
 def denied_numbers(arch: str) -> dict[int, str]:
     """Syscall number -> name of every call refused with EPERM on `arch`."""
     column = ARCHES[arch][0]
-    return {numbers[column]: name for name, numbers in DENIED.items() if numbers[column] is not None}
+    denied: dict[int, str] = {}
+    for name, numbers in DENIED.items():
+        number = numbers[column]
+        if number is not None:
+            denied[number] = name
+    return denied
 
 
 def build_program(arch: str) -> list[tuple[int, int, int, int]]:
@@ -124,7 +129,7 @@ def _program(arch: str) -> tuple[tuple[int, int, int, int], ...]:
     """
     audit_arch = ARCHES[arch][1]
     # Instructions with symbolic jump targets (labels) resolved in a second pass.
-    prog: list[tuple[int, object, object, int]] = [
+    prog: list[tuple[int, int | str, int | str, int]] = [
         (BPF_LD_W_ABS, 0, 0, OFF_ARCH),
         (BPF_JEQ_K, 0, "kill", audit_arch),
         (BPF_LD_W_ABS, 0, 0, OFF_NR),
@@ -145,7 +150,7 @@ def _program(arch: str) -> tuple[tuple[int, int, int, int], ...]:
 
     resolved = []
     for index, (code, jt, jf, k) in enumerate(prog):
-        offsets = []
+        offsets: list[int] = []
         for target in (jt, jf):
             if isinstance(target, str):
                 offset = labels[target] - index - 1
@@ -153,7 +158,7 @@ def _program(arch: str) -> tuple[tuple[int, int, int, int], ...]:
                     raise ValueError("seccomp program too long for an 8-bit jump")
                 offsets.append(offset)
             else:
-                offsets.append(int(target))  # type: ignore[arg-type]
+                offsets.append(target)
         resolved.append((code, offsets[0], offsets[1], k))
     return tuple(resolved)
 

@@ -67,7 +67,7 @@ def parse_line(buf: bytearray) -> bytes | None:
 class Shell(PersistentChild):
     kind = "shell"
 
-    def __init__(self, *, bash: str, workspace: str, env: dict[str, str], preexec,  # noqa: ANN001
+    def __init__(self, *, bash: str, workspace: str, env: dict[str, str], preexec,
                  reaper: procs.Reaper, max_output_bytes: int, grace_seconds: float) -> None:
         super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
         self._bash = bash
@@ -89,7 +89,7 @@ class Shell(PersistentChild):
             worker.seq = 1
             await worker.send(self.encode_request(":", 1))
             await asyncio.wait_for(self._completion(worker, 1), START_TIMEOUT_SECONDS)
-        except (asyncio.TimeoutError, WorkerDied):
+        except (TimeoutError, WorkerDied):
             await worker.close()
             raise ChildStartFailed("the shell failed to start") from None
         return worker

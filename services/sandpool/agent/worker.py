@@ -27,6 +27,12 @@ log = logging.getLogger("sandpool.agent.worker")
 _READ_CHUNK = 65536
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """The writer callback: wake the one send waiting for the fd to take more."""
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class WorkerDied(Exception):
     """The child exited (or broke its control channel) while a call ran."""
 
@@ -85,7 +91,7 @@ class Worker:
         ev_r, ev_w = os.pipe()
         argv = self._argv + ([str(req_r), str(ev_w)] if self._extra_fds_in_argv else [])
         try:
-            self.proc = subprocess.Popen(  # noqa: S603 - argv is ours, never the caller's
+            self.proc = subprocess.Popen(  # argv is ours, never the caller's
                 argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, pass_fds=(req_r, ev_w),
                 cwd=self._cwd, env=self._env, start_new_session=True, preexec_fn=self._preexec,
                 close_fds=True)
@@ -137,8 +143,8 @@ class Worker:
                 pass
             except OSError:
                 return  # the child died; the event channel reports it
-            writable = loop.create_future()
-            loop.add_writer(fd, lambda: writable.done() or writable.set_result(None))
+            writable: asyncio.Future[None] = loop.create_future()
+            loop.add_writer(fd, _wake, writable)
             try:
                 await writable
             finally:

@@ -126,7 +126,7 @@ def parse_changes(changes: list[str]) -> dict[str, Any]:
 def _table(rows: list[list[Any]], headers: list[str]) -> str:
     cells = [[str(h) for h in headers]] + [["" if v is None else str(v) for v in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
 

@@ -12,12 +12,12 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
 from sandpool.client import calls
-from sandpool.client.calls import Call, Timeouts, Upload
+from sandpool.client.calls import Call, T, Timeouts, Upload
 from sandpool.client.config import ClientConfig
 from sandpool.client.errors import SandpoolClientError
 from sandpool.client.results import ExecResult, FileInfo, OutputFile, SessionInfo, UploadResult
@@ -72,11 +72,13 @@ class AsyncClient:
 
     # --- plumbing ------------------------------------------------------------------------
 
-    async def _run(self, call: Call) -> Any:
+    async def _run(self, call: Call[T]) -> T:
         request_id = uuid.uuid4().hex
         headers = {**self.config.headers, REQUEST_ID_HEADER: request_id}
         url = self.config.url(call.path)
         waited, attempt = 0.0, 0
+        value: T | None
+        err: SandpoolClientError | None
         while True:
             attempt += 1
             try:
@@ -85,9 +87,10 @@ class AsyncClient:
             except httpx.TransportError as exc:
                 value, err = None, error_for_transport(call, exc)
             else:
-                value, err = read_response(call, resp)
+                answer = read_response(call, resp)  # apart: inferred against `value: T | None`, Call[T] would not match
+                value, err = answer
             if err is None:
-                return value
+                return cast(T, value)  # None only for an absent_ok call, whose T is None
             delay = retry_delay(self.config.retry, call, err, attempt - 1, waited)
             if delay is None:
                 raise finish_error(err, request_id, attempt)
@@ -120,8 +123,8 @@ class AsyncClient:
     async def session(self, *, idle_timeout_seconds: int | None = None, max_lifetime_seconds: int | None = None,
                 image: str | None = None, **extra: Any) -> AsyncIterator[AsyncSession]:
         """A session destroyed when the block exits, however it exits."""
-        s = await self.create_session(idle_timeout_seconds=idle_timeout_seconds, max_lifetime_seconds=max_lifetime_seconds,
-                                image=image, **extra)
+        s = await self.create_session(idle_timeout_seconds=idle_timeout_seconds,
+                                      max_lifetime_seconds=max_lifetime_seconds, image=image, **extra)
         async with s:
             yield s
 

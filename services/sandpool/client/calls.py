@@ -23,13 +23,13 @@ import enum
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
 
 from sandpool.client.errors import ProtocolError
-from sandpool.client.results import ExecResult, SessionInfo, UploadResult, file_infos_from_body
+from sandpool.client.results import ExecResult, FileInfo, SessionInfo, UploadResult, file_infos_from_body
 
 TOOL_PYTHON = "code_execution"
 TOOL_BASH = "bash_code_execution"
@@ -64,15 +64,20 @@ class Timeouts:
         return httpx.Timeout(max(read, self.request), connect=min(self.connect, self.request))
 
 
+T = TypeVar("T")
+
+
 @dataclass
-class Call:
+class Call(Generic[T]):
+    """One contract call; `parse` turns its successful answer into the `T` the caller gets."""
+
     operation: str
     method: str
     path: str
     expect: tuple[int, ...]
     retry: Retry
     timeout: httpx.Timeout
-    parse: Callable[[httpx.Response], Any]
+    parse: Callable[[httpx.Response], T]
     params: dict[str, str] | None = None
     json: dict[str, Any] | None = None
     files: dict[str, Any] | None = None
@@ -100,7 +105,7 @@ def _session_path(session_id: str, suffix: str = "") -> str:
 
 def create_session(timeouts: Timeouts, *, idle_timeout_seconds: int | None = None,
                    max_lifetime_seconds: int | None = None, image: str | None = None,
-                   **extra: Any) -> Call:
+                   **extra: Any) -> Call[SessionInfo]:
     body: dict[str, Any] = {k: v for k, v in {
         "idle_timeout_seconds": idle_timeout_seconds,
         "max_lifetime_seconds": max_lifetime_seconds,
@@ -111,7 +116,7 @@ def create_session(timeouts: Timeouts, *, idle_timeout_seconds: int | None = Non
                 lambda r: SessionInfo.from_body(_json(r)), json=body)
 
 
-def destroy_session(timeouts: Timeouts, session_id: str) -> Call:
+def destroy_session(timeouts: Timeouts, session_id: str) -> Call[None]:
     return Call("destroy_session", "DELETE", _session_path(session_id), (204, 200), Retry.SAFE,
                 timeouts.plain(), lambda r: None, absent_ok=True)
 
@@ -133,7 +138,7 @@ def exec_budget(timeouts: Timeouts, timeout_seconds: int | None, session_default
 
 def execute(timeouts: Timeouts, session_id: str, tool: str, tool_input: dict[str, Any], *,
             timeout_seconds: int | None, tool_use_id: str | None, session_exec_timeout: int | None = None,
-            session_max_exec_timeout: int | None = None) -> Call:
+            session_max_exec_timeout: int | None = None) -> Call[ExecResult]:
     body: dict[str, Any] = {"tool": tool, "input": tool_input}
     if timeout_seconds is not None:
         body["timeout_seconds"] = timeout_seconds
@@ -148,19 +153,19 @@ def editor_input(command: str, path: str, **fields: Any) -> dict[str, Any]:
     return {"command": command, "path": path, **{k: v for k, v in fields.items() if v is not None}}
 
 
-def list_files(timeouts: Timeouts, session_id: str, path: str = ".") -> Call:
+def list_files(timeouts: Timeouts, session_id: str, path: str = ".") -> Call[list[FileInfo]]:
     return Call("list_files", "GET", _session_path(session_id, "/files/list"), (200,), Retry.SAFE,
                 timeouts.plain(), lambda r: file_infos_from_body(_json(r)), params={"path": path})
 
 
-def get_file(timeouts: Timeouts, session_id: str, path: str) -> Call:
+def get_file(timeouts: Timeouts, session_id: str, path: str) -> Call[bytes]:
     if not path:
         raise ValueError("path must not be empty")
     return Call("get_file", "GET", _session_path(session_id, "/files"), (200,), Retry.SAFE,
                 timeouts.plain(), lambda r: r.content, params={"path": path})
 
 
-def put_file(timeouts: Timeouts, session_id: str, path: str, data: Upload) -> Call:
+def put_file(timeouts: Timeouts, session_id: str, path: str, data: Upload) -> Call[UploadResult]:
     """PutFile: `data` is bytes or a binary file object (streamed, not read into memory)."""
     if not path:
         raise ValueError("path must not be empty")

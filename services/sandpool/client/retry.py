@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 
@@ -43,8 +43,8 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    current = now or datetime.now(timezone.utc)
+        when = when.replace(tzinfo=UTC)
+    current = now or datetime.now(UTC)
     return max(0.0, (when - current).total_seconds())
 
 
@@ -70,7 +70,7 @@ class RetryPolicy:
             raise ValueError("retry waits must be >= 0")
 
     def backoff_cap(self, retry_number: int) -> float:
-        return min(self.max_backoff, self.base_backoff * (2 ** min(retry_number, 32)))
+        return min(self.max_backoff, self.base_backoff * (2.0 ** min(retry_number, 32)))
 
     def next_delay(
         self,

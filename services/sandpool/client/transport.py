@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from sandpool.client.calls import Call, Retry
+from sandpool.client.calls import Call, Retry, T
 from sandpool.client.errors import (
     ConnectionFailed,
     ConnectionLost,
@@ -25,7 +25,7 @@ from sandpool.client.retry import RetryPolicy
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
-def error_for_transport(call: Call, exc: httpx.TransportError) -> SandpoolClientError:
+def error_for_transport(call: Call[Any], exc: httpx.TransportError) -> SandpoolClientError:
     where = f"{call.method} {call.path}"
     if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)):
         err: SandpoolClientError = ConnectionFailed(f"could not connect for {where}: {exc}")
@@ -37,7 +37,7 @@ def error_for_transport(call: Call, exc: httpx.TransportError) -> SandpoolClient
     return err
 
 
-def read_response(call: Call, resp: httpx.Response) -> tuple[Any, SandpoolClientError | None]:
+def read_response(call: Call[T], resp: httpx.Response) -> tuple[T | None, SandpoolClientError | None]:
     """The parsed value of a successful answer, or the error an unsuccessful one stands for."""
     if resp.status_code in call.expect:
         try:
@@ -53,7 +53,7 @@ def read_response(call: Call, resp: httpx.Response) -> tuple[Any, SandpoolClient
     return None, error_from_response(resp.status_code, resp.headers, body)
 
 
-def may_retry(call: Call, err: SandpoolClientError) -> bool:
+def may_retry(call: Call[Any], err: SandpoolClientError) -> bool:
     """Whether this call may be offered again automatically after `err` (see `calls` for the rules)."""
     if isinstance(err, ConnectionFailed):
         return call.rewind is None or call.rewind()
@@ -64,7 +64,7 @@ def may_retry(call: Call, err: SandpoolClientError) -> bool:
     return False
 
 
-def retry_delay(policy: RetryPolicy, call: Call, err: SandpoolClientError, retry_number: int,
+def retry_delay(policy: RetryPolicy, call: Call[Any], err: SandpoolClientError, retry_number: int,
                 waited: float) -> float | None:
     """Seconds to wait before offering `call` again, or None to raise `err` now."""
     if not may_retry(call, err):

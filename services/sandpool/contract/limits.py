@@ -29,8 +29,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from sandpool.contract.tenancy import HEADER_PREFIX
-
 Enforcer = Literal["proxy", "scheduler", "lease"]
 Kind = Literal["count", "list"]
 

@@ -8,7 +8,7 @@ the contract's schema alone cannot express.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -139,10 +139,10 @@ class TextEditorRequest(_ExecBase):
 
 
 ExecRequest = Annotated[
-    Union[CodeExecutionRequest, BashExecutionRequest, TextEditorRequest],
+    CodeExecutionRequest | BashExecutionRequest | TextEditorRequest,
     Field(discriminator="tool"),
 ]
-_exec_adapter: TypeAdapter[Any] = TypeAdapter(ExecRequest)
+_exec_adapter: TypeAdapter[CodeExecutionRequest | BashExecutionRequest | TextEditorRequest] = TypeAdapter(ExecRequest)
 
 
 class UnknownTool(ValueError):

@@ -88,7 +88,8 @@ class OperationFastPath:
 
 def session_id_of(request: Request) -> str:
     """The `{session_id}` segment of a contract path (`/sessions/{id}[/...]`)."""
-    return request.scope["path"].split("/", 3)[2]
+    path: str = request.scope["path"]
+    return path.split("/", 3)[2]
 
 
 async def client_gone(request: Request) -> None:

@@ -147,7 +147,7 @@ class _Connection(asyncio.Protocol):
 
     # --- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection gets a Transport
 
     def data_received(self, data: bytes) -> None:
         try:

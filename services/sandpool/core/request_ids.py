@@ -28,7 +28,7 @@ _QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scra
 def request_id_from(scope: Scope) -> str:
     for name, value in scope["headers"]:
         if name == _HEADER_KEY:
-            candidate = value.decode("latin-1")
+            candidate: str = value.decode("latin-1")
             if _PATTERN.fullmatch(candidate):
                 return candidate
             break

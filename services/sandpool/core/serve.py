@@ -163,7 +163,7 @@ def serve(service: str, build_app: Callable[[], Any], *, host: str, port: int, u
     options: dict[str, Any] = {"log_config": None, "access_log": False, "lifespan": "on",
                                "server_header": False, "proxy_headers": False, **uvicorn_options}
     try:
-        import uvloop  # noqa: F401
+        import uvloop  # noqa: F401 - only whether it is installed; uvicorn imports it by name
 
         options.setdefault("loop", "uvloop")
     except ImportError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Set
 from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
@@ -74,7 +75,7 @@ def _is_list(annotation: Any) -> bool:
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[ServiceSettings],
-                           *, exclude: set[str] = frozenset()) -> None:
+                           *, exclude: Set[str] = frozenset()) -> None:
     """Add one flag per settings field, with its help text, default and variable name."""
     for name, info in settings_cls.model_fields.items():
         if name in exclude:
@@ -82,7 +83,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[S
         if not _is_cli(info):
             parser.epilog = (parser.epilog or "") + f" {env_name(name)}: {info.description}"
             continue
-        default = info.default if info.default_factory is None else info.default_factory()
+        default = info.get_default(call_default_factory=True)
         if isinstance(default, list):
             default = ",".join(map(str, default)) or "(none)"
         shown = "(none)" if default is None else default

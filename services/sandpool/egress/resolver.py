@@ -41,7 +41,7 @@ class SystemResolver:
         try:
             infos = await asyncio.wait_for(
                 loop.getaddrinfo(name, None, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP), self.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ResolveFailed(f"resolving {name} timed out") from None
         except (socket.gaierror, UnicodeError, OSError) as exc:
             raise ResolveFailed(f"cannot resolve {name} ({getattr(exc, 'strerror', None) or exc})") from None

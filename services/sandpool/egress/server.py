@@ -143,7 +143,7 @@ class EgressProxy:
         try:
             head = await asyncio.wait_for(read_head(reader, max_bytes=self.settings.max_header_bytes),
                                           self.settings.header_timeout_seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._refuse(reader, writer, Refusal(408, "head_timeout", "sandpool egress: request head too slow"))
             return
         except Refusal as refusal:
@@ -203,7 +203,7 @@ class EgressProxy:
             try:
                 return await asyncio.wait_for(
                     asyncio.open_connection(str(self.policy.connectable(address)), destination.port), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 last = "timed out"
                 break
             except OSError as exc:
@@ -245,7 +245,7 @@ class EgressProxy:
         try:
             hello = await asyncio.wait_for(read_client_hello(reader, max_bytes=self.settings.max_header_bytes),
                                            self.settings.header_timeout_seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "hello_timeout"
         except asyncio.IncompleteReadError:
             return "hello_incomplete"
@@ -340,7 +340,7 @@ class EgressProxy:
                                           self.settings.header_timeout_seconds)
             if head is not None:
                 await self._answer(head, writer, metrics_listener=True)
-        except (Refusal, asyncio.TimeoutError, ConnectionError, OSError):
+        except (TimeoutError, Refusal, ConnectionError, OSError):
             pass
         finally:
             await close_quietly(writer)

@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 @dataclass(frozen=True)
 class ControllerMetrics:
     sandbox_start: Histogram  # sandpool_sandbox_start_seconds{pool}
-    reconciled: Counter  # sandpool_reconciled_total{kind: orphan_sandbox|stale_record|stuck_starting|surplus_ready|lost|stale_waiter}
+    # sandpool_reconciled_total{kind: orphan_sandbox|stale_record|stuck_starting|surplus_ready|lost|stale_waiter}
+    reconciled: Counter
     provider_errors: Counter  # sandpool_provider_errors_total{provider, operation: create|destroy|list}
     pool_target: Gauge  # sandpool_pool_target{pool}: the warm target the controller chose
     pool_lease_rate: Gauge  # sandpool_pool_lease_rate{pool}: leases per second over the last minute
@@ -48,4 +49,4 @@ class ControllerMetrics:
     @classmethod
     def from_scheduler(cls, scheduler_metrics: Any) -> ControllerMetrics:
         """Share the scheduler's metric objects (`SchedulerMetrics`), so its /metrics shows them."""
-        return scheduler_metrics.controller  # type: ignore[no-any-return]
+        return scheduler_metrics.controller

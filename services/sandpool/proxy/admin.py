@@ -115,7 +115,7 @@ class Revocation(BaseModel):
 
 
 def _gate(request: Request) -> Gate:
-    return request.app.state.gate  # type: ignore[no-any-return]
+    return request.app.state.gate
 
 
 def caller(operation: str) -> Callable[[Request], Awaitable[Principal]]:
@@ -156,7 +156,7 @@ def _day(value: str, name: str) -> dt.date:
 def _days(start: str | None, end: str | None) -> list[str]:
     if start is None and end is None:
         return []
-    today = dt.datetime.now(dt.timezone.utc).date()
+    today = dt.datetime.now(dt.UTC).date()
     last = _day(end, "to") if end is not None else today
     first = _day(start, "from") if start is not None else last
     if first > last:
@@ -182,11 +182,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 def build_router() -> APIRouter:
     """The `/v1` routes, with the policy model of the limits catalogue as it is now."""
-    Policy = policy_model()  # noqa: N806 - a model class, named as one
+    Policy = policy_model()  # a model class, named as one
 
     class PolicyView(BaseModel):
         workspace: str
-        policy: Policy = Field(description=(  # type: ignore[valid-type]
+        # Policy: a model class built at run time from the limits catalogue, which mypy cannot see
+        policy: Policy = Field(description=(  # type: ignore[valid-type]  # see above
             "What is stored (null limits inherit the ceiling; a null egress_allow is empty: no egress)"))
         effective: EffectivePolicy
         ceilings: dict[str, int] = Field(description="The operator's ceilings, as enforced (0: none)")
@@ -195,7 +196,7 @@ def build_router() -> APIRouter:
 
     def view(workspace: str, policy: BaseModel, ceilings: dict[str, int],
              egress_ceiling: list[str] | None) -> PolicyView:
-        images = policy.allowed_images  # type: ignore[attr-defined]
+        images = policy.allowed_images  # type: ignore[attr-defined]  # a field of policy_model()
         return PolicyView(workspace=workspace, policy=policy, ceilings=ceilings, egress_ceiling=egress_ceiling,
                           effective=EffectivePolicy(
                               allowed_images=sorted(images) if images is not None else None,
@@ -207,8 +208,10 @@ def build_router() -> APIRouter:
     @router.get("/usage", response_model=Usage, summary="A workspace's usage: totals and per-day counters")
     async def get_usage(request: Request, principal: Annotated[Principal, Depends(caller("get_usage"))],
                         workspace: Annotated[str | None, Query(description="Default: the token's workspace")] = None,
-                        start: Annotated[str | None, Query(alias="from", description="First UTC day, YYYY-MM-DD")] = None,
-                        end: Annotated[str | None, Query(alias="to", description="Last UTC day (default today)")] = None,
+                        start: Annotated[str | None,
+                                         Query(alias="from", description="First UTC day, YYYY-MM-DD")] = None,
+                        end: Annotated[str | None,
+                                       Query(alias="to", description="Last UTC day (default today)")] = None,
                         ) -> Usage:
         target = _workspace_for(principal, workspace)
         days = _days(start, end)
@@ -221,7 +224,8 @@ def build_router() -> APIRouter:
 
     @router.get("/sessions", response_model=SessionList, summary="A workspace's live sessions and their deadlines")
     async def list_sessions(request: Request, principal: Annotated[Principal, Depends(caller("list_sessions"))],
-                            workspace: Annotated[str | None, Query(description="Default: the token's workspace")] = None,
+                            workspace: Annotated[str | None,
+                                                 Query(description="Default: the token's workspace")] = None,
                             limit: Annotated[int, Query(ge=1, le=MAX_SESSIONS_LISTED)] = 1000) -> SessionList:
         target = _workspace_for(principal, workspace)
         gate = _gate(request)
@@ -270,7 +274,7 @@ def build_router() -> APIRouter:
     @router.put("/workspaces/{workspace}/policy", response_model=PolicyView,
                 summary="Replace a workspace's policy (admin); values above a ceiling are refused")
     async def put_policy(request: Request, workspace: WorkspaceName,
-                         policy: Annotated[Policy, Body()],  # type: ignore[valid-type]
+                         policy: Annotated[Policy, Body()],  # type: ignore[valid-type]  # see PolicyView
                          principal: Annotated[Principal, Depends(caller("put_policy"))]) -> PolicyView:
         _require_admin(principal)
         gate = _gate(request)

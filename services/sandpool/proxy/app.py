@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from enum import Enum
 from typing import Any
 
 import httpx
@@ -184,7 +185,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
     app.add_middleware(EdgeMiddleware, metrics=metrics)  # outermost: request ids and metrics for everything
     if not settings.tracing:  # (traced, the contract goes through FastAPI's instrumented stack above)
         app.serve_operations(contract, outer=lambda inner: EdgeMiddleware(inner, metrics=metrics))
-    contract_tags = ["contract v1"]
+    contract_tags: list[str | Enum] = ["contract v1"]  # FastAPI's own type for `tags`
     contract_errors: dict[int | str, dict[str, Any]] = {
         401: {"model": ErrorBody, "description": "No valid bearer token (`cause` says why)"},
         403: {"model": ErrorBody, "description": "CreateSession: `image_not_allowed` by the workspace's policy"},

@@ -11,8 +11,8 @@ from sandpool.proxy.settings import ProxySettings
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("proxy", help="authenticate tokens, apply workspace policy, forward to the scheduler",
-                                   description=__doc__)
+    parser = subparsers.add_parser("proxy", description=__doc__,
+                                   help="authenticate tokens, apply workspace policy, forward to the scheduler")
     add_settings_arguments(parser, ProxySettings)
     # The singular spelling the docs use: --auth-public-key A --auth-public-key B.
     parser.add_argument("--auth-public-key", dest="auth_public_keys", action="append", default=None,

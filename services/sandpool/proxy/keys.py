@@ -71,13 +71,13 @@ def thumbprint(key: PublicKey) -> str:
         raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         members = {"crv": "Ed25519", "kty": "OKP", "x": _b64(raw)}
     elif isinstance(key, rsa.RSAPublicKey):
-        numbers = key.public_numbers()
-        members = {"e": _int_b64(numbers.e), "kty": "RSA", "n": _int_b64(numbers.n)}
+        rsa_numbers = key.public_numbers()
+        members = {"e": _int_b64(rsa_numbers.e), "kty": "RSA", "n": _int_b64(rsa_numbers.n)}
     elif isinstance(key, ec.EllipticCurvePublicKey):
-        numbers = key.public_numbers()
+        ec_numbers = key.public_numbers()
         size = (key.curve.key_size + 7) // 8
-        members = {"crv": "P-256", "kty": "EC", "x": _b64(numbers.x.to_bytes(size, "big")),
-                   "y": _b64(numbers.y.to_bytes(size, "big"))}
+        members = {"crv": "P-256", "kty": "EC", "x": _b64(ec_numbers.x.to_bytes(size, "big")),
+                   "y": _b64(ec_numbers.y.to_bytes(size, "big"))}
     else:
         raise ValueError(f"unsupported key type {type(key).__name__}")
     canonical = json.dumps(members, separators=(",", ":"), sort_keys=True).encode()
@@ -100,7 +100,9 @@ def load_pem_public_key(path: str | Path) -> TrustedKey:
         algorithm = algorithm_for(key)
     except ValueError as exc:
         raise ConfigurationError(f"--auth-public-key {path}: not a usable public key ({exc})") from None
-    return TrustedKey(kid=thumbprint(key), algorithm=algorithm, key=key, source=str(path))  # type: ignore[arg-type]
+    # algorithm_for refused every key type TrustedKey does not hold
+    return TrustedKey(kid=thumbprint(key), algorithm=algorithm, key=key,  # type: ignore[arg-type]  # see above
+                      source=str(path))
 
 
 def parse_jwks(document: Any, *, source: str = "jwks") -> list[TrustedKey]:

@@ -50,7 +50,7 @@ LIST_CHECKS = {"egress_allow": _egress_entries}
 def _list_field(limit: catalogue.Limit) -> tuple[Any, Any]:
     entry = Annotated[str, Field(min_length=1, max_length=catalogue.MAX_LIST_ENTRY_LENGTH)]
     check = LIST_CHECKS.get(limit.name, lambda value: value)
-    return (Annotated[list[entry] | None, AfterValidator(check)],  # type: ignore[valid-type]
+    return (Annotated[list[entry] | None, AfterValidator(check)],
             Field(default=None, max_length=catalogue.MAX_LIST_ENTRIES, description=limit.description))
 
 
@@ -131,7 +131,8 @@ def effective(policy: BaseModel, proxy_ceilings: Mapping[str, int]) -> Effective
     headers = tuple((limit.header, _header_value(limit, values, lists)) for limit in catalogue.forwarded()
                     if limit.header is not None)
     rate = catalogue.combine(values.get("requests_per_minute", 0), int(proxy_ceilings.get("requests_per_minute") or 0))
-    images = frozenset(policy.allowed_images) if policy.allowed_images is not None else None  # type: ignore[attr-defined]
+    allowed = policy.allowed_images  # type: ignore[attr-defined]  # a field of policy_model(), built at run time
+    images = frozenset(allowed) if allowed is not None else None
     return Effective(allowed_images=images, requests_per_minute=rate, headers=headers)
 
 

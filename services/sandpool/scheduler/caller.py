@@ -78,7 +78,7 @@ class CallerResolver:
             raise TenancyMissing(f"{tenancy.WORKSPACE} is required")
         if not tenancy.is_valid_workspace(workspace):
             raise TenancyInvalid(f"{tenancy.WORKSPACE} is not a valid workspace name")
-        values = {limit.name: _policy_value(headers, limit.header)  # type: ignore[arg-type]
+        values = {limit.name: _policy_value(headers, limit.header)  # type: ignore[arg-type]  # all have a header
                   for limit in self._counts}
         egress = _egress_allow(headers)
         return Caller(workspace=workspace, policy=WorkspacePolicy(values), egress_allow=egress)

@@ -40,7 +40,7 @@ class FileBytes:
             return
         try:
             self._parser.write(chunk)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a body it cannot parse counts nothing; the relay goes on
             self._parser = None
 
     def _part_begin(self) -> None:

@@ -177,7 +177,7 @@ class SandboxStore:
                 pipe.hgetall(self.keys.sandbox(sandbox_id))
             raw = await pipe.execute()
         return {sid: SandboxRecord.from_fields(sid, {str(k): str(v) for k, v in fields.items()})
-                for sid, fields in zip(sandbox_ids, raw)}
+                for sid, fields in zip(sandbox_ids, raw, strict=True)}
 
     @translated
     async def session_on(self, session_id: str) -> str:

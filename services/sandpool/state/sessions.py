@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sandpool.state import scripts
 from sandpool.state.client import Client
@@ -114,7 +114,7 @@ def _number(value: str) -> int | float:
 
 
 def _handle(session_id: str, values: list[str | None], deadline: float | None) -> dict[str, Any]:
-    record = dict(zip(HANDLE_FIELDS, values))
+    record = dict(zip(HANDLE_FIELDS, values, strict=True))
     out: dict[str, Any] = {"session_id": session_id}
     for name, value in record.items():
         if value is None or name == "workspace":
@@ -243,7 +243,7 @@ class SessionStore:
             for waiter in waiters:
                 pipe.hget(self.keys.waiter(waiter), "state")
             states = await pipe.execute()
-        return {waiter for waiter, state in zip(waiters, states) if state != "queued"}
+        return {waiter for waiter, state in zip(waiters, states, strict=True) if state != "queued"}
 
     @translated
     async def last_error(self, pool: str) -> str:
@@ -336,7 +336,8 @@ class SessionStore:
     @translated
     async def due(self, now: float, limit: int) -> list[str]:
         """Session ids whose deadline has passed, oldest first (an index range, never a scan)."""
-        return list(await self.redis.zrangebyscore(self.keys.deadlines, "-inf", now, start=0, num=limit))
+        due = await self.redis.zrangebyscore(self.keys.deadlines, "-inf", now, start=0, num=limit)
+        return cast(list[str], list(due))  # members only (no scores), decoded: the client decodes responses
 
     @translated
     async def pool_counts(self, pool: str) -> PoolCounts:

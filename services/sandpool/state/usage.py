@@ -71,5 +71,5 @@ class UsageStore:
             for day in days:
                 pipe.hgetall(self.keys.usage_day(workspace, day))
             results = await pipe.execute()
-        per_day = [{"day": day, "counters": view(raw)} for day, raw in zip(days, results[1:])]
+        per_day = [{"day": day, "counters": view(raw)} for day, raw in zip(days, results[1:], strict=True)]
         return view(results[0]), per_day

@@ -337,7 +337,7 @@ async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: s
         cleaner = PoolController(client, Keys(prefix=prefix), provider, specs, replica_id="sandpool-up-shutdown",
                                  start_timeout_seconds=0)
         await cleaner.reconcile()
-    except Exception as exc:  # Redis gone already: the next start's reconciliation does it
+    except Exception as exc:  # noqa: BLE001 - Redis gone already: the next start's reconciliation does it
         log.warning("could not forget sandbox records", extra={"error": str(exc)})
     finally:
         await close(client)

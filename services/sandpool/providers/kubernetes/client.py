@@ -185,7 +185,8 @@ class KubeApi:
             self.stats.by_operation[operation] = self.stats.by_operation.get(operation, 0) + 1
             delay: float | None = None
             try:
-                return await loop.run_in_executor(self._executor, functools.partial(self._blocking, method, args, kwargs))
+                return await loop.run_in_executor(self._executor,
+                                                  functools.partial(self._blocking, method, args, kwargs))
             except ApiException as exc:
                 status = int(exc.status or 0)
                 message = _message(exc)
@@ -213,7 +214,7 @@ class KubeApi:
                 raise failure
             attempt += 1
             self.stats.retries += 1
-            backoff = min(self.settings.kube_backoff_max_seconds, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.0)  # noqa: S311
+            backoff = min(self.settings.kube_backoff_max_seconds, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.0)
             wait = max(delay, backoff) if delay is not None else backoff
             log.info("kubernetes call retried", extra={"operation": operation, "status": failure.status,
                                                        "attempt": attempt, "wait_seconds": round(wait, 3)})
@@ -249,7 +250,8 @@ class KubeApi:
 
     # --- the watch (blocking: runs on the watcher's own thread) -------------------------------
 
-    def watch_pods_blocking(self, selector: str, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
+    def watch_pods_blocking(self, selector: str, resource_version: str,
+                            timeout_seconds: int) -> Iterator[dict[str, Any]]:
         """Yield raw watch events from `resource_version` until the server ends the request.
 
         An ERROR event carrying 410 (or an HTTP 410) raises `Gone`; other failures raise
@@ -285,11 +287,11 @@ class KubeApi:
                     continue
                 event = json.loads(line)
                 if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    code = int(status.get("code") or 0)
+                    failure = event.get("object") or {}
+                    code = int(failure.get("code") or 0)
                     if code == 410:
-                        raise Gone("watch_pods", code, str(status.get("message", "")), transient=True)
-                    raise ApiError("watch_pods", code, str(status.get("message", "")), transient=True)
+                        raise Gone("watch_pods", code, str(failure.get("message", "")), transient=True)
+                    raise ApiError("watch_pods", code, str(failure.get("message", "")), transient=True)
                 yield event
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             self.stats.connection_errors += 1
@@ -309,5 +311,5 @@ class KubeApi:
             return
         try:
             resp.shutdown()
-        except Exception:  # noqa: BLE001 - best effort: the read timeout ends the stream anyway
+        except Exception:  # best effort: the read timeout ends the stream anyway
             log.debug("could not shut down the watch stream", exc_info=True)

@@ -28,7 +28,7 @@ from sandpool.providers.kubernetes.pool_options import KubernetesPoolOptions
 AGENT_CONTAINER = "agent"
 AGENT_PORT_NAME = "agent"
 WORKSPACE_DIR = "/workspace"
-TMP_DIR = "/tmp"  # noqa: S108 - the pod's own size-limited emptyDir, not the host's /tmp
+TMP_DIR = "/tmp"  # the pod's own size-limited emptyDir, not the host's /tmp
 SECRET_DIR = "/var/run/sandpool"
 SECRET_KEY = "secret"
 SECRET_FILE = f"{SECRET_DIR}/{SECRET_KEY}"
@@ -143,7 +143,7 @@ def agent_command(pool: PoolSpec, opts: PodOptions, *, egress_proxy: str | None 
     the credential from the pod's Secret.
     """
     command = list(pool.command) or list(DEFAULT_AGENT_COMMAND)
-    args = ["--host", "0.0.0.0", "--port", str(opts.agent_port),  # noqa: S104 - the pod's own network namespace
+    args = ["--host", "0.0.0.0", "--port", str(opts.agent_port),  # the pod's own network namespace
             "--workspace", WORKSPACE_DIR, "--secret-file", SECRET_FILE]
     if egress_proxy is not None:
         args += ["--egress-proxy", egress_proxy, "--egress-credential-file", EGRESS_FILE]

@@ -43,11 +43,11 @@ from sandpool.providers.kubernetes.pods import (
     HEALTH_PATH,
     InvalidPool,
     PodOptions,
+    PodState,
     agent_address,
     build_pod,
     build_secret,
     check_sandbox_id,
-    PodState,
     installation_selector,
     object_name,
     read_pod,
@@ -352,7 +352,7 @@ class KubernetesProvider:
             return
         try:
             listener(sandbox_id, reason)
-        except Exception:  # noqa: BLE001 - the listener's bug must not stop the watch
+        except Exception:  # the listener's bug must not stop the watch
             log.exception("sandbox loss listener failed", extra={"sandbox": sandbox_id})
 
     # --- list and describe --------------------------------------------------------------------

@@ -152,7 +152,7 @@ class PodWatcher:
                 # API-server restart into a storm of LISTs.
                 if exc.status and failures >= 3:
                     self._relist_from_thread()
-            except Exception:  # noqa: BLE001 - the watch must outlive any one bad event
+            except Exception:  # the watch must outlive any one bad event
                 failures += 1
                 log.exception("pod watch crashed; resuming")
                 self._stop.wait(self._backoff(failures))
@@ -211,8 +211,8 @@ class PodWatcher:
                 self._remember_gone(old)
                 self._changed(old, None)  # deleted while the watch was not looking
         for name, new in fresh.items():
-            old = previous.get(name)
-            self._changed(old if old is not None and old.uid == new.uid else None, new)
+            before = previous.get(name)
+            self._changed(before if before is not None and before.uid == new.uid else None, new)
         for name in list(self._waiters):
             self._wake(name)
 
@@ -229,7 +229,7 @@ class PodWatcher:
             if self.on_lost is not None:
                 try:
                     self.on_lost(state, reason)
-                except Exception:  # noqa: BLE001 - a listener's bug must not stop the watch
+                except Exception:  # a listener's bug must not stop the watch
                     log.exception("pod loss listener failed", extra={"pod": state.name})
         if new is None:
             self._lost.pop(state.uid, None)

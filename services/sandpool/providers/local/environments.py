@@ -354,7 +354,7 @@ def _umask() -> None:
     os.umask(0o022)  # sandbox uids read what the build writes
 
 
-def _run(argv: list[str], log_file, spec: EnvironmentSpec, *, what: str,  # noqa: ANN001
+def _run(argv: list[str], log_file, spec: EnvironmentSpec, *, what: str,
          env: dict[str, str] | None = None) -> None:
     log_file.write(f"$ {' '.join(argv)}\n")
     log_file.flush()
@@ -369,7 +369,7 @@ def _run(argv: list[str], log_file, spec: EnvironmentSpec, *, what: str,  # noqa
                                      f"(status {done.returncode}; its output: {log_file.name})")
 
 
-def _pip_install(spec: EnvironmentSpec, python: Path, pip_python: str, log_file, say: Progress,  # noqa: ANN001
+def _pip_install(spec: EnvironmentSpec, python: Path, pip_python: str, log_file, say: Progress,
                  packages: int) -> None:
     """`pip install --require-hashes --no-deps -r LOCK` into the new venv, with sandpool's own pip
     (`--python`: the venv gets no pip of its own), streaming a line of progress per package."""
@@ -504,7 +504,7 @@ def _relocate(tmp: Path, final: Path) -> None:
 
 def _open_up(root: Path) -> None:
     """Readable (and directories searchable) by every uid, writable by none but the builder."""
-    for directory, dirs, files in os.walk(root):
+    for directory, _dirs, files in os.walk(root):
         os.chmod(directory, 0o755)
         for name in files:
             path = os.path.join(directory, name)

@@ -124,12 +124,15 @@ class SubprocessLauncher:
     async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
                      limits: SandboxLimits, *, log_path: Path) -> ProcessHandle:
         # 0600: the agent's log is the control plane's, not the sandboxed code's, to read.
-        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab", buffering=0) as log_file:
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
             proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "sandpool", *agent_arguments(workspace, socket_path, secret, limits),
-                stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                 cwd=str(log_path.parent), env=agent_environment(workspace, limits.egress),
                 start_new_session=True, close_fds=True)
+        finally:
+            os.close(log_fd)
         return ProcessHandle(pid=proc.pid, pgid=proc.pid, start_time=start_time(proc.pid))
 
     async def kill(self, handle: ProcessHandle) -> bool:

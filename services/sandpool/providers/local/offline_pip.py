@@ -123,7 +123,7 @@ def _show(names: list[str]) -> int:
             print("---")
         requires = sorted({r.split(";")[0].split()[0].split("[")[0].rstrip("<>=!~,(")
                            for r in (dist.requires or []) if "extra ==" not in r})
-        print(f"Name: {name}\nVersion: {version}\nSummary: {dist.metadata.get('Summary') or ''}\n"
+        print(f"Name: {name}\nVersion: {version}\nSummary: {(dist.metadata.get_all('Summary') or [''])[0]}\n"
               f"Location: {dist.locate_file('')}\nRequires: {', '.join(requires)}")
         shown += 1
     if shown < len(wanted):

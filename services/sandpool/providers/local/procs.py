@@ -117,7 +117,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 async def _reap(pid: int) -> None:
     """Collect our own child's exit status so it does not linger as a zombie."""
     try:
-        os.waitpid(pid, os.WNOHANG)
+        os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: never blocks
     except ChildProcessError:
         pass
 

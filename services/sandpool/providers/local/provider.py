@@ -112,7 +112,7 @@ class LocalProvider:
         except OSError as exc:
             raise ProviderError(f"cannot make a directory for agent sockets: {exc}", transient=False) from None
         if hasattr(self.launcher, "extra_paths"):  # the zygote binds them into every sandbox root
-            self.launcher.extra_paths = roots  # type: ignore[attr-defined]
+            self.launcher.extra_paths = roots
         starter = getattr(self.launcher, "start", None)  # the zygote: detects and logs its isolation
         if starter is not None:
             try:
@@ -274,7 +274,7 @@ class LocalProvider:
         the plain subprocess launcher cannot, and reconciliation finds those later)."""
         self._lost_listener = listener
         if hasattr(self.launcher, "on_exit"):
-            self.launcher.on_exit = self._sandbox_exited  # type: ignore[attr-defined]
+            self.launcher.on_exit = self._sandbox_exited
 
     def _sandbox_exited(self, sandbox_id: str) -> None:
         listener = self._lost_listener

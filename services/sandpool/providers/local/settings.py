@@ -15,8 +15,8 @@ from pydantic import Field, model_validator
 
 from sandpool.core.settings import CommaList, ServiceSettings
 from sandpool.pool.provider import PoolSpec, ProviderError
-from sandpool.providers.local.environments import default_cache_dir, runnable_by_others
 from sandpool.pool.quantities import parse_quantity
+from sandpool.providers.local.environments import default_cache_dir, runnable_by_others
 
 MIB = 1024 * 1024
 NOBODY = 65534

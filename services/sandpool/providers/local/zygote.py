@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -31,11 +32,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import sandpool
+from sandpool.core.settings import ConfigurationError
 from sandpool.providers.local import zygote_protocol
 from sandpool.providers.local.isolation import mounts
-from sandpool.providers.local.isolation.detect import IsolationReport
-from sandpool.core.settings import ConfigurationError
-from sandpool.providers.local.isolation.detect import TOGGLEABLE
+from sandpool.providers.local.isolation.detect import TOGGLEABLE, IsolationReport
 from sandpool.providers.local.launcher import AgentSecret, Launcher, SandboxLimits, SubprocessLauncher
 from sandpool.providers.local.procs import ProcessHandle, kill_tree, start_time
 
@@ -49,6 +49,12 @@ AGENT_TASKS = 64
 KillOutcome = Literal["unknown", "killed", "contained"]
 """What a kill found: no such sandbox, killed, or killed with everything it ran provably gone
 (its PID namespace or cgroup emptied by the kernel, so no /proc scan for leftovers is needed)."""
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """The writer callback: wake the one send waiting for the fd to take more."""
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class ZygoteError(Exception):
@@ -109,7 +115,7 @@ class ZygoteClient:
                "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "2"}
         try:
             # Popen, not asyncio's subprocess: it must be forked from this (the loop's) thread.
-            self.proc = subprocess.Popen(
+            self.proc = subprocess.Popen(  # noqa: ASYNC220 - see above; it returns once forked
                 [self.python, "-m", "sandpool.providers.local.zygote_server", "--fd", str(child.fileno()),
                  "--parent", str(os.getpid())],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
@@ -131,7 +137,7 @@ class ZygoteClient:
         loop.add_reader(parent.fileno(), self._on_readable)
         try:
             hello = await asyncio.wait_for(asyncio.shield(self._hello), self.start_timeout)
-        except (asyncio.TimeoutError, ZygoteError) as exc:
+        except (TimeoutError, ZygoteError) as exc:
             await self.close()
             raise ZygoteError(f"the zygote did not start: {exc or 'timed out'}") from None
         self.report = IsolationReport.from_dict(hello["isolation"])
@@ -169,7 +175,7 @@ class ZygoteClient:
             if self.on_exit is not None and isinstance(sandbox_id, str):
                 try:
                     self.on_exit(sandbox_id)
-                except Exception:  # noqa: BLE001 - a listener's bug must not break the channel
+                except Exception:  # a listener's bug must not break the channel
                     log.exception("sandbox exit listener failed", extra={"sandbox_id": sandbox_id})
             return
         rid = message.get("id")
@@ -207,7 +213,7 @@ class ZygoteClient:
         try:
             await self._send(data, fds)
             return await asyncio.wait_for(future, timeout or self.request_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ZygoteError(f"the zygote did not answer {message.get('op')} in time") from None
         finally:
             self._pending.pop(rid, None)
@@ -220,8 +226,8 @@ class ZygoteClient:
                 zygote_protocol.send_raw(self.sock, data, fds)
                 return
             except BlockingIOError:
-                ready = loop.create_future()
-                loop.add_writer(self.sock.fileno(), lambda: ready.done() or ready.set_result(None))
+                ready: asyncio.Future[None] = loop.create_future()
+                loop.add_writer(self.sock.fileno(), _wake, ready)
                 try:
                     await ready
                 finally:
@@ -275,7 +281,7 @@ class ZygoteClient:
         if self.proc is not None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
-            while self.proc.poll() is None and loop.time() < deadline:
+            while self.proc.poll() is None and loop.time() < deadline:  # noqa: ASYNC110 - Popen's exit is not awaitable
                 await asyncio.sleep(0.02)
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGKILL)
@@ -324,9 +330,9 @@ class ZygoteLauncher:
                  cgroup_version: str = "auto", stop_grace_seconds: float = 2.0, python: str | None = None,
                  agent_options: dict[str, Any] | None = None, restart_interval: float = 5.0,
                  fallback: Launcher | None = None, netns_spares: int = 32) -> None:
-        self._client_args = {"run_dir": run_dir, "disabled": disabled, "cgroup_version": cgroup_version,
-                             "python": python, "netns_spares": netns_spares}
-        self.client = ZygoteClient(**self._client_args)
+        self._new_client = functools.partial(ZygoteClient, run_dir, disabled=disabled, cgroup_version=cgroup_version,
+                                             python=python, netns_spares=netns_spares)
+        self.client = self._new_client()
         self.stop_grace_seconds = stop_grace_seconds
         self.agent_options = dict(agent_options or {})
         self.extra_paths: tuple[str, ...] = ()
@@ -383,7 +389,7 @@ class ZygoteLauncher:
             if self.report is not None:
                 log.error("the zygote died; starting a new one")
                 await self.client.close()
-                self.client = ZygoteClient(**self._client_args)
+                self.client = self._new_client()
                 self.client.on_exit = self._on_exit
             await self.start()
 

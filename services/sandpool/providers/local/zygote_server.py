@@ -35,6 +35,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -445,9 +446,9 @@ class Zygote:
                 pid, status = os.waitpid(-1, 0)
             except ChildProcessError:
                 break
-            sandbox = self.by_pid.pop(pid, None)
-            if sandbox is not None and sandbox.cgroup is not None:
-                sandbox.cgroup.remove()
+            reaped = self.by_pid.pop(pid, None)
+            if reaped is not None and reaped.cgroup is not None:
+                reaped.cgroup.remove()
         if self.cgroups is not None:
             self.cgroups.close()
         if self.netns is not None:
@@ -467,6 +468,7 @@ def _warm_agent() -> None:
     route, ~20 ms) is filled here, once, instead of in every sandbox. The dummy secret
     guards nothing: this app never listens."""
     import asyncio
+    from pathlib import Path
 
     import uvicorn
 
@@ -479,12 +481,12 @@ def _warm_agent() -> None:
         seccomp.build_program(arch)  # built once here, installed by every sandbox
 
     dummy = "warm-up-only-" + "0" * 32
-    app = create_app(AgentSettings(agent_secret=dummy, workspace="/"), dummy, workspace="/")
+    app = create_app(AgentSettings(agent_secret=dummy, workspace=Path("/")), dummy, workspace="/")
     uvicorn.Config(app, uds="/nonexistent/warm.sock", log_config=None, access_log=False, lifespan="on",
                    proxy_headers=False).load()
 
     async def call() -> None:
-        sent: list[dict[str, Any]] = []
+        sent: list[MutableMapping[str, Any]] = []
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
                  "scheme": "http", "path": "/healthz", "raw_path": b"/healthz", "query_string": b"",
                  "root_path": "", "headers": [(b"host", b"sandbox")], "client": None, "server": None}
@@ -497,7 +499,7 @@ def _warm_agent() -> None:
             done = True
             return {"type": "http.request", "body": b"", "more_body": False}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             sent.append(message)
 
         await app(scope, receive, send)  # the agent's own path

