@@ -265,12 +265,21 @@ class PoolController:
             wanted = min(target + fill.queued - fill.ready - starting, pool.ceiling - fill.members, slots)
             for _ in range(max(0, wanted)):
                 sandbox_id = new_sandbox_id()
-                registered = await self.sandboxes.register_starting(
-                    sandbox_id, pool=pool.name, image=pool.image, ceiling=pool.ceiling, now=time.time(),
-                    owner=self.replica_id)
-                if not registered:
-                    break
+                # Known as starting before its record exists: stepping down while the script runs
+                # (its reply not yet read) must still find it, destroy it and forget the record.
                 self._starting[sandbox_id] = pool.name
+                try:
+                    registered = await self.sandboxes.register_starting(
+                        sandbox_id, pool=pool.name, image=pool.image, ceiling=pool.ceiling, now=time.time(),
+                        owner=self.replica_id)
+                except asyncio.CancelledError:
+                    raise
+                except BaseException:
+                    self._starting.pop(sandbox_id, None)  # no record, or one reconciliation will find
+                    raise
+                if not registered:
+                    self._starting.pop(sandbox_id, None)
+                    break
                 task = asyncio.create_task(self._start(pool, sandbox_id), name=f"start-{sandbox_id}")
                 self._start_tasks.add(task)
                 task.add_done_callback(self._start_tasks.discard)
