@@ -74,14 +74,19 @@ def _is_list(annotation: Any) -> bool:
     return get_origin(annotation) is list
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, settings_cls: type[ServiceSettings],
-                           *, exclude: Set[str] = frozenset()) -> None:
-    """Add one flag per settings field, with its help text, default and variable name."""
+def add_settings_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                           settings_cls: type[ServiceSettings], *, exclude: Set[str] = frozenset()) -> None:
+    """Add one flag per settings field, with its help text, default and variable name (a setting
+    that is never a flag, a secret, is named in the help's epilog, or a group's description)."""
     for name, info in settings_cls.model_fields.items():
         if name in exclude:
             continue
         if not _is_cli(info):
-            parser.epilog = (parser.epilog or "") + f" {env_name(name)}: {info.description}"
+            note = f" {env_name(name)}: {info.description}"
+            if isinstance(parser, argparse.ArgumentParser):
+                parser.epilog = (parser.epilog or "") + note
+            else:  # argparse prints a group's description, never an epilog set on it
+                parser.description = (parser.description or "") + note
             continue
         default = info.get_default(call_default_factory=True)
         if isinstance(default, list):

@@ -80,10 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_settings_arguments(parser, UpSettings)
     sessions = parser.add_argument_group("sessions and pools (handed to the scheduler)")
-    add_settings_arguments(sessions, SchedulerSettings,  # type: ignore[arg-type]  # a group takes add_argument too
+    add_settings_arguments(sessions, SchedulerSettings,
                            exclude=set(SchedulerSettings.model_fields) - set(SCHEDULER_FIELDS))
     sandboxes = parser.add_argument_group("local sandboxes (handed to the scheduler)")
-    add_settings_arguments(sandboxes, LocalProviderSettings,  # type: ignore[arg-type]  # as above
+    add_settings_arguments(sandboxes, LocalProviderSettings,
                            exclude=set(UpSettings.model_fields) | set(SCHEDULER_FIELDS) | set(MANAGED_FIELDS))
 
 
