@@ -178,3 +178,49 @@ def test_the_parser_takes_only_what_the_agent_sends() -> None:
     # A result may be larger than an output event (it holds both streams), still within its own bound.
     big = b"event: result\ndata: {\"x\":\"" + b"a" * (2 * MAX_EVENT_BYTES) + b"\"}\n\n"
     assert AgentEvents().feed(big)[0][0] == "result"
+
+
+def test_a_flood_of_output_streams_no_more_than_the_cap(session) -> None:
+    """64 MiB printed as fast as the program can: the stream carries the kept 1 MiB per stream and the
+    marker, like the result, so nothing between the sandbox and the client holds more than that."""
+    client, base, agent = session
+    flood = ("import os\nchunk = b'x' * (1 << 20)\n"
+             "for _ in range(64):\n    os.write(1, chunk); os.write(2, chunk)\n")
+    received = 0
+    with client.stream("POST", base + "/exec", json=code(flood), headers=STREAM_HEADERS) as resp:
+        lines = []
+        for line in resp.iter_lines():
+            received += len(line) + 1
+            lines.append(line)
+    got = collect(lines)
+    content = result_of(got)["result_block"]["content"]
+    assert text_of(got, "stdout") == content["stdout"] and text_of(got, "stderr") == content["stderr"]
+    assert content["stdout"].endswith(f"[sandpool: output truncated: {63 << 20} more bytes discarded]\n")
+    # Each stream's 1 MiB twice (its events and the result), plus framing.
+    assert received < 4 * (1 << 20) + 256 * 1024
+
+
+def test_another_workspace_can_neither_stream_from_nor_cancel_a_session(tenant_scheduler, agents, r, keys) -> None:
+    from sched_harness import tenant_headers
+
+    app = tenant_scheduler()
+    (agent,) = agents.start(1)
+    publish(r, keys, address=agent.address, secret=agent.secret)
+    with httpx.Client(base_url=app.url, timeout=60) as client:
+        owner, intruder = tenant_headers("owner"), tenant_headers("intruder")
+        sid = client.post("/sessions", json={}, headers=owner).json()["session_id"]
+        base = f"/sessions/{sid}"
+        answers: list[httpx.Response] = []
+
+        def probe(event: tuple[str, Any]) -> None:
+            if event[0] == "stdout" and not answers:
+                answers.append(client.delete(base + "/exec", headers=intruder))
+                answers.append(client.post(base + "/exec", json=code("print(1)"),
+                                           headers={**intruder, **STREAM_HEADERS}))
+
+        source = "import sys, time\nsys.stdout.write('go\\n'); sys.stdout.flush()\ntime.sleep(0.5)\nprint('end')"
+        with client.stream("POST", base + "/exec", json=code(source), headers={**owner, **STREAM_HEADERS}) as resp:
+            got = collect(resp.iter_lines(), probe)
+        assert [a.status_code for a in answers] == [404, 404]
+        assert answers[0].json() == answers[1].json() == {"detail": "session not found", "reason": "not_found"}
+        assert "cancelled" not in result_of(got) and text_of(got, "stdout") == "go\nend\n"

@@ -604,7 +604,7 @@ class Scheduler:
 
         self._streams.add(task)
         task.add_done_callback(finished)
-        return EventStreamResponse(relay)  # type: ignore[return-value]  # an ASGI app, as a Response is
+        return EventStreamResponse(relay)
 
     def session_released(self, session_id: str) -> None:
         """A replica released this session: end this replica's calls to it now."""

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 log = logging.getLogger(__name__)
@@ -228,10 +229,12 @@ class StreamRelay:
             await self._unmetered()
 
 
-class EventStreamResponse:
-    """The client's side: the stream's head, then every event the pump queues, as it comes."""
+class EventStreamResponse(Response):
+    """The client's side: the stream's head, then every event the pump queues, as it comes. (A
+    `Response` so that FastAPI's router, which serves the contract when tracing is on, passes it on.)"""
 
     def __init__(self, relay: StreamRelay) -> None:
+        super().__init__(status_code=200)
         self.relay = relay
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
