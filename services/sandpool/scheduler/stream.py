@@ -252,6 +252,7 @@ class EventStreamResponse(Response):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             gone.cancel()
+            relay.detach()  # whatever ended the answer, the pump never waits for this reader again
 
     def _left(self, gone: asyncio.Future[None]) -> None:
         if gone.cancelled():
