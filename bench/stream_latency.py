@@ -71,7 +71,7 @@ def summary(name: str, delays: list[float]) -> float:
 
 def through_up(args: argparse.Namespace, data_dir: Path) -> list[float]:
     port = 20000 + secrets.randbelow(20000)
-    log = open(data_dir.parent / "up.log", "wb")  # noqa: SIM115 - closed below
+    log = open(data_dir.parent / "up.log", "wb")  # closed below, after the process
     proc = subprocess.Popen([sys.executable, "-m", "sandpool", "up", "--port", str(port), "--data-dir",
                              str(data_dir), "--pool-size", "1", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=log, start_new_session=True)
