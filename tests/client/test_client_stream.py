@@ -155,3 +155,24 @@ def test_live_cancel_and_leaving_early(client: Client) -> None:
             assert event.type == "stdout"
             break  # leaving the loop closes the connection: the server cancels the call
         assert s.run_code("print(kept)").stdout == "1\n"
+
+
+def test_live_async_stream_and_cancel(stack: Stack) -> None:
+    async def main() -> tuple[list[str], bool, bool, str]:
+        async with AsyncClient(stack.url, stack.token, **RETRIES) as client:  # type: ignore[arg-type]
+            async with client.session() as s:
+                kinds = [e.type async for e in s.stream_code("import sys\nprint('a')\nprint('b', file=sys.stderr)")]
+
+                async def cancel_soon() -> bool:
+                    while not await s.cancel():  # False until the call below runs
+                        await asyncio.sleep(0.05)
+                    return True
+
+                canceller = asyncio.ensure_future(cancel_soon())
+                stopped = await s.run_code("import time\nwhile True: time.sleep(0.05)")
+                after = await s.run_code("print('after')")
+                return kinds, await canceller, stopped.cancelled, after.stdout
+
+    kinds, cancelled, stopped_says_so, after = asyncio.run(main())
+    assert sorted(kinds[:-1]) == ["stderr", "stdout"] and kinds[-1] == "result"
+    assert cancelled and stopped_says_so and after == "after\n"
