@@ -164,9 +164,11 @@ def test_live_async_stream_and_cancel(stack: Stack) -> None:
                 kinds = [e.type async for e in s.stream_code("import sys\nprint('a')\nprint('b', file=sys.stderr)")]
 
                 async def cancel_soon() -> bool:
-                    while not await s.cancel():  # False until the call below runs
+                    for _ in range(600):  # False until the call below runs (polling the server)
+                        if await s.cancel():
+                            return True
                         await asyncio.sleep(0.05)
-                    return True
+                    return False
 
                 canceller = asyncio.ensure_future(cancel_soon())
                 stopped = await s.run_code("import time\nwhile True: time.sleep(0.05)")
