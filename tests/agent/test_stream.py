@@ -173,3 +173,14 @@ def test_a_reader_that_leaves_with_the_cancel_header_stops_the_call(agent: Agent
     after = agent.py("print(before)")["result_block"]["content"]
     assert after["stdout"] == "kept\n"
     assert not Path(marker).exists()
+
+
+def test_a_timeout_ends_the_stream_as_it_ends_the_result(agent: Agent) -> None:
+    got = stream(agent, "import time\nprint('before', flush=True)\nwhile True: time.sleep(0.05)", timeout_seconds=1)
+    result = result_of(got)
+    content = result["result_block"]["content"]
+    assert result["limit_exceeded"] == "timeout" and content["return_code"] == 124
+    assert text_of(got, "stdout") == content["stdout"] == "before\n"
+    assert text_of(got, "stderr") == content["stderr"]
+    assert content["stderr"].endswith("[sandpool: timeout: execution exceeded the 1s limit and was interrupted]\n")
+    assert got[-2] == ("comment", "outcome timeout")
