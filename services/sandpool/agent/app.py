@@ -175,6 +175,11 @@ async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
     parsed = parse_exec(runtime, raw)
     if isinstance(parsed, Response):
         return parsed
+    return await answer(runtime, parsed, scope)
+
+
+async def answer(runtime: Runtime, parsed: ExecCall, scope: Scope) -> Response:
+    """Run a parsed call; its result as the one JSON body (with the outcome header for the scheduler)."""
     payload, outcome_label = await run_call(runtime, parsed, scope)
     return JSONResponse(payload, headers={OUTCOME_HEADER: outcome_label})
 
@@ -303,7 +308,9 @@ class AgentApp:
                 if isinstance(parsed, ExecCall) and parsed.streamable:
                     await self._stream(runtime, parsed, scope, receive, send)
                     return
-            response = await exec_call(runtime, raw, scope)
+                response = parsed if isinstance(parsed, Response) else await answer(runtime, parsed, scope)
+            else:
+                response = await exec_call(runtime, raw, scope)
         except SandpoolError as exc:
             response = error_response(exc)
         except Exception:
