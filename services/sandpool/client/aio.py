@@ -106,7 +106,7 @@ class AsyncClient:
             await self._sleep(delay)
             waited += delay
 
-    async def _stream(self, call: Call, *, cancel_on_disconnect: bool) -> AsyncIterator[ExecEvent]:
+    async def _stream(self, call: Call[ExecResult], *, cancel_on_disconnect: bool) -> AsyncIterator[ExecEvent]:
         """A streamed Execute's events, as they arrive (`sandpool.client.events`); as `Client._stream`."""
         request_id = uuid.uuid4().hex
         headers = {**self.config.headers, REQUEST_ID_HEADER: request_id, **stream_headers(cancel_on_disconnect)}
@@ -119,11 +119,14 @@ class AsyncClient:
                                              timeout=call.timeout) as resp:
                     if not is_event_stream(resp):
                         await resp.aread()
-                        value, err = read_response(call, resp)
-                        if err is not None:
-                            raise finish_error(err, request_id, attempt)
-                        for whole in events_of(value):
-                            yield whole
+                        answer = read_response(call, resp)  # apart: unpacked directly, T is inferred wrong
+                        whole, refused = answer
+                        if refused is not None:
+                            raise finish_error(refused, request_id, attempt)
+                        if whole is None:
+                            raise finish_error(ProtocolError("Execute answered no result"), request_id, attempt)
+                        for piece in events_of(whole):
+                            yield piece
                         return
                     reader = EventReader()
                     async for line in resp.aiter_lines():
@@ -218,7 +221,7 @@ class AsyncSession:
     # --- Execute -------------------------------------------------------------------------
 
     def _exec_call(self, tool: str, tool_input: dict[str, Any], timeout_seconds: int | None,
-                   tool_use_id: str | None) -> Call:
+                   tool_use_id: str | None) -> Call[ExecResult]:
         return calls.execute(self.client.timeouts, self.id, tool, tool_input, timeout_seconds=timeout_seconds,
                              tool_use_id=tool_use_id, session_exec_timeout=self.info.exec_timeout_seconds,
                              session_max_exec_timeout=self.info.max_exec_timeout_seconds)
@@ -250,7 +253,8 @@ class AsyncSession:
     async def cancel(self) -> bool:
         """Stop the call running in this session now, as its timeout would. True when a call was
         stopped (its result says `cancelled`), False when none was running."""
-        return bool(await self.client._run(calls.cancel_exec(self.client.timeouts, self.id)))
+        stopped = await self.client._run(calls.cancel_exec(self.client.timeouts, self.id))
+        return stopped
 
     async def run_python(self, code: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
                          on_stdout: OutputCallback | None = None,

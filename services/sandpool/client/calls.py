@@ -149,7 +149,7 @@ def execute(timeouts: Timeouts, session_id: str, tool: str, tool_input: dict[str
                 timeouts.for_exec(budget), lambda r: ExecResult.from_body(_json(r)), json=body)
 
 
-def cancel_exec(timeouts: Timeouts, session_id: str) -> Call:
+def cancel_exec(timeouts: Timeouts, session_id: str) -> Call[bool]:
     """CancelExecution (sandpool's addition): True when a running call was stopped (204), False when
     none was running (409 `no_running_call`)."""
     return Call("cancel_exec", "DELETE", _session_path(session_id, "/exec"), (204, 409), Retry.ONCE,

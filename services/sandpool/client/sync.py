@@ -106,7 +106,7 @@ class Client:
             self._sleep(delay)
             waited += delay
 
-    def _stream(self, call: Call, *, cancel_on_disconnect: bool) -> Iterator[ExecEvent]:
+    def _stream(self, call: Call[ExecResult], *, cancel_on_disconnect: bool) -> Iterator[ExecEvent]:
         """A streamed Execute's events, as they arrive (`sandpool.client.events`). Offered again only when
         the connection never opened; leaving the loop early closes the connection (and, with
         `cancel_on_disconnect`, the server cancels the call)."""
@@ -121,10 +121,13 @@ class Client:
                                        timeout=call.timeout) as resp:
                     if not is_event_stream(resp):
                         resp.read()
-                        value, err = read_response(call, resp)
-                        if err is not None:
-                            raise finish_error(err, request_id, attempt)
-                        yield from events_of(value)
+                        answer = read_response(call, resp)  # apart: unpacked directly, T is inferred wrong
+                        whole, refused = answer
+                        if refused is not None:
+                            raise finish_error(refused, request_id, attempt)
+                        if whole is None:
+                            raise finish_error(ProtocolError("Execute answered no result"), request_id, attempt)
+                        yield from events_of(whole)
                         return
                     reader = EventReader()
                     for line in resp.iter_lines():
@@ -219,7 +222,7 @@ class Session:
     # --- Execute -------------------------------------------------------------------------
 
     def _exec_call(self, tool: str, tool_input: dict[str, Any], timeout_seconds: int | None,
-                   tool_use_id: str | None) -> Call:
+                   tool_use_id: str | None) -> Call[ExecResult]:
         return calls.execute(self.client.timeouts, self.id, tool, tool_input, timeout_seconds=timeout_seconds,
                              tool_use_id=tool_use_id, session_exec_timeout=self.info.exec_timeout_seconds,
                              session_max_exec_timeout=self.info.max_exec_timeout_seconds)
@@ -252,7 +255,8 @@ class Session:
         """Stop the call running in this session now, as its timeout would (Python keeps its state when
         the interrupt is enough). True when a call was stopped (its result says `cancelled`), False
         when none was running. sandpool's addition: another backend answers with an error."""
-        return bool(self.client._run(calls.cancel_exec(self.client.timeouts, self.id)))
+        stopped = self.client._run(calls.cancel_exec(self.client.timeouts, self.id))
+        return stopped
 
     def run_python(self, code: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
                    on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> ExecResult:
