@@ -35,9 +35,20 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     stack = Up(data_dir=tmp_path_factory.mktemp("stream") / "data",
                env={"SANDPOOL_SANDBOX_PYTHON": host_python()})
     try:
-        yield Live(stack, stack.wait_for("SANDPOOL_URL=", timeout=120), stack.wait_for("SANDPOOL_TOKEN="))
+        yield Live(stack, printed(stack, "SANDPOOL_URL="), printed(stack, "SANDPOOL_TOKEN="))
     finally:
         stack.cleanup()
+
+
+def printed(stack: Up, prefix: str) -> str:
+    """What follows `prefix` on the line `sandpool up` prints with it (once the pool is warm)."""
+
+    def value() -> str | None:
+        if stack.proc.poll() is not None:
+            raise AssertionError(f"sandpool up exited: {stack.log_tail()}")
+        return next((line[len(prefix):] for line in list(stack.lines) if line.startswith(prefix)), None)
+
+    return wait_for(value, timeout=120, what=f"sandpool up to print {prefix}")
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
-from sched_harness import ServedApp, publish, wait_for
+from sched_harness import ServedApp, publish
 from sse_events import CANCEL_HEADERS, STREAM_HEADERS, collect, events, result_of, text_of
+from testkit import wait_for
 
 from sandpool.contract import tenancy
 from sandpool.scheduler.stream import MAX_EVENT_BYTES, AgentEvents, MalformedStream
