@@ -327,8 +327,8 @@ def test_public_exports_are_pinned() -> None:
 
     assert sorted(client.__all__) == sorted([
         "AsyncClient", "AsyncSession", "AtCapacity", "BadRequest", "Client", "ConnectionFailed", "ConnectionLost",
-        "ExecResult", "FileInfo", "Forbidden", "ImageNotAllowed", "InvalidRequest", "NotFound", "OutputFile",
-        "PathOutsideWorkspace", "PayloadTooLarge", "ProtocolError", "QuotaExceeded", "ResponseTimeout",
+        "ExecEvent", "ExecResult", "FileInfo", "Forbidden", "ImageNotAllowed", "InvalidRequest", "NotFound",
+        "OutputFile", "PathOutsideWorkspace", "PayloadTooLarge", "ProtocolError", "QuotaExceeded", "ResponseTimeout",
         "RetryPolicy", "SandboxFailed", "SandpoolClientError", "ServerError", "Session", "SessionInfo",
         "Unauthorized", "Unavailable", "UploadResult",
     ])

@@ -32,9 +32,11 @@ from fuzz_strategies import (
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 from sp_harness import AgentProc, descendants, fd_count, wait_for
+from sse_events import collect, result_of, text_of
 
 FUZZED = {("GET", "/healthz"), ("POST", "/sessions/{session_id}/exec"), ("GET", "/sessions/{session_id}/files/list"),
-          ("GET", "/sessions/{session_id}/files"), ("POST", "/sessions/{session_id}/files")}
+          ("GET", "/sessions/{session_id}/files"), ("POST", "/sessions/{session_id}/files"),
+          ("DELETE", "/sessions/{session_id}/exec")}
 
 
 def _tree() -> list[str]:
@@ -77,10 +79,11 @@ def test_every_documented_operation_is_fuzzed(tmp_path: Any) -> None:
 CANARY = "/tmp/canary-not-real"  # replaced per run below; strategies need a constant at import
 
 
-@given(data=st.data(), sid=session_ids, ctype=content_types)
+@given(data=st.data(), sid=session_ids, ctype=content_types, streamed=st.booleans())
 @fuzz_settings(120)
-@example(data=None, sid="s", ctype="application/json")
-def test_exec_never_500s(agent: AgentProc, data: Any, sid: str, ctype: str) -> None:
+@example(data=None, sid="s", ctype="application/json", streamed=False)
+@example(data=None, sid="s", ctype="application/json", streamed=True)
+def test_exec_never_500s(agent: AgentProc, data: Any, sid: str, ctype: str, streamed: bool) -> None:
     if data is None:  # the explicit examples below, found while building this suite
         bodies = [b'{"tool":"code_execution","input":{"code":"print(1)"},"timeout_seconds":NaN}',
                   b'{"tool":"code_execution","input":{"code":"\\ud800"}}',
@@ -91,12 +94,38 @@ def test_exec_never_500s(agent: AgentProc, data: Any, sid: str, ctype: str) -> N
                   b'{"tool":"code_execution","input":{"code":"print(1)"},"tool_use_id":"\\ud800"}']
     else:
         bodies = [data.draw(encoded(exec_documents(paths(str(agent.canary)))), label="body")]
+    headers = {"Content-Type": ctype} if ctype else {}
+    if streamed:
+        headers["Accept"] = "text/event-stream"
     for body in bodies:
-        response = agent.client.post(f"/sessions/{sid}/exec", content=body,
-                                     headers={"Content-Type": ctype} if ctype else {})
-        event(f"status {response.status_code}")
+        response = agent.client.post(f"/sessions/{sid}/exec", content=body, headers=headers)
+        event(f"status {response.status_code}{' streamed' if streamed else ''}")
         check_answer(response, forbidden=_forbidden(agent))
         assert response.status_code in (200, 400, 404, 413, 422), (response.status_code, response.text[:300])
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            assert streamed
+            check_stream(response.text)
+
+
+def check_stream(text: str) -> None:
+    """A stream is whole: well-formed events, one result (or error) last, the output its result's."""
+    got = collect(text.split("\n"))
+    assert got and got[-1][0] in ("result", "error"), got[-3:]
+    if got[-1][0] == "result":
+        content = result_of(got)["result_block"]["content"]
+        assert text_of(got, "stdout") == content["stdout"] and text_of(got, "stderr") == content["stderr"]
+
+
+@given(sid=session_ids, headers=st.dictionaries(st.sampled_from(["Accept", "Sandpool-Cancel-On-Disconnect",
+                                                                 "Content-Type"]), header_texts, max_size=2))
+@fuzz_settings(40)
+def test_cancel_never_500s(agent: AgentProc, sid: str, headers: dict[str, str]) -> None:
+    try:
+        response = agent.client.delete(f"/sessions/{sid}/exec", headers=headers)
+    except (httpx.LocalProtocolError, UnicodeEncodeError):
+        return  # httpx refuses to send a header it cannot encode
+    check_answer(response, forbidden=_forbidden(agent))
+    assert response.status_code == 409 and response.json()["reason"] == "no_running_call", response.text
 
 
 @given(sid=session_ids, path=st.one_of(st.none(), paths("/tmp/canary-dir")), extra=st.dictionaries(texts, texts,

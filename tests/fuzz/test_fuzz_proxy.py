@@ -47,7 +47,8 @@ FUZZED = {("GET", "/v1/usage"), ("GET", "/v1/sessions"), ("GET", "/v1/workspaces
           ("DELETE", "/sessions/{session_id}"), ("POST", "/sessions/{session_id}/exec"),
           ("GET", "/sessions/{session_id}/files/list"), ("GET", "/sessions/{session_id}/files"),
           ("POST", "/sessions/{session_id}/files"), ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"),
-          ("GET", "/sessions/{session_id}"), ("DELETE", "/v1/sessions/{session_id}")}
+          ("GET", "/sessions/{session_id}"), ("DELETE", "/v1/sessions/{session_id}"),
+          ("DELETE", "/sessions/{session_id}/exec")}
 TENANT = "acme"
 
 
@@ -220,8 +221,11 @@ def test_create_through_the_proxy_never_500s_and_injection_never_moves_the_tenan
 @fuzz_settings(50)
 def test_session_calls_through_the_proxy_never_500(edge: Edge, data: Any) -> None:
     sid = edge.ensure()
-    kind = data.draw(st.sampled_from(["exec", "list", "get", "put", "handle", "other-id"]), label="kind")
-    if kind == "handle":
+    kind = data.draw(st.sampled_from(["exec", "list", "get", "put", "handle", "other-id", "cancel"]), label="kind")
+    if kind == "cancel":
+        response = edge.client.delete(f"/sessions/{sid}/exec")
+        assert response.status_code == 409 and response.json()["reason"] == "no_running_call", response.text
+    elif kind == "handle":
         response = edge.client.get(f"/sessions/{sid}")
         assert response.status_code == 200 and response.json()["session_id"] == sid, response.text
     elif kind == "exec":
@@ -245,7 +249,7 @@ def test_session_calls_through_the_proxy_never_500(edge: Edge, data: Any) -> Non
             raise AssertionError(response.text)
     event(f"{kind} {response.status_code}")
     check_answer(response, forbidden=forbidden(edge), allowed_5xx=ALLOWED_5XX)
-    assert response.status_code in (200, 201, 400, 403, 404, 413, 422), (kind, response.text[:300])
+    assert response.status_code in (200, 201, 400, 403, 404, 409, 413, 422), (kind, response.text[:300])
     assert edge.client.get(f"/sessions/{sid}/files", params={"path": "marker.keep"}).content == b"keep\n"
 
 

@@ -35,13 +35,15 @@ from fuzz_strategies import (
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 from sp_harness import Stack, build_stack, wait_for
+from sse_events import collect, result_of, text_of
 
 from sandpool.state.keys import Keys
 
 FUZZED = {("POST", "/sessions"), ("DELETE", "/sessions/{session_id}"), ("POST", "/sessions/{session_id}/exec"),
           ("GET", "/sessions/{session_id}"),
           ("GET", "/sessions/{session_id}/files/list"), ("GET", "/sessions/{session_id}/files"),
-          ("POST", "/sessions/{session_id}/files"), ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
+          ("POST", "/sessions/{session_id}/files"), ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"),
+          ("DELETE", "/sessions/{session_id}/exec")}
 POOL = 2
 ALLOWED_5XX = ("at_capacity",)
 
@@ -144,11 +146,21 @@ def test_exec_on_a_live_session_never_500s(live: Live, data: Any, ctype: str) ->
             assert "Unicode" in response.text
         return
     body = data.draw(encoded(exec_documents(paths())), label="body")
-    response = live.client.post(f"/sessions/{sid}/exec", content=body,
-                                headers={"Content-Type": ctype} if ctype else {})
-    event(f"status {response.status_code}")
+    headers = {"Content-Type": ctype} if ctype else {}
+    streamed = data.draw(st.booleans(), label="streamed")
+    if streamed:
+        headers["Accept"] = "text/event-stream"
+    response = live.client.post(f"/sessions/{sid}/exec", content=body, headers=headers)
+    event(f"status {response.status_code}{' streamed' if streamed else ''}")
     check_answer(response, forbidden=forbidden(live), allowed_5xx=ALLOWED_5XX)
     assert response.status_code in (200, 400, 413, 422), (body, response.status_code, response.text[:300])
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        got = collect(response.text.split("\n"))
+        assert streamed and got[-1][0] == "result", got[-3:]
+        content = result_of(got)["result_block"]["content"]
+        assert text_of(got, "stdout") == content["stdout"] and text_of(got, "stderr") == content["stderr"]
+    idle = live.client.delete(f"/sessions/{sid}/exec")  # nothing runs between calls
+    assert idle.status_code == 409 and idle.json()["reason"] == "no_running_call", idle.text
 
 
 @given(path=st.one_of(st.none(), paths()), extra=st.dictionaries(texts, texts, max_size=2))
@@ -182,7 +194,8 @@ def test_uploads_on_a_live_session_never_500(live: Live, data: Any) -> None:
     assert response.status_code in (201, 400, 403, 404, 413, 422), (kwargs, response.text[:300])
 
 
-@given(sid=session_ids, method=st.sampled_from(["DELETE", "GET ", "POST exec", "GET list", "GET file", "POST file"]),
+@given(sid=session_ids, method=st.sampled_from(["DELETE", "GET ", "POST exec", "GET list", "GET file", "POST file",
+                                               "DELETE exec"]),
        headers=st.dictionaries(st.sampled_from(["X-Sandpool-Workspace", "X-Sandpool-Max-Concurrent-Sessions",
                                                 "Authorization", "X-Request-Id", "X-Sandpool-Outcome"]),
                                header_texts, max_size=3))
@@ -209,7 +222,9 @@ def test_unknown_sessions_are_404_and_stray_headers_change_nothing(live: Live, s
     except (httpx.LocalProtocolError, UnicodeEncodeError):
         return
     check_answer(response, forbidden=forbidden(live))
-    if verb == "DELETE":
+    if method == "DELETE exec":
+        assert response.status_code == 404, (url, response.text[:300])
+    elif verb == "DELETE":
         # An id that decodes to "/" makes the path "/sessions//": no route, a 404 with a reason (found by
         # fuzzing: it was a 307 redirect to "/sessions" before redirect_slashes was turned off).
         assert response.status_code == 204 or (response.status_code == 404 and "/" in unquote(sid)), response.text

@@ -222,3 +222,18 @@ def test_a_client_leaving_mid_upload_is_dropped_quietly(proxy: Proxy, keys: Keys
         assert client.post("/sessions", json={}).status_code == 201
     assert not any(len(seen.body) == 100000 for seen in echo.seen)  # never relayed as a whole body
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith(("uvicorn", "sandpool"))]
+
+
+def test_a_streamed_execute_keeps_its_headers_and_cancel_is_forwarded(proxy: Proxy, keys: Keys, echo: Echo) -> None:
+    """`Accept` and `Sandpool-Cancel-On-Disconnect` reach the scheduler (a streamed Execute, docs/api.md);
+    CancelExecution is forwarded like any session call."""
+    with proxy.client(keys.token("acme")) as client:
+        sent = client.post("/sessions/s1/exec", json={"tool": "code_execution", "input": {"code": "1"}},
+                           headers={"Accept": "text/event-stream", "Sandpool-Cancel-On-Disconnect": "true"})
+        assert sent.status_code == 200
+        assert client.delete("/sessions/s1/exec").status_code == 200  # (the echo's answer, relayed)
+    streamed, cancel = echo.seen
+    assert streamed.header("accept") == ["text/event-stream"]
+    assert streamed.header("sandpool-cancel-on-disconnect") == ["true"]
+    assert (cancel.method, cancel.path) == ("DELETE", "/sessions/s1/exec")
+    assert cancel.header("x-sandpool-workspace") == ["acme"]

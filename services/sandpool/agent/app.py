@@ -10,8 +10,10 @@ ends. Execute, every call's path, is served straight from ASGI (`AgentApp`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import logging
 import mimetypes
 import os
 import secrets
@@ -19,6 +21,7 @@ import stat
 import time
 import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -29,10 +32,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandpool.agent import produced
+from sandpool.agent import produced, streaming
 from sandpool.agent.auth import BearerSecretMiddleware
 from sandpool.agent.capture import StreamCapture
-from sandpool.agent.execution import ChildStartFailed, ExecOutcome
+from sandpool.agent.execution import ChildStartFailed, ExecOutcome, OutputListener
 from sandpool.agent.limits import BodyLimitMiddleware
 from sandpool.agent.runtime import Runtime
 from sandpool.agent.settings import AgentSettings
@@ -47,6 +50,7 @@ from sandpool.contract.models import (
 )
 from sandpool.core.errors import (
     Invalid,
+    NoRunningCall,
     NotFound,
     SandpoolError,
     Unavailable,
@@ -55,6 +59,8 @@ from sandpool.core.errors import (
     install_error_handlers,
 )
 from sandpool.core.request_ids import ACCESS_EXTRA_KEY, RequestIdMiddleware
+
+log = logging.getLogger("sandpool.agent")
 
 OUTCOME_HEADER = "X-Sandpool-Outcome"
 RUNTIME_KEY = "sandpool.runtime"  # where a request finds the agent's runtime in its ASGI scope
@@ -82,6 +88,10 @@ def routes_app() -> FastAPI:
     @app.post("/sessions/{session_id}/exec")
     async def execute(session_id: str, request: Request) -> Response:
         return await exec_call(rt(request), await request.body(), request.scope)
+
+    @app.delete("/sessions/{session_id}/exec", status_code=204)
+    async def cancel(session_id: str, request: Request) -> Response:
+        return await cancel_call(rt(request))
 
     @app.get("/sessions/{session_id}/files/list")
     async def list_files(session_id: str, request: Request, path: str = ".") -> dict[str, Any]:
@@ -130,8 +140,22 @@ def rt(request: Request) -> Runtime:
     return request.scope[RUNTIME_KEY]
 
 
-async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
-    """Execute: one tool call, answered with the contract's result (both paths run this)."""
+@dataclass(frozen=True)
+class ExecCall:
+    """A parsed Execute: the call, its correlation id and the timeout in force."""
+
+    call: Any
+    tool_use_id: str
+    timeout: float
+
+    @property
+    def streamable(self) -> bool:
+        """Code and bash stream their output; the editor answers its one JSON body."""
+        return not isinstance(self.call, TextEditorRequest)
+
+
+def parse_exec(runtime: Runtime, raw: bytes) -> ExecCall | Response:
+    """The call in an Execute body, or the 422 answer to a malformed one (other refusals raise)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -142,8 +166,29 @@ async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
         raise UnknownToolKind(str(exc)) from None
     except ValidationError as exc:
         return JSONResponse({"detail": _validation_errors(exc), "reason": "invalid_request"}, status_code=422)
-    tool_use_id = call.tool_use_id or "srvtoolu_" + secrets.token_hex(12)
-    timeout = runtime.clamp_timeout(call.timeout_seconds)
+    return ExecCall(call, call.tool_use_id or "srvtoolu_" + secrets.token_hex(12),
+                    runtime.clamp_timeout(call.timeout_seconds))
+
+
+async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
+    """Execute: one tool call, answered with the contract's result (both paths run this)."""
+    parsed = parse_exec(runtime, raw)
+    if isinstance(parsed, Response):
+        return parsed
+    return await answer(runtime, parsed, scope)
+
+
+async def answer(runtime: Runtime, parsed: ExecCall, scope: Scope) -> Response:
+    """Run a parsed call; its result as the one JSON body (with the outcome header for the scheduler)."""
+    payload, outcome_label = await run_call(runtime, parsed, scope)
+    return JSONResponse(payload, headers={OUTCOME_HEADER: outcome_label})
+
+
+async def run_call(runtime: Runtime, parsed: ExecCall, scope: Scope,
+                   on_output: OutputListener | None = None) -> tuple[dict[str, Any], str]:
+    """Run one call under the session's lock: the contract's response body and the outcome label.
+    `on_output` sees the output the result keeps, as it arrives (a streamed call)."""
+    call, tool_use_id, timeout = parsed.call, parsed.tool_use_id, parsed.timeout
     async with runtime.lock:
         started = time.monotonic()
         extra: dict[str, Any] = {}
@@ -158,11 +203,11 @@ async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
             before = _snapshot(runtime)
             try:
                 if isinstance(call, CodeExecutionRequest):
-                    outcome = await runtime.interpreter.run(call.input.code, timeout)
+                    outcome = await runtime.interpreter.run(call.input.code, timeout, on_output)
                     restart_field = "interpreter_restarted"
                 else:
                     assert isinstance(call, BashExecutionRequest)
-                    outcome = await _run_bash(runtime, call.input.command, timeout)
+                    outcome = await _run_bash(runtime, call.input.command, timeout, on_output)
                     restart_field = "shell_restarted"
             except ChildStartFailed as exc:
                 raise Unavailable(str(exc), retry_after=1) from None
@@ -174,8 +219,12 @@ async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
         elapsed_ms = int((time.monotonic() - started) * 1000)
     if outcome.limit is not None:
         extra["limit_exceeded"] = outcome.limit
+    if outcome.cancelled:
+        extra["cancelled"] = True
     if outcome.timed_out:
         outcome_label = "timeout"
+    elif outcome.cancelled:
+        outcome_label = "cancelled"
     elif outcome.limit is not None:
         outcome_label = "limit"
     else:
@@ -197,7 +246,14 @@ async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
         },
         **extra,
     }
-    return JSONResponse(payload, headers={OUTCOME_HEADER: outcome_label})
+    return payload, outcome_label
+
+
+async def cancel_call(runtime: Runtime) -> Response:
+    """Stop the call running now (never queued behind it: no lock): 204 once it was stopped."""
+    if await runtime.cancel():
+        return Response(status_code=204)
+    raise NoRunningCall("no code or bash call is running in this session")
 
 
 class AgentApp:
@@ -231,6 +287,9 @@ class AgentApp:
             if method == "POST" and _is_exec_path(path):
                 await self._exec(scope, receive, send)
                 return
+            if method == "DELETE" and _is_exec_path(path):
+                await self._cancel(scope, receive, send)
+                return
             if method == "GET" and path == "/healthz":
                 await _HEALTHY(scope, receive, send)
                 return
@@ -244,13 +303,65 @@ class AgentApp:
                 return  # the caller left before its request was whole: nobody to answer
             if runtime is None:
                 raise Unavailable("the agent is not started", retry_after=1)
-            response = await exec_call(runtime, raw, scope)
+            if streaming.wants_stream(scope["headers"]):
+                parsed = parse_exec(runtime, raw)
+                if isinstance(parsed, ExecCall) and parsed.streamable:
+                    await self._stream(runtime, parsed, scope, receive, send)
+                    return
+                response = parsed if isinstance(parsed, Response) else await answer(runtime, parsed, scope)
+            else:
+                response = await exec_call(runtime, raw, scope)
         except SandpoolError as exc:
             response = error_response(exc)
         except Exception:
             # As FastAPI's outermost layer does: a plain 500, and the error goes on to the server's log.
             await _SERVER_ERROR(scope, receive, send)
             raise
+        await response(scope, receive, send)
+
+    async def _stream(self, runtime: Runtime, parsed: ExecCall, scope: Scope, receive: Receive, send: Send) -> None:
+        """A streamed Execute (`agent.streaming`). A reader that leaves stops nothing, unless it asked
+        for that with `Sandpool-Cancel-On-Disconnect: true`: then the call is cancelled."""
+        cancel_on_gone = streaming.header_true(scope["headers"], b"sandpool-cancel-on-disconnect")
+        await send({"type": "http.response.start", "status": 200, "headers": streaming.HEADERS})
+        events = streaming.OutputEvents(send, self.settings.stream_heartbeat_seconds)
+        work = asyncio.ensure_future(run_call(runtime, parsed, scope, events.on_output))
+        gone = asyncio.ensure_future(streaming.disconnected(receive))
+        cancelling: set[asyncio.Task[bool]] = set()
+
+        def on_gone() -> None:
+            if cancel_on_gone and not work.done():
+                task = asyncio.ensure_future(runtime.cancel())
+                cancelling.add(task)
+                task.add_done_callback(cancelling.discard)
+
+        try:
+            try:
+                await events.pump(work, gone, on_gone)
+            except BaseException:
+                work.cancel()
+                raise
+            try:
+                payload, outcome = work.result()
+            except SandpoolError as exc:
+                await events.fail(exc)
+            except Exception as exc:
+                log.error("streamed call failed", exc_info=exc)
+                await events.fail(SandpoolError("internal error"))
+            else:
+                await events.finish(payload, outcome)
+        finally:
+            gone.cancel()
+            if cancelling:
+                await asyncio.gather(*cancelling, return_exceptions=True)
+
+    async def _cancel(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            if self.runtime is None:
+                raise Unavailable("the agent is not started", retry_after=1)
+            response = await cancel_call(self.runtime)
+        except SandpoolError as exc:
+            response = error_response(exc)
         await response(scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -353,10 +464,11 @@ async def _self_call(app: ASGIApp, secret: str) -> None:
         raise RuntimeError(f"agent self-test failed with {status}")
 
 
-async def _run_bash(runtime: Runtime, command: str, timeout: float) -> ExecOutcome:
+async def _run_bash(runtime: Runtime, command: str, timeout: float,
+                    on_output: OutputListener | None = None) -> ExecOutcome:
     if "\x00" in command:
         return ExecOutcome(stdout="", stderr="command contains a NUL byte, which bash cannot take\n", return_code=2)
-    return await runtime.shell.run(command, timeout)
+    return await runtime.shell.run(command, timeout, on_output)
 
 
 def _snapshot(runtime: Runtime) -> produced.Snapshot:

@@ -3,14 +3,19 @@
 A program may print gigabytes; the agent keeps at most `cap` bytes per stream
 and only counts the rest, so its memory does not grow with the output. The
 kept prefix is returned with a visible marker saying how much was dropped.
+A streamed call also hands each kept piece to `listener` as it arrives, so the
+stream carries exactly the bytes the result keeps (the cap applies to both).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class StreamCapture:
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, listener: Callable[[bytes], None] | None = None) -> None:
         self.cap = cap
+        self.listener = listener
         self._chunks: list[bytes] = []
         self._kept = 0
         self.dropped = 0
@@ -22,6 +27,8 @@ class StreamCapture:
             self._chunks.append(kept)
             self._kept += len(kept)
             self.dropped += len(data) - len(kept)
+            if self.listener is not None and kept:
+                self.listener(kept)
         else:
             self.dropped += len(data)
 

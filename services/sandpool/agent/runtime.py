@@ -119,6 +119,13 @@ class Runtime:
         self.shell.stop_now()
         procs.kill_trees(set(), keep=set(), include_roots=False)
 
+    async def cancel(self) -> bool:
+        """Stop the code or bash call running now (True once stopped; False: none was running)."""
+        for child in (self.interpreter, self.shell):
+            if child.running:
+                return await child.cancel()
+        return False
+
     def clamp_timeout(self, requested: int | None) -> float:
         if requested is None:
             return self.settings.exec_timeout_seconds

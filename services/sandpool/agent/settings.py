@@ -47,6 +47,8 @@ class AgentSettings(ServiceSettings):
                                             description="Ceiling of a request's timeout_seconds (clamped)")
     interrupt_grace_seconds: float = Field(default=1.0, gt=0, description="After SIGINT at a timeout, how long "
                                                                           "before everything is killed")
+    stream_heartbeat_seconds: float = Field(default=5.0, gt=0, description=(
+        "A streamed Execute sends a heartbeat comment after this long without other events"))
     max_output_bytes: int = Field(default=MIB, ge=1024, description="Output kept per stream per call; the rest "
                                                                     "is counted and discarded")
     max_request_bytes: int = Field(default=16 * MIB, ge=1024, description="Largest exec request body (413)")

@@ -27,6 +27,7 @@ from sandpool.client.errors import (
     Unauthorized,
     Unavailable,
 )
+from sandpool.client.events import ExecEvent
 from sandpool.client.results import ExecResult, FileInfo, OutputFile, SessionInfo, UploadResult
 from sandpool.client.retry import RetryPolicy
 from sandpool.client.sync import Client, Session
@@ -39,6 +40,7 @@ __all__ = [
     "Client",
     "ConnectionFailed",
     "ConnectionLost",
+    "ExecEvent",
     "ExecResult",
     "FileInfo",
     "Forbidden",

@@ -19,7 +19,16 @@ import httpx
 from sandpool.client import calls
 from sandpool.client.calls import Call, T, Timeouts, Upload
 from sandpool.client.config import ClientConfig
-from sandpool.client.errors import SandpoolClientError
+from sandpool.client.errors import ConnectionFailed, ProtocolError, SandpoolClientError
+from sandpool.client.events import (
+    EventReader,
+    ExecEvent,
+    OutputCallback,
+    deliver,
+    events_of,
+    is_event_stream,
+    stream_headers,
+)
 from sandpool.client.results import ExecResult, FileInfo, OutputFile, SessionInfo, UploadResult
 from sandpool.client.retry import RetryPolicy
 from sandpool.client.transport import REQUEST_ID_HEADER, error_for_transport, finish_error, read_response, retry_delay
@@ -97,6 +106,49 @@ class AsyncClient:
             await self._sleep(delay)
             waited += delay
 
+    async def _stream(self, call: Call[ExecResult], *, cancel_on_disconnect: bool) -> AsyncIterator[ExecEvent]:
+        """A streamed Execute's events, as they arrive (`sandpool.client.events`); as `Client._stream`."""
+        request_id = uuid.uuid4().hex
+        headers = {**self.config.headers, REQUEST_ID_HEADER: request_id, **stream_headers(cancel_on_disconnect)}
+        url = self.config.url(call.path)
+        waited, attempt = 0.0, 0
+        while True:
+            attempt += 1
+            try:
+                async with self._http.stream(call.method, url, json=call.json, headers=headers,
+                                             timeout=call.timeout) as resp:
+                    if not is_event_stream(resp):
+                        await resp.aread()
+                        answer = read_response(call, resp)  # apart: unpacked directly, T is inferred wrong
+                        whole, refused = answer
+                        if refused is not None:
+                            raise finish_error(refused, request_id, attempt)
+                        if whole is None:
+                            raise finish_error(ProtocolError("Execute answered no result"), request_id, attempt)
+                        for piece in events_of(whole):
+                            yield piece
+                        return
+                    reader = EventReader()
+                    async for line in resp.aiter_lines():
+                        event = reader.line(line)
+                        if event is not None:
+                            yield event
+                        if reader.finished:
+                            return
+                    raise finish_error(ProtocolError("the stream ended before its result"), request_id, attempt)
+            except SandpoolClientError as raised:
+                if raised.request_id is None:
+                    finish_error(raised, request_id, attempt)
+                raise
+            except httpx.TransportError as exc:
+                failure = error_for_transport(call, exc)
+            delay = retry_delay(self.config.retry, call, failure, attempt - 1, waited) \
+                if isinstance(failure, ConnectionFailed) else None
+            if delay is None:
+                raise finish_error(failure, request_id, attempt)
+            await self._sleep(delay)
+            waited += delay
+
     async def aclose(self) -> None:
         if self._owns_http:
             await self._http.aclose()
@@ -168,25 +220,70 @@ class AsyncSession:
 
     # --- Execute -------------------------------------------------------------------------
 
+    def _exec_call(self, tool: str, tool_input: dict[str, Any], timeout_seconds: int | None,
+                   tool_use_id: str | None) -> Call[ExecResult]:
+        return calls.execute(self.client.timeouts, self.id, tool, tool_input, timeout_seconds=timeout_seconds,
+                             tool_use_id=tool_use_id, session_exec_timeout=self.info.exec_timeout_seconds,
+                             session_max_exec_timeout=self.info.max_exec_timeout_seconds)
+
     async def execute(self, tool: str, tool_input: dict[str, Any], *, timeout_seconds: int | None = None,
-                tool_use_id: str | None = None) -> ExecResult:
-        """Execute any tool kind. Never retried automatically once sent (it is not idempotent)."""
-        return await self.client._run(calls.execute(self.client.timeouts, self.id, tool, tool_input,
-                                              timeout_seconds=timeout_seconds, tool_use_id=tool_use_id,
-                                              session_exec_timeout=self.info.exec_timeout_seconds,
-                                              session_max_exec_timeout=self.info.max_exec_timeout_seconds))
+                      tool_use_id: str | None = None, on_stdout: OutputCallback | None = None,
+                      on_stderr: OutputCallback | None = None) -> ExecResult:
+        """Execute any tool kind. Never retried automatically once sent (it is not idempotent).
 
-    async def run_python(self, code: str, *, timeout_seconds: int | None = None,
-                   tool_use_id: str | None = None) -> ExecResult:
-        """Run code in the session's persistent Python interpreter."""
+        With `on_stdout` / `on_stderr` (plain functions), the call is streamed and each piece of output
+        is handed to them as the program writes it; the result is returned at the end as usual."""
+        if on_stdout is None and on_stderr is None:
+            return await self.client._run(self._exec_call(tool, tool_input, timeout_seconds, tool_use_id))
+        async for event in self.stream(tool, tool_input, timeout_seconds=timeout_seconds, tool_use_id=tool_use_id):
+            deliver(event, on_stdout, on_stderr)
+            if event.result is not None:
+                return event.result
+        raise ProtocolError("the stream ended before its result")  # (the stream raises first)
+
+    def stream(self, tool: str, tool_input: dict[str, Any], *, timeout_seconds: int | None = None,
+               tool_use_id: str | None = None, cancel_on_disconnect: bool = False) -> AsyncIterator[ExecEvent]:
+        """Execute with its output streamed: `async for event in ...`, the `result` event last.
+
+        Leaving the loop early closes the connection; the call runs on in the sandbox unless
+        `cancel_on_disconnect` asked the server to cancel it then (see also `cancel()`)."""
+        return self.client._stream(self._exec_call(tool, tool_input, timeout_seconds, tool_use_id),
+                                   cancel_on_disconnect=cancel_on_disconnect)
+
+    async def cancel(self) -> bool:
+        """Stop the call running in this session now, as its timeout would. True when a call was
+        stopped (its result says `cancelled`), False when none was running."""
+        stopped = await self.client._run(calls.cancel_exec(self.client.timeouts, self.id))
+        return stopped
+
+    async def run_python(self, code: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
+                         on_stdout: OutputCallback | None = None,
+                         on_stderr: OutputCallback | None = None) -> ExecResult:
+        """Run code in the session's persistent Python interpreter (streamed to `on_stdout` /
+        `on_stderr` when given)."""
         return await self.execute(calls.TOOL_PYTHON, {"code": code}, timeout_seconds=timeout_seconds,
-                            tool_use_id=tool_use_id)
+                                  tool_use_id=tool_use_id, on_stdout=on_stdout, on_stderr=on_stderr)
 
-    async def run_bash(self, command: str, *, timeout_seconds: int | None = None,
-                 tool_use_id: str | None = None) -> ExecResult:
-        """Run a shell command in the session's workspace."""
+    run_code = run_python
+
+    async def run_bash(self, command: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
+                       on_stdout: OutputCallback | None = None,
+                       on_stderr: OutputCallback | None = None) -> ExecResult:
+        """Run a shell command in the session's workspace (streamed to `on_stdout` / `on_stderr` when given)."""
         return await self.execute(calls.TOOL_BASH, {"command": command}, timeout_seconds=timeout_seconds,
-                            tool_use_id=tool_use_id)
+                                  tool_use_id=tool_use_id, on_stdout=on_stdout, on_stderr=on_stderr)
+
+    def stream_code(self, code: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
+                    cancel_on_disconnect: bool = False) -> AsyncIterator[ExecEvent]:
+        """Python with its output streamed: `async for event in s.stream_code(...)`, the `result` last."""
+        return self.stream(calls.TOOL_PYTHON, {"code": code}, timeout_seconds=timeout_seconds,
+                           tool_use_id=tool_use_id, cancel_on_disconnect=cancel_on_disconnect)
+
+    def stream_bash(self, command: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
+                    cancel_on_disconnect: bool = False) -> AsyncIterator[ExecEvent]:
+        """A shell command with its output streamed, as `stream_code`."""
+        return self.stream(calls.TOOL_BASH, {"command": command}, timeout_seconds=timeout_seconds,
+                           tool_use_id=tool_use_id, cancel_on_disconnect=cancel_on_disconnect)
 
     async def edit(self, command: str, path: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
              **fields: Any) -> ExecResult:

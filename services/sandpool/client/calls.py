@@ -149,6 +149,26 @@ def execute(timeouts: Timeouts, session_id: str, tool: str, tool_input: dict[str
                 timeouts.for_exec(budget), lambda r: ExecResult.from_body(_json(r)), json=body)
 
 
+def cancel_exec(timeouts: Timeouts, session_id: str) -> Call[bool]:
+    """CancelExecution (sandpool's addition): True when a running call was stopped (204), False when
+    none was running (409 `no_running_call`)."""
+    return Call("cancel_exec", "DELETE", _session_path(session_id, "/exec"), (204, 409), Retry.ONCE,
+                timeouts.plain(), _cancelled)
+
+
+def _cancelled(resp: httpx.Response) -> bool:
+    if resp.status_code == 204:
+        return True
+    try:
+        reason = resp.json().get("reason")
+    except (ValueError, AttributeError):
+        reason = None
+    if reason != "no_running_call":
+        raise ProtocolError("CancelExecution answered 409 for another reason than no_running_call",
+                            status=resp.status_code)
+    return False
+
+
 def editor_input(command: str, path: str, **fields: Any) -> dict[str, Any]:
     return {"command": command, "path": path, **{k: v for k, v in fields.items() if v is not None}}
 
@@ -200,6 +220,7 @@ __all__ = [
     "Retry",
     "Timeouts",
     "Upload",
+    "cancel_exec",
     "create_session",
     "destroy_session",
     "editor_input",

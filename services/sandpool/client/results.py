@@ -103,7 +103,7 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         """The program exited 0 and no limit stopped it."""
-        return self.return_code == 0 and not self.timed_out and self.limit is None
+        return self.return_code == 0 and not self.timed_out and not self.cancelled and self.limit is None
 
     def extra(self, name: str) -> Any:
         """An extension field, looked up on the response, then on the result payload."""
@@ -125,6 +125,11 @@ class ExecResult:
     def timed_out(self) -> bool:
         """sandpool extension: the call was stopped by its timeout (its return code is then 124)."""
         return self.limit == "timeout" or self.extra("timed_out") is True
+
+    @property
+    def cancelled(self) -> bool:
+        """sandpool extension: a cancel stopped the call (`Session.cancel()`; return code 130)."""
+        return self.extra("cancelled") is True
 
     @property
     def interpreter_restarted(self) -> bool:

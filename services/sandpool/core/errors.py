@@ -66,6 +66,17 @@ class NotFound(SandpoolError):
     reason = "not_found"
 
 
+class Conflict(SandpoolError):
+    status_code = 409
+    reason = "conflict"
+
+
+class NoRunningCall(Conflict):
+    """A cancel found no code or bash call running in the session."""
+
+    reason = "no_running_call"
+
+
 class PayloadTooLarge(SandpoolError):
     status_code = 413
     reason = "payload_too_large"

@@ -158,7 +158,8 @@ def create_app(settings: ProxySettings) -> FastAPI:
         request.scope[OPERATION_KEY] = operation
         gate: Gate = request.app.state.gate
         principal = await gate.principal(request)
-        effective = await gate.admit(principal, count=operation != "DestroySession")
+        # Ending a session or stopping its call frees resources: never refused for the rate, never counted.
+        effective = await gate.admit(principal, count=operation not in ("DestroySession", "CancelExecution"))
         body = None
         if operation == "CreateSession":
             body = await read_small_body(request, create_cap)
@@ -210,6 +211,11 @@ def create_app(settings: ProxySettings) -> FastAPI:
     @app.post("/sessions/{session_id}/exec", tags=contract_tags, responses=contract_errors, summary="Execute")
     async def execute(request: Request, session_id: str) -> Response:
         return await contract(request, "Execute")
+
+    @app.delete("/sessions/{session_id}/exec", tags=["sandpool additions"], responses=contract_errors,
+                status_code=204, summary="CancelExecution: stop the session's running call (sandpool's addition)")
+    async def cancel_execution(request: Request, session_id: str) -> Response:
+        return await contract(request, "CancelExecution")
 
     @app.get("/sessions/{session_id}/files/list", tags=contract_tags, responses=contract_errors, summary="ListFiles")
     async def list_files(request: Request, session_id: str) -> Response:

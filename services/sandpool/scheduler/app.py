@@ -223,6 +223,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         "CreateSession": create_session, "GetSession": get_session, "DestroySession": destroy_session,
         "Execute": forwarded(lambda s: s.execute), "ListFiles": forwarded(lambda s: s.list_files),
         "GetFile": forwarded(lambda s: s.get_file), "PutFile": forwarded(lambda s: s.put_file),
+        "CancelExecution": forwarded(lambda s: s.cancel_exec),
     }
 
     async def serve_contract(request: Request, operation: str) -> Response:

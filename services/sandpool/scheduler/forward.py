@@ -22,7 +22,10 @@ log = logging.getLogger(__name__)
 
 # Request headers a forwarded call keeps; everything else (the caller's credential,
 # X-Sandpool-*, cookies, hop-by-hop headers) stays behind.
-FORWARDED_REQUEST_HEADERS = ("content-type", "content-length", "accept", "x-request-id")
+# `sandpool-cancel-on-disconnect` lets the agent cancel a streamed call should this scheduler's own
+# connection to it drop (the scheduler itself cancels when its client leaves).
+FORWARDED_REQUEST_HEADERS = ("content-type", "content-length", "accept", "x-request-id",
+                             "sandpool-cancel-on-disconnect")
 # Response headers passed back to the client; the agent's X-Sandpool-* are consumed here.
 FORWARDED_RESPONSE_HEADERS = ("content-type", "content-length", "content-disposition", "content-encoding",
                               "last-modified", "etag")

@@ -14,7 +14,7 @@ from sandpool.pool.metrics import ControllerMetrics
 
 SERVICE = "scheduler"
 OPERATIONS = ("CreateSession", "Execute", "DestroySession", "ListFiles", "GetFile", "PutFile")
-EXEC_OUTCOMES = ("ok", "failed", "timeout", "limit")
+EXEC_OUTCOMES = ("ok", "failed", "timeout", "limit", "cancelled")
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 

@@ -42,6 +42,7 @@ from sandpool.core.errors import (
     UnknownToolKind,
 )
 from sandpool.core.hop import HopBusy, HopConnectError, HopError
+from sandpool.core.hop import Response as HopResponse
 from sandpool.core.logs import request_id_var
 from sandpool.scheduler import limits
 from sandpool.scheduler.caller import Caller
@@ -49,12 +50,14 @@ from sandpool.scheduler.forward import (
     OUTCOME_HEADER,
     AgentClients,
     BadAddress,
+    ClientSlot,
     request_headers,
     response_headers,
 )
 from sandpool.scheduler.metrics import EXEC_OUTCOMES, SERVICE, SchedulerMetrics
 from sandpool.scheduler.pools import PoolDirectory
 from sandpool.scheduler.settings import SchedulerSettings
+from sandpool.scheduler.stream import EventStreamResponse, StreamRelay, cancel_on_disconnect, wants_stream
 from sandpool.scheduler.uploads import FileBytes
 from sandpool.scheduler.waiting import Waiters
 from sandpool.state import usage
@@ -65,6 +68,7 @@ log = logging.getLogger(__name__)
 
 SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 UNKNOWN_SESSION = "session not found"
+EVENT_STREAM = b"text/event-stream"
 SMALL_ANSWER_BYTES = 256 * 1024
 """Agent answers up to this size (with a Content-Length) are relayed whole; larger ones stream."""
 ABANDON_RETRY_SECONDS = 60.0
@@ -177,6 +181,7 @@ class Scheduler:
         self._background: set[asyncio.Task[Any]] = set()
         self._abandons: set[asyncio.Task[Any]] = set()  # retries that may outlast Redis: not awaited at exit
         self._in_flight: dict[str, set[asyncio.Future[Any]]] = {}  # session id -> its calls to the agent
+        self._streams: set[asyncio.Future[Any]] = set()  # streamed calls' pumps (they outlive their request)
 
     # --- CreateSession ------------------------------------------------------------------------
 
@@ -340,7 +345,16 @@ class Scheduler:
         return await self._forward(
             caller, session_id, target, request, "POST", f"/sessions/{session_id}/exec",
             content=body, read_timeout=timeout + self.settings.exec_grace_seconds, meter=metered,
+            stream=wants_stream(request.headers.raw),
         )
+
+    async def cancel_exec(self, caller: Caller, session_id: str, request: Request) -> Response:
+        """CancelExecution (sandpool's addition): stop the session's running call. Sent to the agent on
+        a connection of its own, so it never waits behind the call it stops; the agent answers 204
+        once the call was stopped, 409 `no_running_call` when none runs."""
+        target = await self._file_target(caller, session_id)
+        return await self._forward(caller, session_id, target, request, "DELETE", f"/sessions/{session_id}/exec",
+                                   read_timeout=self.settings.forward_timeout_seconds)
 
     @staticmethod
     def _parse_exec(body: bytes) -> tuple[dict[str, Any], Any]:
@@ -416,7 +430,7 @@ class Scheduler:
     async def _forward(
         self, caller: Caller, session_id: str, target: Target, request: Request, method: str, path: str, *,
         read_timeout: float, content: bytes | AsyncIterator[bytes] | None = None, content_length: int | None = None,
-        meter: Callable[[int, str, float, int], Awaitable[Metered]] | None = None,
+        meter: Callable[[int, str, float, int], Awaitable[Metered]] | None = None, stream: bool = False,
     ) -> Response:
         """Send one call to the agent and stream its answer back; meter it once it has been relayed.
 
@@ -479,6 +493,10 @@ class Scheduler:
                     self._in_flight.pop(session_id, None)
             span.status(upstream.status)
 
+        if stream and upstream.status == 200 and (upstream.header(b"content-type") or b"").startswith(EVENT_STREAM):
+            return self._relay_stream(caller, session_id, target, entry, upstream, request, started=started,
+                                      deadline=read_timeout, meter=meter)
+
         raw_outcome = (upstream.header(OUTCOME_HEADER.encode()) or b"ok").decode("latin-1")
         outcome = raw_outcome if raw_outcome in EXEC_OUTCOMES else "failed"
         status = upstream.status
@@ -536,6 +554,57 @@ class Scheduler:
         streamed = StreamingResponse(relay(), status_code=status)
         streamed.raw_headers = [*headers_out, *streamed.raw_headers]
         return streamed
+
+    def _relay_stream(self, caller: Caller, session_id: str, target: Target, entry: ClientSlot, upstream: HopResponse,
+                      request: Request, *, started: float, deadline: float,
+                      meter: Callable[[int, str, float, int], Awaitable[Metered]] | None) -> Response:
+        """A streamed Execute (`scheduler.stream`): its pump runs as a task of its own, registered as the
+        session's call in flight (a release cuts it short) and metered when the agent's stream ends."""
+
+        async def metered(outcome: str) -> None:
+            label = outcome if outcome in EXEC_OUTCOMES else "failed"
+            usage_of = await meter(200, label, time.monotonic() - started, 0) if meter else NOTHING
+            await self._done(caller, session_id, usage_of)
+
+        async def cancel() -> None:
+            headers = [("authorization", f"Bearer {target.secret}"), ("x-request-id", request_id_var.get() or "")]
+            try:
+                answer = await entry.pool.request("DELETE", f"/sessions/{session_id}/exec", headers,
+                                                  timeout=self.settings.forward_timeout_seconds)
+                await answer.read()
+                await answer.close()
+            except HopError as exc:
+                log.warning("could not cancel a call whose client left", extra={"session": session_id,
+                                                                                "error": type(exc).__name__})
+
+        relay = StreamRelay(
+            upstream.chunks(), meter=metered, unmetered=lambda: self._done(caller, session_id),
+            dead=lambda: self._release_dead(caller, session_id, target.address),
+            ended=lambda: self.clients.forget(target.address), cancel=cancel,
+            cancel_on_disconnect=cancel_on_disconnect(request.headers.raw), deadline=deadline)
+
+        async def run() -> None:
+            try:
+                await relay.pump()
+            finally:
+                await upstream.close()
+                self.clients.give_back(entry)
+
+        task = asyncio.ensure_future(run())
+        calls = self._in_flight.setdefault(session_id, set())
+        calls.add(task)
+
+        def finished(done: asyncio.Future[Any]) -> None:
+            calls.discard(done)
+            if not calls and self._in_flight.get(session_id) is calls:
+                self._in_flight.pop(session_id, None)
+            self._streams.discard(done)
+            if not done.cancelled() and done.exception() is not None:
+                log.error("stream relay failed", exc_info=done.exception())
+
+        self._streams.add(task)
+        task.add_done_callback(finished)
+        return EventStreamResponse(relay)
 
     def session_released(self, session_id: str) -> None:
         """A replica released this session: end this replica's calls to it now."""
@@ -602,8 +671,8 @@ class Scheduler:
         task.add_done_callback(tasks.discard)
 
     async def drain(self) -> None:
-        for task in self._abandons:
+        for task in [*self._abandons, *self._streams]:
             task.cancel()
-        pending = [*self._background, *self._abandons]
+        pending = [*self._background, *self._abandons, *self._streams]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)

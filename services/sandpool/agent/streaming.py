@@ -1,0 +1,161 @@
+"""Server-sent events of a running call: sandpool's streaming Execute, produced where the output is.
+
+With `Accept: text/event-stream`, a code or bash call answers `200 text/event-stream` at
+once and then sends, in this order:
+
+- `event: stdout` / `event: stderr` with `data: {"text": "..."}`: the output the result
+  keeps (the per-stream cap applies), decoded as the result decodes it, as it arrives;
+  stdout and stderr pieces go out in the order the agent read them;
+- `: heartbeat` comment lines while nothing else was sent for the heartbeat interval;
+- at the end, the pieces the result adds (a truncation marker, the timeout or cancel
+  note), so that the texts of a stream's events put together are exactly the result's
+  `stdout` and `stderr`; then `: outcome <label>` (read and dropped by the scheduler,
+  which meters the call on it), then `event: result` whose data is exactly the JSON body
+  the non-streaming call would have answered;
+- or, when the call could not run after the stream began, `event: error` with the error
+  body plus its `status`.
+
+Output is never queued without bound: only kept bytes (at most the cap per stream) wait
+for a slow reader, and they wait merged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import logging
+from typing import Any
+
+from starlette.types import Receive, Send
+
+from sandpool.core.errors import SandpoolError
+
+log = logging.getLogger("sandpool.agent.streaming")
+
+EVENT_STREAM = "text/event-stream"
+PIECE_BYTES = 16 * 1024
+"""Output bytes per event at most: with JSON escaping an event stays under 100 KiB (the scheduler's check)."""
+HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+           (b"x-accel-buffering", b"no")]
+HEARTBEAT = b": heartbeat\n\n"
+
+
+def wants_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The request's Accept names text/event-stream."""
+    for name, value in headers:
+        if name.lower() == b"accept" and EVENT_STREAM.encode() in value.lower():
+            return True
+    return False
+
+
+def header_true(headers: list[tuple[bytes, bytes]], name: bytes) -> bool:
+    for key, value in headers:
+        if key.lower() == name:
+            return value.strip().lower() in (b"true", b"1", b"yes")
+    return False
+
+
+def event(name: str, data: Any) -> bytes:
+    """One SSE event; `data` as compact JSON on one line (JSON never holds a raw newline)."""
+    return b"event: %s\ndata: %s\n\n" % (name.encode(), json.dumps(data, ensure_ascii=False,
+                                                                   separators=(",", ":")).encode())
+
+
+def error_event(exc: SandpoolError) -> bytes:
+    return event("error", {**exc.body(), "status": exc.status_code})
+
+
+class OutputEvents:
+    """The output of one call, turned into events as it arrives and sent by `pump`."""
+
+    def __init__(self, send: Send, heartbeat_seconds: float) -> None:
+        self._send = send
+        self.heartbeat_seconds = heartbeat_seconds
+        self._pending: list[tuple[str, bytearray]] = []
+        self._decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace")
+                          for name in ("stdout", "stderr")}
+        self._emitted = {"stdout": 0, "stderr": 0}  # characters of each stream's text sent so far
+        self.wake = asyncio.Event()
+        self.gone = False
+        """The reader left: nothing is sent any more (the call itself is not stopped here)."""
+
+    def on_output(self, stream: str, data: bytes) -> None:
+        """Called by the worker's readers with the bytes the result keeps."""
+        if self.gone:
+            return
+        if self._pending and self._pending[-1][0] == stream:
+            self._pending[-1][1].extend(data)
+        else:
+            self._pending.append((stream, bytearray(data)))
+        self.wake.set()
+
+    async def write(self, data: bytes) -> None:
+        if not self.gone:
+            await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def flush(self) -> None:
+        """Send what is pending (merged per stream, in arrival order)."""
+        while self._pending:
+            stream, data = self._pending.pop(0)
+            if self.gone:
+                continue
+            decoder = self._decoders[stream]
+            for start in range(0, len(data), PIECE_BYTES):
+                text = decoder.decode(bytes(data[start:start + PIECE_BYTES]))
+                if text:
+                    self._emitted[stream] += len(text)
+                    await self.write(event(stream, {"text": text}))
+
+    async def pump(self, work: asyncio.Future[Any], gone: asyncio.Future[Any], on_gone: Any) -> None:
+        """Send output as it comes and heartbeats while silent, until `work` ends. `on_gone()` runs
+        once when the reader leaves (`gone` resolves)."""
+        work.add_done_callback(lambda _: self.wake.set())
+        gone.add_done_callback(lambda _: self.wake.set())
+        while True:
+            try:
+                async with asyncio.timeout(self.heartbeat_seconds):
+                    await self.wake.wait()
+            except TimeoutError:
+                await self.write(HEARTBEAT)
+                continue
+            self.wake.clear()
+            if gone.done() and not self.gone:
+                self.gone = True
+                self._pending.clear()
+                on_gone()
+            await self.flush()
+            if work.done():
+                return
+
+    async def finish(self, payload: dict[str, Any], outcome: str) -> None:
+        """The rest of the result's text, the outcome for the scheduler, the result event; end."""
+        await self.flush()
+        content = payload["result_block"]["content"]
+        for stream in ("stdout", "stderr"):
+            # What was sent is a prefix of the result's text (the same kept bytes, decoded alike);
+            # the rest is a trailing partial character, the truncation marker and the notes.
+            tail = content[stream][self._emitted[stream]:]
+            for start in range(0, len(tail), PIECE_BYTES):
+                await self.write(event(stream, {"text": tail[start:start + PIECE_BYTES]}))
+        await self.write(b": outcome %s\n\n" % outcome.encode() + event("result", payload))
+        await self.end()
+
+    async def fail(self, exc: SandpoolError) -> None:
+        await self.flush()
+        await self.write(error_event(exc))
+        await self.end()
+
+    async def end(self) -> None:
+        if not self.gone:
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def disconnected(receive: Receive) -> None:
+    """Return when the reader disconnects (the request body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+__all__ = ["EVENT_STREAM", "HEADERS", "OutputEvents", "disconnected", "error_event", "event", "header_true",
+           "wants_stream"]
