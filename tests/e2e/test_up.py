@@ -67,7 +67,7 @@ def test_up_with_auth_prints_a_token_and_a_working_curl_line(up_factory) -> None
     up = up_factory()
     url = up.wait_for("SANDPOOL_URL=")
     token = up.wait_for("SANDPOOL_TOKEN=")
-    curl = next(line for line in up.lines if line.startswith("SID="))
+    curl = "SID=" + up.wait_for("SID=")  # printed after the token line: wait for it too
     with httpx.Client(base_url=url, timeout=30) as client:
         assert client.post("/sessions", json={}).status_code == 401
         assert client.post("/sessions", json={}, headers={"Authorization": "Bearer not-a-jwt"}).status_code == 401
