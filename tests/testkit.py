@@ -351,7 +351,7 @@ class AgentProcess:
 
 def injected_headers(credential: str, workspace: str, **limits: int) -> dict[str, str]:
     """What the proxy sends the scheduler: its credential, the workspace, and every limit the catalogue
-    forwards (`limits` by name; the rest 0: none of the workspace's own)."""
+    forwards (`limits` by name; the rest unset: none of the workspace's own)."""
     from sandpool.contract import limits as catalogue
     from sandpool.contract import tenancy
 

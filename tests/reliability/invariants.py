@@ -7,7 +7,8 @@ from collections import Counter
 from typing import Any
 
 import httpx
-from sp_harness import Stack, wait_for
+from sp_harness import Stack
+from testkit import wait_for
 from workload import Record
 
 from sandpool.state import usage

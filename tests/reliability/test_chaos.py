@@ -23,7 +23,8 @@ from invariants import (
     leader_service,
     leased_sandboxes,
 )
-from sp_harness import Stack, build_stack, wait_for
+from sp_harness import Stack, build_stack
+from testkit import wait_for
 from workload import Workload
 
 from sandpool.state.keys import Keys
