@@ -30,7 +30,8 @@ from typing import Any
 import httpx
 import pytest
 from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificate
-from up_harness import Up, descendants, exec_code
+from testkit import descendants
+from up_harness import Up, exec_code
 
 from sandpool.proxy.keys_cli import mint_token
 
@@ -100,7 +101,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
            "SANDPOOL_RESOLVE_OVERRIDES": ",".join(OVERRIDES)}
     up = Up("--egress-allow-ceiling", f"*:{https_tap.port},*:{http_tap.port}", "--pool-size", "1", env=env)
     try:
-        url = up.wait_for("SANDPOOL_URL=", timeout=120)
+        url = up.printed("SANDPOOL_URL=", timeout=120)
         yield Stack(up, url, up.data_dir / "auth" / "dev-key.pem", certificate, https, https_tap, http, http_tap)
     finally:
         up.cleanup()

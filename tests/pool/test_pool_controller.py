@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from pool_helpers import eventually
+from testkit import eventually
 
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
