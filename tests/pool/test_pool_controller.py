@@ -98,7 +98,7 @@ async def test_never_exceeds_the_ceiling(redis, keys, provider, tasks):
 
 
 async def test_replaces_released_sandboxes_promptly_on_the_nudge(redis, keys, provider, tasks):
-    # A long tick: only the release's PUBLISH can wake the controller within the deadline.
+    # A long tick: only the PUBLISHes of the lease and the release can wake the controller in time.
     c = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], tick_seconds=120)
     start(tasks, c)
 
@@ -115,7 +115,8 @@ async def test_replaces_released_sandboxes_promptly_on_the_nudge(redis, keys, pr
 
     assert leased.sandbox not in await ready_ids(redis, keys)
     assert (await redis.hgetall(keys.sandbox(leased.sandbox)))["state"] == "leased"
-    assert len(await ready_ids(redis, keys)) == 1  # a lease publishes nothing: the next tick refills
+    # The lease PUBLISHes the sandbox on the nudge channel too: the controller replaces it at once.
+    await eventually(two_ready, what="the leased sandbox replaced on the lease's nudge")
 
     released = await store.release(session_id="sess-1", workspace="ws", now=time.time(), mode="destroy")
     assert released is not None and released.sandbox == leased.sandbox

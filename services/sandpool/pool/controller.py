@@ -47,8 +47,8 @@ class ControllerTiming:
     """How often and how patiently the controller acts. Defaults suit production and tests."""
 
     lease_ms: int = 5000  # leadership: a dead leader is replaced within about this long
-    tick_seconds: float = 0.1  # top-up/drain cadence when no lease or release nudges it sooner: a
-    # few cheap Redis calls per pool and tick
+    tick_seconds: float = 0.1  # top-up/drain cadence when nothing on the nudge channel (a lease, claim,
+    # release, lost sandbox or new waiter) wakes it sooner: a few cheap Redis calls per pool and tick
     reconcile_seconds: float = 30.0
     start_timeout_seconds: float = 60.0  # a create slower than this is abandoned and destroyed
     destroy_timeout_seconds: float = 30.0
@@ -239,7 +239,8 @@ class PoolController:
             log.exception("pool controller step crashed", extra={"step": what})
 
     async def _listen_for_nudges(self) -> None:
-        """Wake the loop on every lease and release the scheduler publishes, while leading."""
+        """Wake the loop on everything published on the nudge channel, while leading: every lease,
+        claim and release (the scheduler's scripts), a lost sandbox, a caller queued as a waiter."""
         await channels.listen(self.redis, self.keys.pool_events, lambda _: self._wake.set(),
                               while_=lambda: self._leader)
 

@@ -194,7 +194,7 @@ class Keys:
 
     @property
     def pool_events(self) -> str:
-        """Pub/sub channel nudging the controller when a sandbox is leased or released."""
+        """Pub/sub channel nudging the controller when a sandbox is leased, released or lost, or a caller waits."""
         return f"{self.base}controller:nudge"
 
     @property
