@@ -49,7 +49,7 @@ async def test_reconciliation_against_the_real_api_server(
     await predecessor.close()
 
     controller = PoolController(redis, keys, provider, [POOL], replica_id="k8s-real", tick_seconds=0.05,
-                                lease_ms=2000, reconcile_seconds=0.5)
+                                leadership_ms=2000, reconcile_seconds=0.5)
     task = asyncio.create_task(controller.run())
     store = SessionStore(redis, keys)
 

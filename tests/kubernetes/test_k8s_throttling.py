@@ -48,7 +48,7 @@ async def burst(redis: Any, keys: Keys, provider: Any, standin: StandInApiServer
     """Fill 50, lease all 50, wait for 50 replacements, release all 50, wait for 50 pods again."""
     pool = PoolSpec(name="default", image="python", warm=WARM, ceiling=2 * WARM)
     controller = PoolController(redis, keys, provider, [pool], replica_id="k8s", tick_seconds=0.1,
-                                lease_ms=2000, max_concurrent_starts=WARM, max_concurrent_destroys=WARM)
+                                leadership_ms=2000, max_concurrent_starts=WARM, max_concurrent_destroys=WARM)
     task = asyncio.create_task(controller.run())
     store = SessionStore(redis, keys)
 

@@ -29,7 +29,7 @@ def pool(warm: int = 2, ceiling: int = 4, name: str = "default") -> PoolSpec:
 
 def controller(redis, keys, provider, pools, replica="r1", **timing) -> PoolController:
     timing.setdefault("tick_seconds", 0.2)
-    timing.setdefault("lease_ms", 2000)
+    timing.setdefault("leadership_ms", 2000)
     return PoolController(redis, keys, provider, pools, replica_id=replica, **timing)
 
 
@@ -217,8 +217,8 @@ async def test_a_dead_agent_under_a_session_is_released_and_replaced(redis, keys
 
 
 async def test_exactly_one_leader_and_a_graceful_handover(redis, keys, provider, tasks):
-    a = controller(redis, keys, provider, [pool(warm=1, ceiling=2)], replica="a", lease_ms=1000)
-    b = controller(redis, keys, provider, [pool(warm=1, ceiling=2)], replica="b", lease_ms=1000)
+    a = controller(redis, keys, provider, [pool(warm=1, ceiling=2)], replica="a", leadership_ms=1000)
+    b = controller(redis, keys, provider, [pool(warm=1, ceiling=2)], replica="b", leadership_ms=1000)
     task_a = start(tasks, a)
     start(tasks, b)
     both: list[bool] = []
@@ -255,7 +255,7 @@ async def test_a_killed_leader_is_replaced_within_seconds(redis_url, redis, keys
 
         await eventually(crashy_filled, what="the subprocess controller leading a warm pool")
         provider = await make_provider()
-        standby = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], replica="standby", lease_ms=1500)
+        standby = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], replica="standby", leadership_ms=1500)
         start(tasks, standby)
 
         async def standby_waiting() -> bool:
@@ -263,7 +263,7 @@ async def test_a_killed_leader_is_replaced_within_seconds(redis_url, redis, keys
 
         await eventually(standby_waiting, what="the standby running")
         assert not standby.is_leader
-        proc.send_signal(signal.SIGKILL)  # no lease release, no cleanup: a crash
+        proc.send_signal(signal.SIGKILL)  # no release of leadership, no cleanup: a crash
         proc.wait(10)
 
         async def took_over() -> bool:
@@ -383,17 +383,17 @@ async def test_a_lowered_warm_target_retires_the_surplus_and_destroys_it(redis, 
     assert second.metrics.reconciled.labels(kind="surplus_ready")._value.get() == 1
 
 
-async def test_a_former_leaders_starts_are_forgotten_after_one_lease_not_the_start_timeout(redis, keys, provider,
+async def test_a_former_leaders_starts_are_forgotten_after_one_term_not_the_start_timeout(redis, keys, provider,
                                                                                           tasks):
     """A leader killed mid-create leaves `starting` records nobody will publish. Once the new leader
-    has led for a lease period (the old one has stopped its creates by then), they are dropped;
+    has led for a leadership term (the old one has stopped its creates by then), they are dropped;
     waiting for the 60 s start timeout would hold pool slots that long."""
     now = f"{time.time():.3f}"
     for sandbox_id, owner in (("sb-of-the-dead", "dead-replica"), ("sb-of-mine", "r1")):
         await redis.hset(keys.sandbox(sandbox_id), mapping={"state": "starting", "pool": "default",
                                                             "image": "python", "created_at": now, "owner": owner})
         await redis.sadd(keys.pool_members("default"), sandbox_id)
-    c = controller(redis, keys, provider, [pool(warm=1, ceiling=4)], lease_ms=1000)
+    c = controller(redis, keys, provider, [pool(warm=1, ceiling=4)], leadership_ms=1000)
     start(tasks, c)
 
     async def dead_ones_gone() -> bool:

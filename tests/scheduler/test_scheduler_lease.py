@@ -295,7 +295,7 @@ return 1"""
 def test_a_lease_redis_runs_after_the_caller_gave_up_is_released(scheduler, r, keys, redis_url) -> None:
     """A slow Redis (not a down one) still runs a lease whose caller timed out and answered 503:
     the scheduler releases that session once Redis answers, not at its idle timeout (1 h here)."""
-    # (The reaper is kept idle: its calls would otherwise hold the pooled connection the lease needs.)
+    # (The session reaper is kept idle: its calls would otherwise hold the pooled connection the lease needs.)
     app = scheduler(redis_timeout_seconds=0.3, default_idle_timeout_seconds=3600, reap_interval_seconds=60)
     assert create(app.url).status_code == 503  # nothing to lease yet (and a Redis connection is pooled)
     sandbox = publish(r, keys)
