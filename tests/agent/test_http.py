@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
-from agent_harness import REPO, Agent, content, start_agent, wait_dead
+from agent_harness import REPO, Agent, content, start_agent
+from testkit import scrubbed_env, survivors, wait_for
 
 S = "/sessions/whatever"
 
@@ -90,7 +89,7 @@ def test_tcp_listener_and_secret_file(tmp_path: Path) -> None:
 
 
 def test_refuses_to_start_without_a_secret_or_workspace(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
+    env = scrubbed_env()
     no_secret = subprocess.run([sys.executable, "-m", "sandpool", "agent", "--uds", str(tmp_path / "s.sock"),
                                 "--workspace", str(tmp_path)], env=env, capture_output=True, text=True,
                                cwd=REPO, timeout=30)
@@ -107,7 +106,7 @@ def test_refuses_to_start_without_a_secret_or_workspace(tmp_path: Path) -> None:
 
 
 def test_refuses_bad_limits_and_a_broken_interpreter(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")} | {"SANDPOOL_AGENT_SECRET": "x"}
+    env = scrubbed_env(SANDPOOL_AGENT_SECRET="x")
     (tmp_path / "ws").mkdir()
     base = [sys.executable, "-m", "sandpool", "agent", "--uds", str(tmp_path / "s.sock"), "--workspace",
             str(tmp_path / "ws")]
@@ -144,15 +143,12 @@ def test_sigterm_kills_every_child_and_exits_promptly(tmp_path: Path) -> None:
         t = threading.Thread(target=long_call)
         t.start()
         started = a.workspace / "started"
-        deadline = time.monotonic() + 10
-        while not started.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert started.exists()
+        wait_for(started.exists, timeout=10, interval=0.02, what="the long call started")
         a.proc.terminate()
         assert a.proc.wait(timeout=15) == 0
         t.join(timeout=15)
         assert not t.is_alive()
-        assert wait_dead([bg, *pids, *map(int, escaped)]) == []
+        assert survivors([bg, *pids, *map(int, escaped)], timeout=5.0) == []
     finally:
         a.stop()
 

@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from agent_harness import Agent, content, start_agent
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+from testkit import rss_kib
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ def raw(agent: Agent, method: str, path: str, body: bytes = b"", headers: dict[s
     head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in sent.items()) + "\r\n"
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(30)
-        s.connect(agent.transport_kwargs["uds"])
+        s.connect(str(agent.socket_path))
         s.sendall(head.encode() + body)
         data = b""
         while b"\r\n\r\n" not in data:
@@ -48,7 +48,7 @@ def json_bytes(value: object) -> bytes:
 
 @pytest.fixture
 def uds_agent(agent: Agent) -> Agent:
-    if "uds" not in agent.transport_kwargs:
+    if agent.socket_path is None:
         pytest.skip("needs the agent on a Unix socket")
     return agent
 

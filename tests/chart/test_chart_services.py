@@ -11,12 +11,12 @@ from __future__ import annotations
 import base64
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from chart_support import SCENARIOS, Helm, find, pod_spec, secret_value
+from testkit import free_port, wait_for
 
 from sandpool.cli import build_parser
 from sandpool.core.settings import settings_from_args
@@ -163,12 +163,6 @@ def test_egress_command_line_is_accepted_by_sandpool_egress(helm: Helm) -> None:
     assert not any(a.startswith("--kube-egress-proxy") for a in default_scheduler["args"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _redis_call(port: int, *command: str) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
         payload = f"*{len(command)}\r\n" + "".join(f"${len(c)}\r\n{c}\r\n" for c in command)
@@ -190,7 +184,7 @@ def test_bundled_redis_config_runs_with_password_and_append_only(helm: Helm, tmp
     [container] = pod_spec(statefulset)["containers"]
     assert container["command"] == ["redis-server", "/etc/redis/redis.conf"]
     assert password not in str(container), "the password must not be in the pod spec"
-    port = _free_port()
+    port = free_port()
     (tmp_path / "data").mkdir()
     (tmp_path / "auth.conf").write_bytes(base64.b64decode(secret["data"]["auth.conf"]))
     conf = (conf.replace("dir /data", f"dir {tmp_path / 'data'}").replace("port 6379", f"port {port}")
@@ -199,16 +193,16 @@ def test_bundled_redis_config_runs_with_password_and_append_only(helm: Helm, tmp
     proc = subprocess.Popen([REDIS_SERVER_PATH, str(tmp_path / "redis.conf")], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 10
-        while True:
+        def answered() -> bytes | None:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise AssertionError(f"redis-server did not start with the rendered config:\n{out[-2000:]}")
             try:
-                reply = _redis_call(port, "PING")
-                break
+                return _redis_call(port, "PING")
             except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    out = proc.stdout.read().decode() if proc.stdout else ""
-                    pytest.fail(f"redis-server did not start with the rendered config:\n{out[-2000:]}")
-                time.sleep(0.05)
+                return None
+
+        reply = wait_for(answered, timeout=10, what="redis-server with the rendered config")
         assert reply.startswith(b"-NOAUTH"), reply
         assert _redis_call(port, "AUTH", "wrong-password").startswith(b"-WRONGPASS")
         with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:

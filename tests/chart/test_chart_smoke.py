@@ -12,38 +12,20 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from chart_support import CHART, Helm, find, pod_spec, secret_value
+from testkit import free_port, wait_http
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, deadline_seconds: float = 60) -> None:
-    deadline = time.monotonic() + deadline_seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{url} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"{url} not ready in {deadline_seconds}s:\n{log.read_text()[-3000:]}")
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    wait_http(f"{url}/readyz", proc=proc, log=log, timeout=60, interval=0.1, what=url)
 
 
 async def _destroy_sandboxes(data_dir: Path) -> None:
@@ -87,7 +69,7 @@ def stack(release: list[dict[str, Any]], redis_server: Any,
     token.write_text(secret_value(find(release, "Secret", "-internal"), "token"))
     prefix = f"chart{os.getpid()}"
     env = {**os.environ, "SANDPOOL_REDIS_URL": redis_server.url, "SANDPOOL_REDIS_PREFIX": prefix}
-    sched_port, proxy_port = _free_port(), _free_port()
+    sched_port, proxy_port = free_port(), free_port()
     # Agent sockets live under the data dir: keep its path short (sun_path is 108 bytes).
     data_dir = Path(tempfile.mkdtemp(prefix="spc-", dir="/tmp"))
     procs: list[subprocess.Popen[bytes]] = []

@@ -8,22 +8,14 @@ It is a server, not a mock of httpx: the client under test does real HTTP.
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from testkit import ThreadServer
 
 
 @dataclass
@@ -74,25 +66,18 @@ class ScriptedServer:
         self._lock = threading.Lock()
         app = FastAPI()
         app.add_api_route("/{path:path}", self._handle, methods=["GET", "POST", "DELETE"])
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                                     ws="none", lifespan="off", access_log=False))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._server = ThreadServer(app, port=port, log_level="warning", ws="none", lifespan="off",
+                                    access_log=False)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("scripted server did not start")
-            time.sleep(0.01)
+        self._server.start()
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
+        self._server.stop(10)
 
     def reset(self) -> None:
         with self._lock:

@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from testkit import scrubbed_env
+
 STARTUP_SECONDS = 40.0
 
 
@@ -83,8 +85,7 @@ class Stack:
         if self.owns_data_dir:
             self.data_dir.chmod(0o711)
         stderr = self.stderr_path.open("w")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
-        env.update(self.extra_env)
+        env = scrubbed_env(**self.extra_env)
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
                                      start_new_session=True)
         stderr.close()

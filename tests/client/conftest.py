@@ -11,8 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from client_scripted import ScriptedServer, free_port
+from client_scripted import ScriptedServer
 from client_stack import Stack, StackUnavailable, up_help
+from testkit import free_port
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ import io
 import json
 
 import pytest
-from client_scripted import Reply, ScriptedServer, free_port, ok_exec_body
+from client_scripted import Reply, ScriptedServer, ok_exec_body
+from testkit import free_port
 
 from sandpool.client import (
     AsyncClient,

@@ -6,7 +6,6 @@ Each block runs in its own interpreter with only `SANDPOOL_URL` (and
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from client_stack import Stack
 from sandbox_env import sandbox_python
+from testkit import scrubbed_env
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
@@ -40,8 +40,7 @@ def test_the_docs_have_examples() -> None:
 def test_doc_example_runs(stack: Stack, tmp_path: Path, doc: str, line: int, code: str) -> None:
     if "matplotlib" in code:
         sandbox_python()  # a skip saying how to build it, when sandboxes lack the scientific stack
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
-    env.update({k: v for k, v in stack.env.items() if k in ("SANDPOOL_URL", "SANDPOOL_TOKEN")})
+    env = scrubbed_env(**{k: v for k, v in stack.env.items() if k in ("SANDPOOL_URL", "SANDPOOL_TOKEN")})
     script = tmp_path / f"{doc.replace('.', '_')}_line{line}.py"
     script.write_text(code)
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,

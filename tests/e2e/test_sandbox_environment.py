@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 from sandbox_env import make_lock, sandbox_python
-from up_harness import PROC, alive, assert_stopped_clean, exec_code, free_port
+from testkit import PROC, alive, free_port
+from up_harness import assert_stopped_clean, exec_code
 
 from sandpool.client import Client
 
@@ -39,7 +40,7 @@ def tmp() -> Iterator[Path]:
 def test_the_scientific_stack_and_a_figure_through_the_proxy_and_the_client(up_factory) -> None:
     python = sandbox_python()
     up = up_factory("--sandbox-python", python)
-    url, token = up.wait_for("SANDPOOL_URL="), up.wait_for("SANDPOOL_TOKEN=")
+    url, token = up.printed("SANDPOOL_URL="), up.printed("SANDPOOL_TOKEN=")
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
         session = http.post("/sessions", json={}).json()["session_id"]
@@ -75,7 +76,7 @@ def test_up_builds_environments_on_first_use_and_the_image_hint_picks_one(up_fac
     args = ("--no-auth", "--pools-file", str(pools), "--sandbox-requirements", str(python_lock),
             "--environments-dir", str(tmp / "cache"), "--capacity-wait-seconds", "30")
     up = up_factory(*args)
-    url = up.wait_for("SANDPOOL_URL=", timeout=120)
+    url = up.printed("SANDPOOL_URL=", timeout=120)
     log = up.log_tail()
     for name in ("python", "other"):
         assert f"sandpool up: environment {name}: building from " in log
@@ -94,7 +95,7 @@ def test_up_builds_environments_on_first_use_and_the_image_hint_picks_one(up_fac
     assert_stopped_clean(up)
 
     again = up_factory(*args)
-    again.wait_for("SANDPOOL_URL=", timeout=120)
+    again.printed("SANDPOOL_URL=", timeout=120)
     assert "building from" not in again.log_tail()  # built once per lock, found after
     assert_stopped_clean(again)
 

@@ -5,7 +5,6 @@ call through the proxy is one trace across proxy, scheduler and the hop to the a
 from __future__ import annotations
 
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from testkit import wait_for
 from up_harness import assert_stopped_clean
 
 
@@ -70,7 +70,7 @@ def test_one_call_is_one_trace_across_proxy_scheduler_and_agent_hop(up_factory, 
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export every 100 ms, not 5 s
     try:
         up = up_factory()
-        url, token = up.wait_for("SANDPOOL_URL="), up.wait_for("SANDPOOL_TOKEN=")
+        url, token = up.printed("SANDPOOL_URL="), up.printed("SANDPOOL_TOKEN=")
         with httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"}) as client:
             sid = client.post("/sessions", json={}).json()["session_id"]
             answer = client.post(f"/sessions/{sid}/exec", json={"tool": "code_execution", "input": {"code": "1"}},
@@ -84,10 +84,7 @@ def test_one_call_is_one_trace_across_proxy_scheduler_and_agent_hop(up_factory, 
             services = {s["service"] for s in spans}
             return spans if {"sandpool-proxy", "sandpool-scheduler"} <= services and len(spans) >= 4 else []
 
-        deadline = time.monotonic() + 30
-        while not (spans := whole_trace()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert spans, collector.snapshot()
+        spans = wait_for(whole_trace, timeout=30, interval=0.1, what="the whole trace", state=collector.snapshot)
         assert all(s["path"] == "/v1/traces" for s in spans)
         client_spans = [s for s in spans if s["kind"] == 3]  # SPAN_KIND_CLIENT: the proxy's and the scheduler's hops
         assert {s["service"] for s in client_spans} == {"sandpool-proxy", "sandpool-scheduler"}, spans

@@ -13,17 +13,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from up_harness import alive, assert_stopped_clean, descendants, exec_code, free_port, json_lines
+from testkit import descendants, free_port, survivors
+from up_harness import assert_stopped_clean, exec_code, json_lines
 
 
 def test_up_no_auth_serves_the_contract_and_stops_clean(up_factory) -> None:
     up = up_factory("--no-auth")
-    url = up.wait_for("SANDPOOL_URL=")
+    url = up.printed("SANDPOOL_URL=")
     assert url == f"http://127.0.0.1:{up.port}"
     assert not any(line.startswith("SANDPOOL_TOKEN=") for line in up.lines)
     sandbox_dirs = list((up.data_dir / "sandboxes").iterdir())
@@ -65,9 +65,9 @@ def test_up_no_auth_serves_the_contract_and_stops_clean(up_factory) -> None:
 
 def test_up_with_auth_prints_a_token_and_a_working_curl_line(up_factory) -> None:
     up = up_factory()
-    url = up.wait_for("SANDPOOL_URL=")
-    token = up.wait_for("SANDPOOL_TOKEN=")
-    curl = "SID=" + up.wait_for("SID=")  # printed after the token line: wait for it too
+    url = up.printed("SANDPOOL_URL=")
+    token = up.printed("SANDPOOL_TOKEN=")
+    curl = "SID=" + up.printed("SID=")  # printed after the token line: wait for it too
     with httpx.Client(base_url=url, timeout=30) as client:
         assert client.post("/sessions", json={}).status_code == 401
         assert client.post("/sessions", json={}, headers={"Authorization": "Bearer not-a-jwt"}).status_code == 401
@@ -87,7 +87,7 @@ def test_up_works_from_a_data_dir_of_any_length(up_factory, tmp_path: Path) -> N
     long_dir = tmp_path / "a-rather-long-directory-name" / ("for-a-new-user-" * 6) / "sandpool" / ".sandpool"
     assert len(os.fsencode(long_dir)) >= 150
     up = up_factory(data_dir=long_dir)
-    url, token = up.wait_for("SANDPOOL_URL="), up.wait_for("SANDPOOL_TOKEN=")
+    url, token = up.printed("SANDPOOL_URL="), up.printed("SANDPOOL_TOKEN=")
     with httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"}) as client:
         sid = client.post("/sessions", json={}).json()["session_id"]
         assert exec_code(client, sid, "print(1)")["stdout"] == "1\n"
@@ -97,7 +97,7 @@ def test_up_works_from_a_data_dir_of_any_length(up_factory, tmp_path: Path) -> N
 
 def test_a_request_is_followed_through_proxy_scheduler_and_agent_logs_by_its_id(up_factory) -> None:
     up = up_factory("--log-level", "info")
-    url, token = up.wait_for("SANDPOOL_URL="), up.wait_for("SANDPOOL_TOKEN=")
+    url, token = up.printed("SANDPOOL_URL="), up.printed("SANDPOOL_TOKEN=")
     with httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"}) as client:
         sid = client.post("/sessions", json={}).json()["session_id"]
         answer = client.post(f"/sessions/{sid}/exec", headers={"X-Request-Id": "follow-me-42"},
@@ -141,7 +141,7 @@ def test_up_with_an_external_redis_leaves_no_sandbox_records(up_factory, redis_u
     from sandpool.state.keys import Keys
 
     up = up_factory("--no-auth", "--redis-url", redis_url, "--redis-prefix", redis_prefix)
-    url = up.wait_for("SANDPOOL_URL=")
+    url = up.printed("SANDPOOL_URL=")
     keys = Keys(prefix=redis_prefix)
     client = redis_sync.Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -167,7 +167,7 @@ def test_up_trusts_a_given_public_key_and_prints_no_token(up_factory, tmp_path: 
 
     private, public = generate_keypair(tmp_path / "key.pem")
     up = up_factory("--auth-public-key", str(public))
-    url = up.wait_for("SANDPOOL_URL=")
+    url = up.printed("SANDPOOL_URL=")
     assert not any(line.startswith(("SANDPOOL_TOKEN=", "SID=")) for line in up.lines)
     token = mint_token(private, "team-a")
     with httpx.Client(base_url=url, timeout=30) as http:
@@ -179,20 +179,17 @@ def test_up_trusts_a_given_public_key_and_prints_no_token(up_factory, tmp_path: 
 
 def test_a_killed_up_takes_its_stack_with_it(up_factory) -> None:
     up = up_factory("--no-auth")
-    up.wait_for("SANDPOOL_URL=")
+    up.printed("SANDPOOL_URL=")
     tree = descendants(up.proc.pid)
     assert tree
     up.proc.kill()  # SIGKILL: no chance to clean up; the children must notice on their own
     up.proc.wait(10)
-    deadline = time.monotonic() + 30
-    while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert [pid for pid in tree if alive(pid)] == []
+    assert survivors(tree, timeout=30) == []
     # Its socket directory outlived it (nothing could remove it); the next up on the data dir does.
     sockets = Path((up.data_dir / "run" / "sockets-dir").read_text())
     assert sockets.is_dir() and sockets.name.startswith("sandpool-up-")
     again = up_factory("--no-auth", data_dir=up.data_dir)
-    again.wait_for("SANDPOOL_URL=")
+    again.printed("SANDPOOL_URL=")
     assert not sockets.exists()
     second = Path((up.data_dir / "run" / "sockets-dir").read_text())
     assert second.is_dir() and second != sockets
@@ -202,7 +199,7 @@ def test_a_killed_up_takes_its_stack_with_it(up_factory) -> None:
 
 def test_a_second_up_on_the_same_data_dir_is_refused_and_touches_nothing(up_factory) -> None:
     first = up_factory("--no-auth")
-    url = first.wait_for("SANDPOOL_URL=")
+    url = first.printed("SANDPOOL_URL=")
     sandboxes_before = sorted(p.name for p in (first.data_dir / "sandboxes").iterdir())
     result = subprocess.run(
         [sys.executable, "-m", "sandpool", "up", "--no-auth", "--port", str(free_port()),

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from up_harness import PROC, alive, free_port
+from testkit import PROC, alive, free_port
 
 ROOT = os.geteuid() == 0
 

@@ -6,55 +6,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import httpx
-
-PROC = Path("/proc")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat[stat.rfind(")") + 2:].split()[1])
-            tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
-
-
-def descendants(pid: int) -> set[int]:
-    tree = _children()
-    found, todo = set(), [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
+from testkit import descendants, free_port, survivors, wait_for
 
 
 class Up:
@@ -79,16 +38,18 @@ class Up:
         for raw in self.proc.stdout:
             self.lines.append(raw.decode().rstrip("\n"))
 
-    def wait_for(self, prefix: str, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.lines:
-                if line.startswith(prefix):
-                    return line[len(prefix):]
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"no {prefix} line; stdout={self.lines}; stderr tail={self.log_tail()}")
+    def printed(self, prefix: str, timeout: float = 60) -> str:
+        """What follows `prefix` on the first stdout line that starts with it, waiting up to `timeout`;
+        an up that exits without printing it fails at once."""
+        def found() -> list[str]:
+            values = [line[len(prefix):] for line in self.lines if line.startswith(prefix)]
+            if not values and self.proc.poll() is not None:
+                raise AssertionError(f"up exited with {self.proc.returncode} and no {prefix} line; "
+                                     f"stdout={self.lines}; stderr tail={self.log_tail()}")
+            return values
+
+        return wait_for(found, timeout=timeout, what=f"a {prefix} line",
+                        state=lambda: f"stdout={self.lines}; stderr tail={self.log_tail()}")[0]
 
     def log_tail(self) -> str:
         self.stderr.flush()
@@ -120,11 +81,8 @@ def assert_stopped_clean(up: Up, sig: int = signal.SIGTERM) -> None:
     code, tree = up.stop(sig)
     assert code == 0, up.log_tail()
     assert tree, "the stack had no processes?"
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    survivors = [pid for pid in tree if alive(pid)]
-    assert survivors == [], f"processes survived sandpool up: {survivors}"
+    left = survivors(tree, timeout=10)
+    assert left == [], f"processes survived sandpool up: {left}"
     sandboxes = up.data_dir / "sandboxes"
     assert not sandboxes.exists() or list(sandboxes.iterdir()) == []
 

@@ -4,31 +4,20 @@ listens on a Unix socket too, and fails to start in one plain line."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from testkit import free_port, scrubbed_env, wait_http
 
 from .conftest import OVERRIDES, Egress, Outside, connect_head, read_answer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def base_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
 
 
 @dataclass
@@ -46,7 +35,7 @@ def process(tmp_path: Path, redis_url: str, redis_prefix: str, outside: Outside)
     sock_dir = Path(tempfile.mkdtemp(prefix="spe-"))  # short, whatever tmp_path's length
     unix_socket = sock_dir / "egress.sock"
     log = tmp_path / "egress.log"
-    env = {**base_env(), "SANDPOOL_RESOLVE_OVERRIDES": ",".join(OVERRIDES)}
+    env = scrubbed_env(SANDPOOL_RESOLVE_OVERRIDES=",".join(OVERRIDES))
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sandpool", "egress", "--port", str(port), "--metrics-port", str(metrics_port),
@@ -54,18 +43,7 @@ def process(tmp_path: Path, redis_url: str, redis_prefix: str, outside: Outside)
              "--egress-allow-ceiling", f"*:{outside.https_tap.port}", "--unsafe-allow-loopback-for-tests",
              "--unsafe-mode", "tests"], stdout=out, stderr=out, env=env)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"egress exited: {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"egress did not start: {log.read_text()[-3000:]}")
-            time.sleep(0.05)
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc, log=log, timeout=30, what="egress")
         yield Process(proc, port, metrics_port, unix_socket, log)
     finally:
         if proc.poll() is None:
@@ -120,7 +98,7 @@ async def test_the_process_serves_probes_metrics_tunnels_and_stops_cleanly(
 def start(*argv: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     failure = tmp_path / "failure"
     done = subprocess.run([sys.executable, "-m", "sandpool", "egress", "--start-failure-file", str(failure), *argv],
-                          capture_output=True, text=True, timeout=60, env=base_env())
+                          capture_output=True, text=True, timeout=60, env=scrubbed_env())
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr

@@ -31,8 +31,9 @@ from fuzz_strategies import (
 )
 from hypothesis import event, example, given
 from hypothesis import strategies as st
-from sp_harness import AgentProc, descendants, fd_count, wait_for
+from sp_harness import AgentProc
 from sse_events import collect, result_of, text_of
+from testkit import descendants, fd_count, wait_for
 
 FUZZED = {("GET", "/healthz"), ("POST", "/sessions/{session_id}/exec"), ("GET", "/sessions/{session_id}/files/list"),
           ("GET", "/sessions/{session_id}/files"), ("POST", "/sessions/{session_id}/files"),
@@ -168,7 +169,7 @@ def test_any_credential_but_the_secret_is_a_reasoned_401(agent: AgentProc, autho
     method, template = op
     headers = {"Authorization": authorization} if authorization is not None else {}
     try:
-        with httpx.Client(base_url="http://agent", transport=httpx.HTTPTransport(uds=str(agent.socket)),
+        with httpx.Client(base_url="http://agent", transport=httpx.HTTPTransport(uds=str(agent.socket_path)),
                           timeout=30) as client:
             response = client.request(method, template.replace("{session_id}", "s"), headers=headers,
                                       params={"path": "notes.txt"})

@@ -35,7 +35,8 @@ from fuzz_strategies import (
 )
 from hypothesis import event, example, given
 from hypothesis import strategies as st
-from sp_harness import Stack, build_stack, wait_for
+from sp_harness import Stack, build_stack
+from testkit import wait_for
 
 from sandpool.proxy.keys_cli import load_private_key
 from sandpool.state.keys import Keys

@@ -34,8 +34,9 @@ from fuzz_strategies import (
 )
 from hypothesis import event, example, given
 from hypothesis import strategies as st
-from sp_harness import Stack, build_stack, wait_for
+from sp_harness import Stack, build_stack
 from sse_events import collect, result_of, text_of
+from testkit import wait_for
 
 from sandpool.state.keys import Keys
 

@@ -15,13 +15,13 @@ import secrets
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from testkit import log_tail, wait_for
 
 from sandpool.providers.local.launcher import AgentSecret, SandboxLimits
 from sandpool.providers.local.procs import ProcessHandle, is_alive
@@ -121,13 +121,15 @@ class Harness:
         client = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)), base_url="http://sandbox")
         sandbox = Sandbox(sandbox_id, directory, socket_path, workspace, secret, handle, sandbox_uid, client)
         self.live.append(sandbox)
-        deadline = time.monotonic() + 30
-        while not sandbox.healthy():
-            if time.monotonic() > deadline or not is_alive(handle):
-                log = directory / "agent.log"
-                tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
-                raise AssertionError(f"sandbox agent never became healthy: {tail}")
-            time.sleep(0.01)
+        log = directory / "agent.log"
+
+        def healthy() -> bool:
+            if not is_alive(handle):
+                raise AssertionError(f"the sandbox agent exited: {log_tail(log, 1500) or '(no log)'}")
+            return sandbox.healthy()
+
+        wait_for(healthy, timeout=30, interval=0.01, what="the sandbox agent healthy",
+                 state=lambda: log_tail(log, 1500) or "(no log)")
         return sandbox
 
     def kill(self, sandbox: Sandbox) -> None:

@@ -12,7 +12,6 @@ stack with tokens, two workspaces and `sandpool up` is tests/e2e/test_egress_up.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import tempfile
@@ -25,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificate
+from testkit import eventually
 
 from sandpool.core.serve import bind
 from sandpool.egress.server import EgressProxy
@@ -190,15 +190,15 @@ print(json.dumps(out))
 
 async def settled(world: World, workspace: str) -> dict[str, str]:
     """The workspace's usage once every connection through the tap has been metered."""
-    deadline = time.monotonic() + 20
-    while True:
-        total = dict(await world.egress.redis.hgetall(world.keys.usage_total(workspace)))
-        sent, received = world.tap.totals()
-        if total.get("egress_bytes") == str(sent + received) and world.proxy.active == 0:
-            return total
-        if time.monotonic() > deadline:
-            raise AssertionError(f"usage {total} never matched the tap's {sent} + {received} bytes")
-        await asyncio.sleep(0.05)
+    seen: dict[str, Any] = {}
+
+    async def metered() -> dict[str, str] | None:
+        seen["total"] = total = dict(await world.egress.redis.hgetall(world.keys.usage_total(workspace)))
+        seen["tap"] = sent, received = world.tap.totals()
+        return total if total.get("egress_bytes") == str(sent + received) and world.proxy.active == 0 else None
+
+    return await eventually(metered, timeout=20, what="the usage to match the tap's bytes",
+                            state=lambda: f"usage {seen.get('total')}, the tap's sent and received {seen.get('tap')}")
 
 
 async def test_a_credential_works_only_while_its_lease_binds_it_and_only_through_the_proxy(make_world) -> None:

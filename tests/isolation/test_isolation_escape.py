@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from testkit import alive
 
 import sandpool
 
@@ -248,7 +249,7 @@ def test_fork_bomb_is_contained(harness: Harness) -> None:
     # The host still forks freely.
     assert os.system("true") == 0
     harness.kill(bomb)
-    assert not Path(f"/proc/{bomb.handle.pid}").exists() or not _alive(bomb.handle.pid)
+    assert not Path(f"/proc/{bomb.handle.pid}").exists() or not alive(bomb.handle.pid)
     assert bystander.python("print('still here')")["stdout"].strip() == "still here"
     harness.kill(bystander)
 
@@ -304,15 +305,7 @@ def test_kill_takes_every_process_and_the_cgroups(harness: Harness) -> None:
     assert len(members) >= 3
     harness.kill(sandbox)
     assert not any(g.exists() for g in groups)
-    assert not any(_alive(pid) for pid in members)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
+    assert not any(alive(pid) for pid in members)
 
 
 def _cgroup_dirs(harness: Harness, sandbox_id: str) -> list[Path]:

@@ -10,10 +10,10 @@ import logging
 import os
 import signal
 import socket
-import time
 from pathlib import Path
 
 import pytest
+from testkit import survivors
 
 from sandpool.providers.local.isolation import detect
 from sandpool.providers.local.zygote import ZygoteClient, ZygoteError
@@ -207,10 +207,7 @@ def test_a_dead_zygote_takes_its_sandboxes_and_is_replaced() -> None:
         old_groups = [Path(b) for b in old.cgroup_bases]
         assert old.proc is not None
         os.kill(old.proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while _alive(sandbox.handle.pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not _alive(sandbox.handle.pid)  # PDEATHSIG: nothing outlives the zygote
+        assert survivors([sandbox.handle.pid], timeout=10) == []  # PDEATHSIG: nothing outlives the zygote
         h.live.remove(sandbox)
         again = h.start()  # a new zygote is started on demand
         assert h.launcher.client is not old and h.launcher.client.alive
@@ -220,9 +217,3 @@ def test_a_dead_zygote_takes_its_sandboxes_and_is_replaced() -> None:
         h.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")

@@ -8,7 +8,8 @@ killed, while what calls under the cap left running lives on.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+from testkit import alive
 
 from .harness import Harness
 
@@ -154,14 +155,6 @@ def test_a_sandbox_without_a_cpu_quota_is_not_throttled(harness: Harness) -> Non
     harness.kill(sandbox)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 def test_killing_a_sandbox_removes_its_nested_groups(harness: Harness) -> None:
     sandbox = harness.start(max_processes=32)
     sandbox.bash("sleep 300 & echo started")  # leaves a second generation behind
@@ -171,7 +164,7 @@ def test_killing_a_sandbox_removes_its_nested_groups(harness: Harness) -> None:
     members = {int(p) for g in groups for p in (g / "cgroup.procs").read_text().split()}
     harness.kill(sandbox)
     assert not top.exists()
-    assert not any(_alive(pid) for pid in members if pid != os.getpid())
+    assert not any(alive(pid) for pid in members if pid != os.getpid())
 
 
 def test_the_agents_cgroup_descriptor_cannot_climb_out_of_the_sandbox(harness: Harness) -> None:

@@ -17,7 +17,6 @@ On failure the test's pods (with their status) are printed, like a cluster test 
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,17 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from apiserver import StandInApiServer
 from kubelet import StandInKubelet
 from realapi import RealCluster, Unavailable, binaries
+from testkit import free_port
 
 from sandpool.providers.kubernetes import KubernetesProvider, KubernetesProviderSettings
 
 STANDIN_NAMESPACE = "sandboxes"
 INSTALLATION = "test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -38,6 +37,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from testkit import free_port, wait_http
 
 APISERVER_ENV = "SANDPOOL_TEST_KUBE_APISERVER"
 ETCD_ENV = "SANDPOOL_TEST_ETCD"
@@ -62,12 +62,6 @@ def binaries() -> tuple[str, str]:
         raise Unavailable("no etcd (Debian's etcd-server) on PATH and no SANDPOOL_TEST_ETCD: "
                           "no tests against a real API server")
     return apiserver, etcd
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
@@ -171,8 +165,8 @@ class RealCluster:
              "--initial-cluster", f"test=http://127.0.0.1:{peer}",
              "--unsafe-no-fsync", "--log-level", "error", "--logger", "zap"],
             stdout=subprocess.DEVNULL, stderr=(self.workdir / "etcd.log").open("ab"), start_new_session=True)
-        self._wait(lambda: httpx.get(f"http://127.0.0.1:{self.etcd_port}/health", timeout=1).status_code == 200,
-                   "etcd", self.etcd)
+        wait_http(f"http://127.0.0.1:{self.etcd_port}/health", proc=self.etcd, log=self.log_tail,
+                  timeout=START_TIMEOUT_SECONDS, interval=0.1, what="etcd")
         self.start_apiserver()
 
     def start_apiserver(self) -> None:
@@ -193,12 +187,9 @@ class RealCluster:
             stdout=log, stderr=log, start_new_session=True)
         log.close()
 
-        def ready() -> bool:
-            response = httpx.get(self.url + "/readyz", verify=self.ssl_context(), timeout=2,
-                                 headers={"Authorization": f"Bearer {self.admin_token}"})
-            return response.status_code == 200
-
-        self._wait(ready, "kube-apiserver", self.apiserver)
+        wait_http(self.url + "/readyz", proc=self.apiserver, log=self.log_tail, timeout=START_TIMEOUT_SECONDS,
+                  interval=0.1, probe_timeout=2, what="kube-apiserver", verify=self.ssl_context(),
+                  headers={"Authorization": f"Bearer {self.admin_token}"})
 
     def restart_apiserver(self, *, down_seconds: float = 0.0) -> None:
         """Stop the API server, wait, start it again (same etcd, port and certificates).
@@ -221,20 +212,6 @@ class RealCluster:
     def stop(self) -> None:
         self.stop_apiserver()
         _stop(self.etcd)
-
-    def _wait(self, check: Any, what: str, proc: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited with status {proc.returncode}: {self.log_tail()}")
-            try:
-                if check():
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not start in {START_TIMEOUT_SECONDS:.0f} s: {self.log_tail()}")
-            time.sleep(0.1)
 
     def log_tail(self, chars: int = 3000) -> str:
         out = []

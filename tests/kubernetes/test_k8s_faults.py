@@ -7,28 +7,17 @@ fail one POST after storing its object when a test asks.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import pytest
 from apiserver import StandInApiServer
+from testkit import eventually
 
 from sandpool.pool.provider import PoolSpec, ProviderError
 
 NS = "sandboxes"
 POOL = PoolSpec(name="default", image="python", cpu="1", memory="512Mi")
-
-
-async def eventually(check: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 async def test_throttling_and_server_errors_are_retried(make_standin_provider: Any,
@@ -45,7 +34,7 @@ async def test_throttling_and_server_errors_are_retried(make_standin_provider: A
     assert stats["throttled"] == 1 and stats["server_errors"] == 2 and stats["retries"] == 3
     standin.inject("delete", "pods", 504)
     await provider.destroy("sb-t1")
-    await eventually(lambda: not standin.pods(NS))
+    await eventually(lambda: not standin.pods(NS), timeout=10)
 
 
 async def test_retries_are_bounded(make_standin_provider: Any, standin: StandInApiServer) -> None:
@@ -61,7 +50,7 @@ async def test_retries_are_bounded(make_standin_provider: Any, standin: StandInA
     with pytest.raises(ProviderError):
         await provider.destroy("sb-b2")
     await provider.destroy("sb-b2")  # the controller tries again later: now it goes
-    await eventually(lambda: not standin.pods(NS))
+    await eventually(lambda: not standin.pods(NS), timeout=10)
 
 
 async def test_a_retried_create_whose_first_answer_was_lost_adopts_its_own_pod(

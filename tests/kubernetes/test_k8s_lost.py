@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from kubelet import StandInKubelet
 from realapi import RealCluster
+from testkit import eventually
 
 from sandpool.pool.provider import LOSS_REASONS, PoolSpec, ProviderError
 from sandpool.providers.kubernetes import KubernetesProvider
@@ -38,12 +39,10 @@ class Losses:
         self.told.append((sandbox_id, reason))
         self.at.setdefault(sandbox_id, time.monotonic())
 
-    async def wait_for(self, sandbox_id: str, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while sandbox_id not in self.at:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{sandbox_id} never reported lost; told: {self.told}")
-            await asyncio.sleep(0.005)
+    async def reported(self, sandbox_id: str, timeout: float = 30.0) -> str:
+        """Why the listener was told `sandbox_id` is lost, once it is (up to `timeout`)."""
+        await eventually(lambda: sandbox_id in self.at, timeout=timeout, interval=0.005,
+                         what=f"{sandbox_id} reported lost", state=lambda: f"told: {self.told}")
         return next(reason for sid, reason in self.told if sid == sandbox_id)
 
 
@@ -83,17 +82,17 @@ async def test_a_warm_pod_deleted_or_failed_out_of_band_reaches_the_listener_at_
 
     started = time.monotonic()
     cluster.delete_pod(namespace, "test-sb-l0")  # kubectl delete pod: graceful, the kubelet finishes it
-    assert await losses.wait_for("sb-l0") == "deleted"
+    assert await losses.reported("sb-l0") == "deleted"
     window("graceful delete", started, losses, "sb-l0")
 
     started = time.monotonic()
     cluster.delete_pod(namespace, "test-sb-l1", grace_seconds=0)  # --grace-period=0 --force
-    assert await losses.wait_for("sb-l1") == "deleted"
+    assert await losses.reported("sb-l1") == "deleted"
     window("forced delete", started, losses, "sb-l1")
 
     started = time.monotonic()
     kubelet.kill_container("test-sb-l2")  # OOM kill: restartPolicy Never, the pod turns Failed
-    assert await losses.wait_for("sb-l2") == "failed"
+    assert await losses.reported("sb-l2") == "failed"
     window("container died", started, losses, "sb-l2")
 
     # Our own destroy is no loss; nor is a second event about a pod already reported.
@@ -128,21 +127,14 @@ async def test_losses_reach_the_listener_after_an_api_server_restart_and_a_410(
     # Deleted before the watch is back (it may still be waiting out its backoff): the list finds it.
     started = time.monotonic()
     cluster.delete_pod(namespace, "test-sb-a0", grace_seconds=0)
-    assert await losses.wait_for("sb-a0") == "deleted"
+    assert await losses.reported("sb-a0") == "deleted"
     window("deleted just after an API-server restart", started, losses, "sb-a0")
-    await asyncio_eventually(lambda: provider.watcher.expired > expired and provider.watcher.relists > relists)
+    await eventually(lambda: provider.watcher.expired > expired and provider.watcher.relists > relists, timeout=30,
+                     what="the expired watch relisted")
 
     started = time.monotonic()
     cluster.delete_pod(namespace, "test-sb-a1")
-    assert await losses.wait_for("sb-a1") == "deleted"
+    assert await losses.reported("sb-a1") == "deleted"
     window("deleted once the watch resumed after 410", started, losses, "sb-a1")
     assert [sid for sid, _ in losses.told] == ["sb-a0", "sb-a1"]
     assert (await provider.create(POOL, "sb-a3")).ready  # and creates see readiness through the new watch
-
-
-async def asyncio_eventually(check: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)

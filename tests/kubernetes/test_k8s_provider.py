@@ -8,30 +8,19 @@ the tests check the Secret's ownerReference instead of waiting for it to go.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import httpx
 import pytest
 from kubelet import StandInKubelet
 from realapi import RealCluster
+from testkit import eventually
 
 from sandpool.pool.provider import PoolSpec, Provider, ProviderError
 from sandpool.providers.kubernetes import KubernetesProvider
 from sandpool.providers.kubernetes.pods import PodOptions, build_pod
 
 POOL = PoolSpec(name="default", image="python", cpu="1", memory="512Mi")
-
-
-async def eventually(check: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 def names(pods: list[dict[str, Any]]) -> set[str]:
@@ -62,7 +51,7 @@ async def test_create_list_destroy(provider: KubernetesProvider, cluster: RealCl
 
     await provider.destroy("sb-one")
     assert await provider.list() == []  # being deleted: no longer listed
-    await eventually(lambda: not cluster.pods(namespace))  # the kubelet stopped it and finished the delete
+    await eventually(lambda: not cluster.pods(namespace), timeout=10)  # the kubelet stopped it and finished the delete
     await provider.destroy("sb-one")  # idempotent
 
 
@@ -127,7 +116,7 @@ async def test_restarted_provider_finds_its_sandboxes_by_label(
     for sandbox in ("sb-r0", "sb-r1", "sb-r2", "sb-big"):
         await second.destroy(sandbox)
     assert await second.list() == []
-    await eventually(lambda: names(cluster.pods(namespace)) == {"other-sb-foreign"})
+    await eventually(lambda: names(cluster.pods(namespace)) == {"other-sb-foreign"}, timeout=10)
 
 
 async def test_the_watch_resumes_when_the_server_ends_it_and_lists_afresh_periodically(
@@ -153,7 +142,7 @@ async def test_pod_deleted_behind_our_back_is_forgotten_and_dead_pod_is_not_read
     cluster.delete_pod(namespace, "test-sb-k1")  # kubectl delete pod
     kubelet.kill_container("test-sb-k2")  # OOM kill: restartPolicy Never, the pod is Failed
     await eventually(lambda: "test-sb-k1" not in provider.watcher.pods
-                     and provider.watcher.pods["test-sb-k2"].phase == "Failed")
+                     and provider.watcher.pods["test-sb-k2"].phase == "Failed", timeout=10)
     assert [(s.sandbox_id, s.ready) for s in await provider.list()] == [("sb-k2", False)]
 
 
@@ -179,7 +168,7 @@ async def test_a_leftover_secret_of_an_earlier_pod_is_never_mounted(
     first = await provider.create(POOL, "sb-again")
     (old_secret,) = cluster.secrets(namespace, "sandpool.dev/sandbox=sb-again")
     await provider.destroy("sb-again")
-    await eventually(lambda: not cluster.pods(namespace))
+    await eventually(lambda: not cluster.pods(namespace), timeout=10)
     second = await provider.create(POOL, "sb-again")
     assert second.secret != first.secret
     async with httpx.AsyncClient() as client:
@@ -202,7 +191,7 @@ async def test_a_container_that_exits_fails_the_create_and_is_deleted(
     with pytest.raises(ProviderError, match=r"stopped \(Failed, Error\)") as info:
         await provider.create(crashing, "sb-crash")
     assert info.value.transient
-    await eventually(lambda: not cluster.pods(namespace))
+    await eventually(lambda: not cluster.pods(namespace), timeout=10)
 
 
 async def test_unknown_runtime_class_is_a_permanent_error(provider: KubernetesProvider, cluster: RealCluster,
@@ -253,11 +242,12 @@ async def test_a_pod_that_never_gets_ready_is_deleted_after_the_ready_timeout(
 async def test_a_cancelled_create_deletes_its_pod(provider: KubernetesProvider, cluster: RealCluster,
                                                   namespace: str) -> None:
     task = asyncio.create_task(provider.create(POOL, "sb-cancel"))
-    await eventually(lambda: cluster.secrets(namespace, "sandpool.dev/sandbox=sb-cancel"))  # Ready never comes
+    # Ready never comes:
+    await eventually(lambda: cluster.secrets(namespace, "sandpool.dev/sandbox=sb-cancel"), timeout=10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await eventually(lambda: not cluster.pods(namespace))
+    await eventually(lambda: not cluster.pods(namespace), timeout=10)
 
 
 @pytest.mark.parametrize("bad", ["SB-UPPER", "sb_underscore", "", "x" * 64])

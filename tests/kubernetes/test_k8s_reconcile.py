@@ -18,6 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 from kubelet import StandInKubelet
 from realapi import RealCluster
+from testkit import eventually
 
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
@@ -37,14 +38,6 @@ async def redis(redis_url: str) -> AsyncIterator[Any]:
     await client.aclose()
 
 
-async def wait_for(check: Any, *, what: str, timeout: float = 30.0, state: Any = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {await state() if state else ''}")
-        await asyncio.sleep(0.05)
-
-
 async def test_reconciliation_against_the_real_api_server(
         redis: Any, redis_prefix: str, make_provider: Any, cluster: RealCluster, namespace: str,
         kubelet: StandInKubelet) -> None:
@@ -56,7 +49,7 @@ async def test_reconciliation_against_the_real_api_server(
     await predecessor.close()
 
     controller = PoolController(redis, keys, provider, [POOL], replica_id="k8s-real", tick_seconds=0.05,
-                                lease_ms=2000, reconcile_seconds=0.5)
+                                leadership_ms=2000, reconcile_seconds=0.5)
     task = asyncio.create_task(controller.run())
     store = SessionStore(redis, keys)
 
@@ -75,7 +68,7 @@ async def test_reconciliation_against_the_real_api_server(
         return (await redis.llen(keys.pool_ready("default")) == WARM and set(live()) == await members())
 
     try:
-        await wait_for(warm_and_agreed, what="a warm pool that matches the API server", state=state)
+        await eventually(warm_and_agreed, what="a warm pool that matches the API server", state=state)
         assert "sb-orphan" not in live()  # the orphan was destroyed by reconciliation
 
         leased = await store.lease(session_id="s1", workspace="ws", pool="default", image="python",
@@ -87,7 +80,7 @@ async def test_reconciliation_against_the_real_api_server(
         async def released() -> bool:
             return not await redis.exists(keys.session("s1")) and sandbox not in await members()
 
-        await wait_for(released, what="the lost sandbox's session released and its record forgotten", state=state)
+        await eventually(released, what="the lost sandbox's session released and its record forgotten", state=state)
 
         warm_one = await redis.lindex(keys.pool_ready("default"), 0)
         kubelet.kill_container(f"test-{warm_one}")  # the agent crashed: the pod is Failed
@@ -95,7 +88,7 @@ async def test_reconciliation_against_the_real_api_server(
         async def replaced() -> bool:
             return warm_one not in await members() and await warm_and_agreed()
 
-        await wait_for(replaced, what="the dead warm sandbox replaced", state=state)
+        await eventually(replaced, what="the dead warm sandbox replaced", state=state)
     finally:
         # Cancel until it stops: on Python 3.11 one cancel racing a completed wait can be lost.
         for _ in range(100):

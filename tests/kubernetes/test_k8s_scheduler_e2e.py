@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from realapi import RealCluster
+from testkit import free_port, scrubbed_env, wait_for, wait_http
 
 POOLS = """
 pools:
@@ -39,23 +38,6 @@ pools:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait(check: Any, *, timeout: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def scheduler(cluster: RealCluster, namespace: str, kubelet: Any, tmp_path: Path, redis_url: str,
               redis_prefix: str, agent_port: int) -> Iterator[str]:
@@ -66,7 +48,7 @@ def scheduler(cluster: RealCluster, namespace: str, kubelet: Any, tmp_path: Path
     port = free_port()
     log_path = tmp_path / "scheduler.log"
     log = log_path.open("wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
+    env = scrubbed_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandpool", "scheduler", "--standalone", "--port", str(port),
          "--redis-url", redis_url, "--redis-prefix", redis_prefix, "--provider", "kubernetes",
@@ -76,15 +58,7 @@ def scheduler(cluster: RealCluster, namespace: str, kubelet: Any, tmp_path: Path
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"scheduler exited: {log_path.read_text()[-3000:]}")
-            try:
-                return httpx.get(url + "/readyz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait(ready, what="scheduler ready")
+        wait_http(url + "/readyz", proc=proc, log=log_path, timeout=30, what="scheduler ready")
         yield url
     finally:
         if proc.poll() is None:
@@ -110,7 +84,7 @@ def test_sessions_run_in_pods_and_survive_an_api_server_outage(
         def warm() -> bool:
             return bool(ready_pods(cluster, namespace, "default")) and bool(ready_pods(cluster, namespace, "gvisor"))
 
-        wait(warm, what="one warm pod per pool")
+        wait_for(warm, what="one warm pod per pool")
         warm_pods = {p["metadata"]["name"] for p in cluster.pods(namespace)}
         assert len(warm_pods) == 2  # warm: 1 per pool, nothing more
         (gvisor_pod,) = ready_pods(cluster, namespace, "gvisor")
@@ -123,13 +97,13 @@ def test_sessions_run_in_pods_and_survive_an_api_server_outage(
 
         cluster.stop_apiserver()  # from now on there is no Kubernetes API: CreateSession must not care
         try:
-            session = wait(lambda: leased({}), what="a lease")
+            session = wait_for(lambda: leased({}), what="a lease")
             assert session["pool"] == "default"
             ran = client.post(f"/sessions/{session['session_id']}/exec",
                               json={"tool": "code_execution", "input": {"code": "print(6 * 7)"}})
             assert ran.status_code == 200, ran.text
             assert "42" in ran.text
-            other = wait(lambda: leased({"image": "python-gvisor"}), what="a lease from the gvisor pool")
+            other = wait_for(lambda: leased({"image": "python-gvisor"}), what="a lease from the gvisor pool")
             assert other["pool"] == "gvisor"
             assert client.delete(f"/sessions/{session['session_id']}").status_code == 204
             assert client.delete(f"/sessions/{other['session_id']}").status_code == 204
@@ -143,7 +117,7 @@ def test_sessions_run_in_pods_and_survive_an_api_server_outage(
                     and len(ready_pods(cluster, namespace, "gvisor")) == 1
                     and len(names) == 2 and not names & warm_pods)
 
-        wait(replaced, what="used pods destroyed and both pools refilled")
+        wait_for(replaced, what="used pods destroyed and both pools refilled")
 
         # What the provider saw is on the scheduler's /metrics, for rates and alerts.
         scraped = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])

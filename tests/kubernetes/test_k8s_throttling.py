@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from apiserver import StandInApiServer
+from testkit import eventually
 
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
@@ -43,20 +44,11 @@ async def redis(redis_url: str) -> AsyncIterator[Any]:
     await client.aclose()
 
 
-async def wait_for(check: Any, *, timeout: float, what: str, state: Any = None) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {await state() if state else ''}")
-        await asyncio.sleep(0.05)
-
-
 async def burst(redis: Any, keys: Keys, provider: Any, standin: StandInApiServer) -> None:
     """Fill 50, lease all 50, wait for 50 replacements, release all 50, wait for 50 pods again."""
     pool = PoolSpec(name="default", image="python", warm=WARM, ceiling=2 * WARM)
     controller = PoolController(redis, keys, provider, [pool], replica_id="k8s", tick_seconds=0.1,
-                                lease_ms=2000, max_concurrent_starts=WARM, max_concurrent_destroys=WARM)
+                                leadership_ms=2000, max_concurrent_starts=WARM, max_concurrent_destroys=WARM)
     task = asyncio.create_task(controller.run())
     store = SessionStore(redis, keys)
 
@@ -78,14 +70,14 @@ async def burst(redis: Any, keys: Keys, provider: Any, standin: StandInApiServer
     try:
         # Generous waits (they end as soon as the condition holds): a loaded CI machine slows the
         # stand-in API server, and the controller then retries its failed creates.
-        await wait_for(lambda: ready(WARM), timeout=90, what="50 warm sandboxes", state=state)
+        await eventually(lambda: ready(WARM), timeout=90, what="50 warm sandboxes", state=state)
         sessions = []
         for i in range(WARM):
             leased = await store.lease(session_id=f"s{i}", workspace="ws", pool="default", image="python",
                                        now=time.time(), limits=LIMITS, workspace_limits={})
             assert isinstance(leased, Leased)
             sessions.append(leased)
-        await wait_for(lambda: ready(WARM), timeout=90, what="50 replacements after 50 leases", state=state)
+        await eventually(lambda: ready(WARM), timeout=90, what="50 replacements after 50 leases", state=state)
         for i in range(WARM):
             assert await store.release(session_id=f"s{i}", workspace="ws", now=time.time(), mode="destroy")
 
@@ -94,8 +86,8 @@ async def burst(redis: Any, keys: Keys, provider: Any, standin: StandInApiServer
             return (await ready(WARM) and await redis.scard(keys.doomed) == 0
                     and live_pods() == await redis.llen(keys.pool_ready("default")))
 
-        await wait_for(settled, timeout=90, what="50 released sandboxes destroyed, 50 warm left",
-                       state=state)
+        await eventually(settled, timeout=90, what="50 released sandboxes destroyed, 50 warm left",
+                         state=state)
     finally:
         await stop_controller(task)
 

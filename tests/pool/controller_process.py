@@ -18,13 +18,13 @@ from sandpool.providers.local.settings import LocalProviderSettings
 from sandpool.state.keys import Keys
 
 
-async def main(url: str, prefix: str, data_dir: str, replica: str, lease_ms: str, warm: str, ceiling: str) -> None:
+async def main(url: str, prefix: str, data_dir: str, replica: str, leadership_ms: str, warm: str, ceiling: str) -> None:
     client = aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
     provider = LocalProvider(LocalProviderSettings(data_dir=Path(data_dir)))
     await provider.start()
     controller = PoolController(client, Keys(prefix=prefix), provider,
                                 [PoolSpec(name="default", image="python", warm=int(warm), ceiling=int(ceiling))],
-                                replica_id=replica, lease_ms=int(lease_ms), tick_seconds=0.2)
+                                replica_id=replica, leadership_ms=int(leadership_ms), tick_seconds=0.2)
     await controller.run()
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from pool_helpers import eventually
+from testkit import eventually
 
 from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
@@ -29,7 +29,7 @@ def pool(warm: int = 2, ceiling: int = 4, name: str = "default") -> PoolSpec:
 
 def controller(redis, keys, provider, pools, replica="r1", **timing) -> PoolController:
     timing.setdefault("tick_seconds", 0.2)
-    timing.setdefault("lease_ms", 2000)
+    timing.setdefault("leadership_ms", 2000)
     return PoolController(redis, keys, provider, pools, replica_id=replica, **timing)
 
 
@@ -98,7 +98,7 @@ async def test_never_exceeds_the_ceiling(redis, keys, provider, tasks):
 
 
 async def test_replaces_released_sandboxes_promptly_on_the_nudge(redis, keys, provider, tasks):
-    # A long tick: only the release's PUBLISH can wake the controller within the deadline.
+    # A long tick: only the PUBLISHes of the lease and the release can wake the controller in time.
     c = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], tick_seconds=120)
     start(tasks, c)
 
@@ -115,7 +115,8 @@ async def test_replaces_released_sandboxes_promptly_on_the_nudge(redis, keys, pr
 
     assert leased.sandbox not in await ready_ids(redis, keys)
     assert (await redis.hgetall(keys.sandbox(leased.sandbox)))["state"] == "leased"
-    assert len(await ready_ids(redis, keys)) == 1  # a lease publishes nothing: the next tick refills
+    # The lease PUBLISHes the sandbox on the nudge channel too: the controller replaces it at once.
+    await eventually(two_ready, what="the leased sandbox replaced on the lease's nudge")
 
     released = await store.release(session_id="sess-1", workspace="ws", now=time.time(), mode="destroy")
     assert released is not None and released.sandbox == leased.sandbox
@@ -216,8 +217,8 @@ async def test_a_dead_agent_under_a_session_is_released_and_replaced(redis, keys
 
 
 async def test_exactly_one_leader_and_a_graceful_handover(redis, keys, provider, tasks):
-    a = controller(redis, keys, provider, [pool(warm=1, ceiling=2)], replica="a", lease_ms=1000)
-    b = controller(redis, keys, provider, [pool(warm=1, ceiling=2)], replica="b", lease_ms=1000)
+    a = controller(redis, keys, provider, [pool(warm=1, ceiling=2)], replica="a", leadership_ms=1000)
+    b = controller(redis, keys, provider, [pool(warm=1, ceiling=2)], replica="b", leadership_ms=1000)
     task_a = start(tasks, a)
     start(tasks, b)
     both: list[bool] = []
@@ -254,7 +255,7 @@ async def test_a_killed_leader_is_replaced_within_seconds(redis_url, redis, keys
 
         await eventually(crashy_filled, what="the subprocess controller leading a warm pool")
         provider = await make_provider()
-        standby = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], replica="standby", lease_ms=1500)
+        standby = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], replica="standby", leadership_ms=1500)
         start(tasks, standby)
 
         async def standby_waiting() -> bool:
@@ -262,7 +263,7 @@ async def test_a_killed_leader_is_replaced_within_seconds(redis_url, redis, keys
 
         await eventually(standby_waiting, what="the standby running")
         assert not standby.is_leader
-        proc.send_signal(signal.SIGKILL)  # no lease release, no cleanup: a crash
+        proc.send_signal(signal.SIGKILL)  # no release of leadership, no cleanup: a crash
         proc.wait(10)
 
         async def took_over() -> bool:
@@ -382,17 +383,17 @@ async def test_a_lowered_warm_target_retires_the_surplus_and_destroys_it(redis, 
     assert second.metrics.reconciled.labels(kind="surplus_ready")._value.get() == 1
 
 
-async def test_a_former_leaders_starts_are_forgotten_after_one_lease_not_the_start_timeout(redis, keys, provider,
+async def test_a_former_leaders_starts_are_forgotten_after_one_term_not_the_start_timeout(redis, keys, provider,
                                                                                           tasks):
     """A leader killed mid-create leaves `starting` records nobody will publish. Once the new leader
-    has led for a lease period (the old one has stopped its creates by then), they are dropped;
+    has led for a leadership term (the old one has stopped its creates by then), they are dropped;
     waiting for the 60 s start timeout would hold pool slots that long."""
     now = f"{time.time():.3f}"
     for sandbox_id, owner in (("sb-of-the-dead", "dead-replica"), ("sb-of-mine", "r1")):
         await redis.hset(keys.sandbox(sandbox_id), mapping={"state": "starting", "pool": "default",
                                                             "image": "python", "created_at": now, "owner": owner})
         await redis.sadd(keys.pool_members("default"), sandbox_id)
-    c = controller(redis, keys, provider, [pool(warm=1, ceiling=4)], lease_ms=1000)
+    c = controller(redis, keys, provider, [pool(warm=1, ceiling=4)], leadership_ms=1000)
     start(tasks, c)
 
     async def dead_ones_gone() -> bool:

@@ -8,9 +8,6 @@ so a test can prove what crossed the proxy and what did not.
 from __future__ import annotations
 
 import hashlib
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-import uvicorn
+import testkit
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -37,39 +34,13 @@ from .stack import Sandboxes, Stack
 INTERNAL_TOKEN = "internal-credential-for-tests"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ThreadServer:
-    """A real uvicorn server on a loopback port, in a thread of the test process."""
+class CaplogServer(testkit.ThreadServer):
+    """A real uvicorn server on a loopback port, in a thread of the test process (logging through the
+    test's own handlers, so `caplog` sees it)."""
 
     def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None,
-                                                    lifespan="on", access_log=False,
-                                                    # bounds a stop when a peer's request task lingers
-                                                    timeout_graceful_shutdown=2))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> ThreadServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
+        # timeout_graceful_shutdown bounds a stop when a peer's request task lingers
+        super().__init__(app, log_config=None, lifespan="on", access_log=False, timeout_graceful_shutdown=2)
 
 
 @dataclass
@@ -86,7 +57,7 @@ class Seen:
 
 @dataclass
 class Echo:
-    server: ThreadServer
+    server: CaplogServer
     seen: list[Seen] = field(default_factory=list)
 
     @property
@@ -133,7 +104,7 @@ def echo_app(seen: list[Seen]) -> Starlette:
 @pytest.fixture
 def echo() -> Iterator[Echo]:
     seen: list[Seen] = []
-    server = ThreadServer(echo_app(seen)).start()
+    server = CaplogServer(echo_app(seen)).start()
     yield Echo(server, seen)
     server.stop()
 
@@ -161,7 +132,7 @@ def other_keys(tmp_path: Path) -> Keys:
 
 @dataclass
 class Proxy:
-    server: ThreadServer
+    server: CaplogServer
     settings: ProxySettings
 
     @property
@@ -175,7 +146,7 @@ class Proxy:
 
 @pytest.fixture
 def make_proxy(redis_url: str, redis_prefix: str, keys: Keys, echo: Echo) -> Iterator[Callable[..., Proxy]]:
-    started: list[ThreadServer] = []
+    started: list[CaplogServer] = []
 
     def make(**overrides: Any) -> Proxy:
         values: dict[str, Any] = {"redis_url": redis_url, "redis_prefix": redis_prefix,
@@ -183,7 +154,7 @@ def make_proxy(redis_url: str, redis_prefix: str, keys: Keys, echo: Echo) -> Ite
                                   "internal_token": INTERNAL_TOKEN}
         values.update(overrides)
         settings = ProxySettings(**values)
-        server = ThreadServer(create_app(settings)).start()
+        server = CaplogServer(create_app(settings)).start()
         started.append(server)
         return Proxy(server, settings)
 
@@ -206,15 +177,11 @@ def rdb(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-def keys_under(rdb: redis.Redis, prefix: str) -> list[str]:
-    return sorted(rdb.scan_iter(match="{" + prefix + "}:*", count=1000))
-
-
 @pytest.fixture
 def stack_factory(redis_url: str, redis_prefix: str, keys: Keys, rdb: redis.Redis) -> Iterator[Callable[[], Stack]]:
     rkeys = RedisKeys(redis_prefix)
     sandboxes = Sandboxes(rdb, rkeys)
-    servers: list[ThreadServer] = []
+    servers: list[CaplogServer] = []
 
     def start() -> Stack:
         """A fresh proxy and scheduler on the same Redis (call again to 'restart' both)."""
@@ -224,9 +191,9 @@ def stack_factory(redis_url: str, redis_prefix: str, keys: Keys, rdb: redis.Redi
         sched = scheduler_app.create_app(scheduler_settings.SchedulerSettings(
             standalone=False, internal_token=INTERNAL_TOKEN, controller=False, redis_url=redis_url,
             redis_prefix=redis_prefix, reap_interval_seconds=0.2, capacity_wait_seconds=0))
-        scheduler = ThreadServer(sched).start()
+        scheduler = CaplogServer(sched).start()
         servers.append(scheduler)
-        proxy = ThreadServer(create_app(ProxySettings(
+        proxy = CaplogServer(create_app(ProxySettings(
             redis_url=redis_url, redis_prefix=redis_prefix, scheduler_url=scheduler.url,
             auth_public_keys=[str(keys.public)], internal_token=INTERNAL_TOKEN))).start()
         servers.append(proxy)

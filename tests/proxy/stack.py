@@ -8,12 +8,7 @@ how many sandboxes exist and nothing depends on a provider's start-up time.
 
 from __future__ import annotations
 
-import os
-import secrets
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -23,44 +18,13 @@ from typing import TYPE_CHECKING
 
 import httpx
 import redis
+from testkit import AgentProcess
 
 from sandpool.state.keys import Keys
 
 if TYPE_CHECKING:
+    from .conftest import CaplogServer
     from .conftest import Keys as SigningKeys
-    from .conftest import ThreadServer
-
-
-def wait_for(predicate, *, timeout: float = 20.0, what: str = "") -> None:  # type: ignore[no-untyped-def]  # predicate: any no-argument callable
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-@dataclass
-class Agent:
-    proc: subprocess.Popen[bytes]
-    socket_path: Path
-    secret: str
-    log: Path
-
-    @property
-    def address(self) -> str:
-        return f"unix://{self.socket_path}"
-
-    def healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"agent exited: {self.log.read_text()[-2000:]}")
-        if not self.socket_path.exists():
-            return False
-        try:
-            with httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)), base_url="http://agent",
-                              timeout=1) as client:
-                return client.get("/healthz").status_code == 200
-        except httpx.HTTPError:
-            return False
 
 
 class Sandboxes:
@@ -70,27 +34,18 @@ class Sandboxes:
         self.rdb = rdb
         self.keys = keys
         self.root = Path(tempfile.mkdtemp(prefix="spp", dir="/tmp"))
-        self.agents: list[Agent] = []
+        self.agents: list[AgentProcess] = []
 
-    def start_agents(self, count: int) -> list[Agent]:
+    def start_agents(self, count: int) -> list[AgentProcess]:
         fresh = []
         for _ in range(count):
             name = uuid.uuid4().hex[:8]
-            workspace = self.root / f"w{name}"
-            workspace.mkdir()
-            sock = self.root / f"{name}.sock"
-            secret = secrets.token_urlsafe(24)
-            log = self.root / f"{name}.log"
-            with open(log, "wb") as out:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "sandpool", "agent", "--uds", str(sock), "--workspace", str(workspace)],
-                    env={**os.environ, "SANDPOOL_AGENT_SECRET": secret}, stdout=out, stderr=out,
-                    start_new_session=True)
-            agent = Agent(proc, sock, secret, log)
+            agent = AgentProcess(self.root / f"w{name}", self.root / f"{name}.log",
+                                 socket_path=self.root / f"{name}.sock").start()
             self.agents.append(agent)
             fresh.append(agent)
         for agent in fresh:
-            wait_for(agent.healthy, timeout=30, what="agent health")
+            agent.wait_healthy(timeout=30)
         return fresh
 
     def publish(self, *, address: str = "unix:///nonexistent.sock", secret: str = "unused",
@@ -111,12 +66,7 @@ class Sandboxes:
 
     def stop(self) -> None:
         for agent in self.agents:
-            if agent.proc.poll() is None:
-                try:
-                    os.killpg(agent.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                agent.proc.wait(10)
+            agent.kill()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -127,8 +77,8 @@ PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
 class Stack:
     """A proxy and a multi-tenant scheduler in threads of the test process, real agents, one Redis."""
 
-    proxy: ThreadServer
-    scheduler: ThreadServer
+    proxy: CaplogServer
+    scheduler: CaplogServer
     keys: SigningKeys
     sandboxes: Sandboxes
     rdb: redis.Redis

@@ -9,11 +9,12 @@ import time
 from collections.abc import Callable
 
 import redis
+from testkit import keys_under
 
 from sandpool.state import usage
 from sandpool.state.keys import Keys as RedisKeys
 
-from .conftest import Echo, Keys, Proxy, keys_under
+from .conftest import Echo, Keys, Proxy
 
 
 def publish_ceilings(rdb: redis.Redis, prefix: str, **ceilings: int) -> None:

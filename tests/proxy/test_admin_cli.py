@@ -8,7 +8,8 @@ import subprocess
 import sys
 from typing import Any
 
-from .conftest import free_port
+from testkit import free_port
+
 from .stack import PRINT_1, Stack
 
 

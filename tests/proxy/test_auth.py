@@ -13,11 +13,12 @@ from typing import Any
 import jwt
 import redis
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from testkit import keys_under
 
 from sandpool.proxy.keys import thumbprint
 from sandpool.proxy.keys_cli import load_private_key
 
-from .conftest import Echo, Keys, Proxy, keys_under
+from .conftest import Echo, Keys, Proxy
 
 
 def b64(data: bytes) -> str:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +16,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from testkit import free_port, scrubbed_env, wait_http
 
-from .conftest import INTERNAL_TOKEN, Echo, Keys, free_port
+from .conftest import INTERNAL_TOKEN, Echo, Keys
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -48,7 +47,7 @@ def tls_proxy(tmp_path: Path, keys: Keys, echo: Echo, redis_url: str,
     token_file.write_text(INTERNAL_TOKEN + "\n")
     port = free_port()
     log = tmp_path / "proxy.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
+    env = scrubbed_env()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sandpool", "proxy", "--port", str(port), "--tls-cert", str(cert),
@@ -57,19 +56,8 @@ def tls_proxy(tmp_path: Path, keys: Keys, echo: Echo, redis_url: str,
             stdout=out, stderr=out, env=env)
     url = f"https://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"proxy exited: {log.read_text()[-3000:]}")
-            try:
-                trusted = ssl.create_default_context(cafile=str(cert))
-                if httpx.get(url + "/healthz", verify=trusted, timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"proxy did not start: {log.read_text()[-3000:]}")
-            time.sleep(0.05)
+        wait_http(url + "/healthz", proc=proc, log=log, timeout=30, what="the proxy",
+                  verify=ssl.create_default_context(cafile=str(cert)))
         yield url, cert
     finally:
         proc.terminate()

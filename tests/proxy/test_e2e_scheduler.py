@@ -13,9 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+from testkit import wait_for
 
 from .conftest import INTERNAL_TOKEN
-from .stack import PRINT_1, Stack, wait_for
+from .stack import PRINT_1, Stack
 
 
 def upload(client: httpx.Client, session_id: str, path: str, data: bytes) -> tuple[httpx.Response, int]:

@@ -12,10 +12,11 @@ from collections.abc import Callable
 import httpx
 import pytest
 import redis
+from testkit import ThreadServer, free_port, wait_for
 
 from sandpool.contract import limits as catalogue
 
-from .conftest import INTERNAL_TOKEN, Echo, Keys, Proxy, free_port
+from .conftest import INTERNAL_TOKEN, Echo, Keys, Proxy
 
 FORGED = {
     "X-Sandpool-Workspace": "victim",
@@ -131,29 +132,18 @@ def test_health_readiness_and_metrics(proxy: Proxy, keys: Keys) -> None:
 
 
 def test_unix_socket_scheduler(make_proxy: Callable[..., Proxy], keys: Keys, tmp_path: os.PathLike[str]) -> None:
-    import threading
-    import time
-
-    import uvicorn
-
     from .conftest import Seen, echo_app
 
     seen: list[Seen] = []
     sock = f"{tmp_path}/sched.sock"
-    server = uvicorn.Server(uvicorn.Config(echo_app(seen), uds=sock, log_config=None, access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
+    server = ThreadServer(echo_app(seen), uds=sock, log_config=None, access_log=False).start()
     try:
         proxy = make_proxy(scheduler_url=f"unix://{sock}")
         with proxy.client(keys.token()) as client:
             assert client.post("/sessions", json={}).status_code == 201
         assert seen[0].header("x-sandpool-workspace") == ["acme"]
     finally:
-        server.should_exit = True
-        thread.join(10)
+        server.stop(10)
 
 
 def test_request_id_generated_when_absent_or_unsafe(proxy: Proxy, keys: Keys, echo: Echo) -> None:
@@ -216,9 +206,7 @@ def test_a_client_leaving_mid_upload_is_dropped_quietly(proxy: Proxy, keys: Keys
         raw.sendall(head + b"x" * 1000)
         time.sleep(0.2)  # let the proxy start the forward before the client vanishes
     with proxy.client(keys.token()) as client:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and client.get("/healthz").status_code != 200:
-            time.sleep(0.05)
+        wait_for(lambda: client.get("/healthz").status_code == 200, timeout=10, what="the proxy healthy")
         assert client.post("/sessions", json={}).status_code == 201
     assert not any(len(seen.body) == 100000 for seen in echo.seen)  # never relayed as a whole body
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith(("uvicorn", "sandpool"))]

@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from testkit import wait_for
 
 from sandpool.core.settings import ConfigurationError
 from sandpool.proxy.app import create_app
@@ -22,7 +23,7 @@ from sandpool.proxy.keys import parse_jwks
 from sandpool.proxy.keys_cli import generate_keypair, load_private_key
 from sandpool.proxy.settings import ProxySettings
 
-from .conftest import Echo, Keys, Proxy, ThreadServer
+from .conftest import CaplogServer, Echo, Keys, Proxy
 
 
 def jwk_of(private_path: Path, kid: str) -> dict[str, Any]:
@@ -39,15 +40,6 @@ def write_jwks(path: Path, members: list[dict[str, Any]]) -> None:
 def status(proxy: Proxy, token: str) -> int:
     with proxy.client(token) as client:
         return client.get("/v1/usage").status_code
-
-
-def poll(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_jwks_file_kid_rotation(make_proxy: Callable[..., Proxy], keys: Keys, tmp_path: Path) -> None:
@@ -67,7 +59,7 @@ def test_jwks_file_kid_rotation(make_proxy: Callable[..., Proxy], keys: Keys, tm
     assert status(proxy, old_token) == 200
 
     write_jwks(jwks, [jwk_of(new, "2026-02")])  # retire the old key: even its cached tokens stop
-    assert poll(lambda: status(proxy, old_token) == 401)
+    wait_for(lambda: status(proxy, old_token) == 401, timeout=10, what="the retired key refused")
     assert status(proxy, new_token) == 200
     # A token naming the new kid but signed by the old key is a forgery.
     forged = jwt.encode({"workspace": "acme", "aud": "sandpool", "exp": int(time.time()) + 60},
@@ -94,7 +86,7 @@ def test_jwks_url_with_rsa_and_ec_keys(make_proxy: Callable[..., Proxy], keys: K
         fetched.append(1)
         return JSONResponse({"keys": members})
 
-    server = ThreadServer(Starlette(routes=[Route("/jwks.json", document)])).start()
+    server = CaplogServer(Starlette(routes=[Route("/jwks.json", document)])).start()
     try:
         proxy = make_proxy(auth_public_keys=[], auth_jwks=f"{server.url}/jwks.json",
                            auth_algorithms=["EdDSA", "RS256", "ES256"])

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from testkit import free_port, scrubbed_env
 
-from .conftest import Keys, free_port
+from .conftest import Keys
 
 STARTUP_SECONDS = 60.0
 PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
@@ -44,7 +45,7 @@ def up_available() -> None:
 def up(up_available: None, keys: Keys) -> Iterator[dict[str, str]]:
     data_dir = Path(tempfile.mkdtemp(prefix="spu-", dir="/tmp"))  # short: agent socket paths live here
     stderr_path = data_dir.parent / f"{data_dir.name}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
+    env = scrubbed_env()
     with open(stderr_path, "w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sandpool", "up", "--port", str(free_port()), "--data-dir", str(data_dir),

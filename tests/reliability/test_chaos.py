@@ -23,7 +23,8 @@ from invariants import (
     leader_service,
     leased_sandboxes,
 )
-from sp_harness import Stack, build_stack, wait_for
+from sp_harness import Stack, build_stack
+from testkit import wait_for
 from workload import Workload
 
 from sandpool.state.keys import Keys
@@ -105,7 +106,7 @@ def test_kill_9_of_a_scheduler_replica_with_two_running(stacks: list[Stack], run
         assert record.bad == [], record.bad[:10]
         assert_never_leased_twice(stack, "_standalone", record)
         assert_sessions_work_or_are_gone(clients, record)
-        # Nothing the dead leader was starting lingers: the new leader drops it after a lease period.
+        # Nothing the dead leader was starting lingers: the new leader drops it after a leadership term.
         assert_pool_refilled(stack, POOL, timeout=150)
         assert_usage_exact(stack, "_standalone", record)
     finally:

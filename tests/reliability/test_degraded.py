@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 from invariants import assert_pool_refilled, events
-from sp_harness import INTERNAL_TOKEN, Stack, build_stack, wait_for
-from testkit import injected_headers
+from sp_harness import INTERNAL_TOKEN, Stack, build_stack
+from testkit import injected_headers, wait_for
 
 from sandpool.state.keys import Keys
 

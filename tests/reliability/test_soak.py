@@ -21,7 +21,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from sp_harness import LONG, Stack, build_stack, descendants, fd_count, rss_kib, wait_for
+from sp_harness import LONG, Stack, build_stack
+from testkit import descendants, fd_count, rss_kib, wait_for
 from workload import EXECS, Workload
 
 from sandpool.state import usage

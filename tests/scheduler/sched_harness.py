@@ -1,85 +1,26 @@
 """Real parts for the scheduler tests: agents on Unix sockets, sandboxes published per the
-lifecycle in docs/architecture.md, and the app served by uvicorn on loopback."""
+lifecycle in docs/architecture.md, and the app served by uvicorn on loopback (the processes,
+servers and polling are tests/testkit.py's)."""
 
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import redis
-import uvicorn
+from testkit import AgentProcess, ThreadServer, free_port, injected_headers, wait_http
 
-from sandpool.contract import limits as catalogue
-from sandpool.contract import tenancy
 from sandpool.state import scripts
 from sandpool.state.keys import Keys
 
 INTERNAL_TOKEN = "test-internal-credential-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
-    """Poll until `predicate()` is truthy; fail with `what` at the deadline (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(interval)
-
-
-@dataclass
-class Agent:
-    proc: subprocess.Popen[bytes]
-    socket_path: Path
-    workspace: Path
-    secret: str
-    log_path: Path
-
-    @property
-    def address(self) -> str:
-        return f"unix://{self.socket_path}"
-
-    def healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"agent exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
-        if not self.socket_path.exists():
-            return False
-        try:
-            transport = httpx.HTTPTransport(uds=str(self.socket_path))
-            with httpx.Client(transport=transport, base_url="http://agent", timeout=1.0) as c:
-                return c.get("/healthz").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
 
 
 class Agents:
@@ -87,28 +28,18 @@ class Agents:
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="spa", dir="/tmp"))
-        self.started: list[Agent] = []
+        self.started: list[AgentProcess] = []
 
-    def start(self, count: int = 1) -> list[Agent]:
+    def start(self, count: int = 1) -> list[AgentProcess]:
         fresh = []
         for _ in range(count):
             name = uuid.uuid4().hex[:8]
-            workspace = self.root / f"ws-{name}"
-            workspace.mkdir()
-            sock = self.root / f"{name}.sock"
-            secret = secrets.token_urlsafe(24)
-            log_path = self.root / f"{name}.log"
-            with open(log_path, "wb") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "sandpool", "agent", "--uds", str(sock), "--workspace", str(workspace)],
-                    env={**os.environ, "SANDPOOL_AGENT_SECRET": secret}, stdout=log, stderr=log,
-                    start_new_session=True,
-                )
-            agent = Agent(proc, sock, workspace, secret, log_path)
+            agent = AgentProcess(self.root / f"ws-{name}", self.root / f"{name}.log",
+                                 socket_path=self.root / f"{name}.sock").start()
             self.started.append(agent)
             fresh.append(agent)
         for agent in fresh:
-            wait_for(agent.healthy, timeout=30, interval=0.05, what="agent health")
+            agent.wait_healthy(timeout=30)
         return fresh
 
     def stop(self) -> None:
@@ -131,35 +62,15 @@ def publish(r: redis.Redis, keys: Keys, *, pool: str = "default", image: str = "
     return sandbox_id
 
 
-@dataclass
-class ServedApp:
-    """An ASGI app under uvicorn in a thread of this process, on a loopback port."""
+class ServedApp(ThreadServer):
+    """An ASGI app under uvicorn in a thread of this process, on a loopback port (the scheduler's own
+    event loop and HTTP parser, as `sandpool scheduler` runs it)."""
 
-    app: Any
-    port: int = field(default_factory=free_port)
-    server: uvicorn.Server | None = None
-    thread: threading.Thread | None = None
+    start_timeout = 15.0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> ServedApp:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="on", loop="asyncio", http="httptools", access_log=False)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        wait_for(lambda: self.server.started or not self.thread.is_alive(), timeout=15, what="uvicorn start")
-        if not self.server.started:
-            raise AssertionError("the app did not start")
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.should_exit = True
-        if self.thread is not None:
-            self.thread.join(15)
+    def __init__(self, app: Any) -> None:
+        super().__init__(app, log_level="warning", lifespan="on", loop="asyncio", http="httptools",
+                         access_log=False)
 
 
 class SchedulerProcess:
@@ -181,15 +92,7 @@ class SchedulerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self) -> None:
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"scheduler exited: {Path(self.log.name).read_text()[-3000:]}")
-            try:
-                return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, timeout=30, interval=0.05, what="scheduler ready")
+        wait_http(self.url + "/readyz", proc=self.proc, log=Path(self.log.name), timeout=30, what="scheduler ready")
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -213,9 +116,4 @@ SHORT = {"max_concurrent": "max_concurrent_sessions", "max_idle": "max_idle_time
 
 def tenant_headers(workspace: str, **policy: int) -> dict[str, str]:
     """What the proxy injects: the workspace and every forwarded limit (0: none of its own)."""
-    values = {SHORT.get(k, k): v for k, v in policy.items()}
-    out = {"Authorization": f"Bearer {INTERNAL_TOKEN}", tenancy.WORKSPACE: workspace}
-    for limit in catalogue.forwarded():
-        assert limit.header is not None
-        out[limit.header] = str(values.get(limit.name, limit.unset))
-    return out
+    return injected_headers(INTERNAL_TOKEN, workspace, **{SHORT.get(k, k): v for k, v in policy.items()})

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sched_harness import ServedApp, tenant_headers, wait_for
+from sched_harness import ServedApp, tenant_headers
+from testkit import wait_for
 
 PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sched_harness import wait_for
+from testkit import wait_for
 
 pytest.importorskip("sandpool.pool.controller")
 pytest.importorskip("sandpool.providers.local.provider")

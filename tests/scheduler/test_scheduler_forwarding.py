@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from sched_harness import publish, tenant_headers, wait_for
+from sched_harness import publish, tenant_headers
+from testkit import wait_for
 
 from sandpool.contract import tenancy
 from sandpool.contract.models import ExecResponse, FileList, FileUploadResult, SessionHandle
@@ -219,7 +220,7 @@ def test_an_agent_dying_mid_call_gives_502_then_404(stack, agents, r, keys) -> N
     with ThreadPoolExecutor(1) as pool:
         call = pool.submit(httpx.post, f"{app.url}/sessions/{sid}/exec",
                            json=code("import time; time.sleep(20)"), timeout=30)
-        wait_for(lambda: r.hget(keys.session(sid), "inflight") == "1", what="call in flight")
+        wait_for(lambda: r.hget(keys.session(sid), "inflight") == "1", timeout=10, what="call in flight")
         time.sleep(0.2)  # let the agent start running the code (the kill may land either way)
         agent.kill()
         resp = call.result()

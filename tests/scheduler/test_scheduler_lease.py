@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from sched_harness import INTERNAL_TOKEN, publish, tenant_headers, wait_for
+from sched_harness import INTERNAL_TOKEN, publish, tenant_headers
+from testkit import free_port, wait_for
 
 from sandpool.contract import tenancy
 from sandpool.state.keys import Keys, utc_day
@@ -131,14 +132,14 @@ def test_destroy_releases_meters_and_dooms(scheduler, r, keys) -> None:
     sandbox = publish(r, keys)
     pubsub = r.pubsub()
     pubsub.subscribe(keys.pool_events)
-    wait_for(lambda: pubsub.get_message(timeout=0.1), what="subscribed")
+    wait_for(lambda: pubsub.get_message(timeout=0.1), timeout=10, what="subscribed")
     sid = create(app.url).json()["session_id"]
     resp = httpx.delete(f"{app.url}/sessions/{sid}")
     assert resp.status_code == 204 and resp.content == b""
     assert not r.exists(keys.session(sid)) and r.zscore(keys.deadlines, sid) is None
     assert r.hget(keys.sandbox(sandbox), "state") == "doomed" and r.sismember(keys.doomed, sandbox)
     assert not r.sismember(keys.workspace_sessions(tenancy.STANDALONE_WORKSPACE), sid)
-    msg = wait_for(lambda: pubsub.get_message(timeout=0.1), what="nudge")
+    msg = wait_for(lambda: pubsub.get_message(timeout=0.1), timeout=10, what="nudge")
     assert msg["data"] == sandbox
     seconds = float(usage_total(r, keys)["session_seconds"])
     assert 0 <= seconds < 5
@@ -209,7 +210,7 @@ def test_daily_budget_refuses_once_spent(tenant_scheduler, r, keys) -> None:
     headers = tenant_headers("acme", budget=1)
     sid = create(app.url, headers=headers).json()["session_id"]
     created = float(r.hget(keys.session(sid), "created_at"))
-    wait_for(lambda: time.time() > created + 1.05, what="a second of session time")
+    wait_for(lambda: time.time() > created + 1.05, timeout=10, what="a second of session time")
     # The live session has used the budget already.
     refused = create(app.url, headers=headers)
     assert refused.status_code == 429 and refused.json()["limit"] == "daily_session_seconds_budget"
@@ -278,8 +279,6 @@ def test_request_id_is_accepted_or_generated(scheduler) -> None:
 
 
 def test_redis_down_is_503_not_500(scheduler, redis_prefix) -> None:
-    from sched_harness import free_port
-
     app = scheduler(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_seconds=0.5)
     resp = create(app.url)
     assert resp.status_code == 503 and resp.json()["reason"] == "redis_unavailable"
@@ -296,7 +295,7 @@ return 1"""
 def test_a_lease_redis_runs_after_the_caller_gave_up_is_released(scheduler, r, keys, redis_url) -> None:
     """A slow Redis (not a down one) still runs a lease whose caller timed out and answered 503:
     the scheduler releases that session once Redis answers, not at its idle timeout (1 h here)."""
-    # (The reaper is kept idle: its calls would otherwise hold the pooled connection the lease needs.)
+    # (The session reaper is kept idle: its calls would otherwise hold the pooled connection the lease needs.)
     app = scheduler(redis_timeout_seconds=0.3, default_idle_timeout_seconds=3600, reap_interval_seconds=60)
     assert create(app.url).status_code == 503  # nothing to lease yet (and a Redis connection is pooled)
     sandbox = publish(r, keys)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sched_harness import SchedulerProcess, publish, wait_for
+from sched_harness import SchedulerProcess, publish
+from testkit import scrubbed_env, wait_for
 
 from sandpool.contract import tenancy
 
@@ -70,7 +71,7 @@ def test_log_lines_carry_the_request_id(replicas, r, keys) -> None:
         lines = [json.loads(line) for line in Path(a.log.name).read_text().splitlines() if line.startswith("{")]
         return [line for line in lines if line.get("msg") == "session created"]
 
-    (line,) = wait_for(logged, what="the log line")
+    (line,) = wait_for(logged, timeout=10, what="the log line")
     assert line["request_id"] == "rid-log-check" and line["service"] == "scheduler"
     assert line["session"] == resp.json()["session_id"]
 
@@ -129,13 +130,11 @@ def test_killing_a_scheduler_mid_load_loses_no_session(replicas, agents, r, keys
     (["--max-sandboxes", "1", "--pool-size", "5", "--standalone"], {}, "pool_size"),
 ])
 def test_the_command_refuses_an_unclear_mode(redis_url, flags, env, message) -> None:
-    import os
     import subprocess
     import sys
 
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOOL_")}
     proc = subprocess.run([sys.executable, "-m", "sandpool", "scheduler", "--redis-url", redis_url, *flags],
-                          env={**clean, **env}, capture_output=True, text=True, timeout=60)
+                          env=scrubbed_env(**env), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "x" * 32 not in proc.stderr

@@ -163,7 +163,7 @@ def test_sandboxed_code_cannot_outlive_its_session(stack: Stack) -> None:
                         continue
             return found
 
-        from sp_harness import wait_for
+        from testkit import wait_for
 
         wait_for(lambda: not uid_processes(), timeout=30, what="the session's processes to be gone")
         wait_for(lambda: not directory.exists(), timeout=30, what="the sandbox directory to be removed")

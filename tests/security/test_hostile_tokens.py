@@ -21,8 +21,8 @@ import httpx
 import pytest
 from proxy.conftest import Keys as ProxyKeys  # the proxy suite's key holder (token(), private, public)
 from proxy.test_auth import BAD
-from sp_harness import INTERNAL_TOKEN, Stack, keys_under
-from testkit import injected_headers
+from sp_harness import INTERNAL_TOKEN, Stack
+from testkit import injected_headers, keys_under
 
 from sandpool.proxy.keys_cli import generate_keypair
 

@@ -60,14 +60,14 @@ class Interpreter(PersistentChild):
     kind = "interpreter"
 
     def __init__(self, *, python: str | None, workspace: str, env: dict[str, str], preexec,
-                 reaper: procs.Reaper, max_output_bytes: int, grace_seconds: float, spare: bool,
+                 child_reaper: procs.ChildReaper, max_output_bytes: int, grace_seconds: float, spare: bool,
                  preimport: tuple[str, ...] = ()) -> None:
         super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
         self._python = python or sys.executable
         self._workspace = workspace
         self._env = env
         self._preexec = preexec
-        self._reaper = reaper
+        self._child_reaper = child_reaper
         self._want_spare = spare
         self._options = ["--preimport", ",".join(preimport)] if preimport else []
         self._spare: asyncio.Task[Worker] | None = None
@@ -75,7 +75,7 @@ class Interpreter(PersistentChild):
     async def new_worker(self) -> Worker:
         argv = [self._python, "-I", "-u", "-c", runner_source(), *self._options]
         worker = Worker("interpreter", argv, cwd=self._workspace, env=self._env,
-                        preexec=self._preexec, reaper=self._reaper, parse_event=parse_frame)
+                        preexec=self._preexec, child_reaper=self._child_reaper, parse_event=parse_frame)
         try:
             worker.spawn()
         except (OSError, subprocess.SubprocessError):

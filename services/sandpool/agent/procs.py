@@ -152,8 +152,9 @@ def _is_zombie(pid: int) -> bool:
     return bool(rest) and rest[0] in (b"Z", b"X")
 
 
-class Reaper:
-    """Reaps every child of the agent and remembers the exit status of the ones asked about."""
+class ChildReaper:
+    """Reaps every child process of the agent (no zombie holds a pid or a slot of the process cap) and
+    remembers the exit status of the ones asked about. Not the scheduler's `SessionReaper`."""
 
     def __init__(self) -> None:
         self.statuses: dict[int, int] = {}

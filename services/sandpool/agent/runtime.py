@@ -38,7 +38,7 @@ class Runtime:
         self.policy = hardening.ChildPolicy.from_settings(settings)
         self.workspace = Workspace(workspace, owner=(self.policy.uid, self.policy.gid))
         self.lock = asyncio.Lock()
-        self.reaper = procs.Reaper()
+        self.child_reaper = procs.ChildReaper()
         self.mplconfigdir = hardening.matplotlib_dir(settings.matplotlib_cache, self.policy)
         env = hardening.child_env(str(workspace), python=settings.sandbox_python(), mplconfigdir=self.mplconfigdir)
         self.egress = egress.from_settings(settings, str(workspace))  # None without egress: nothing runs
@@ -48,11 +48,11 @@ class Runtime:
         preexec = hardening.preexec(self.policy, lambda: self.cap.join_fd if self.cap is not None else -1)
         self.interpreter = Interpreter(
             python=settings.sandbox_python(), workspace=str(workspace), env=env, preexec=preexec,
-            reaper=self.reaper, max_output_bytes=settings.max_output_bytes,
+            child_reaper=self.child_reaper, max_output_bytes=settings.max_output_bytes,
             grace_seconds=settings.interrupt_grace_seconds, spare=settings.spare_interpreter,
             preimport=tuple(settings.preimport))
         self.shell = Shell(
-            bash=settings.shell, workspace=str(workspace), env=env, preexec=preexec, reaper=self.reaper,
+            bash=settings.shell, workspace=str(workspace), env=env, preexec=preexec, child_reaper=self.child_reaper,
             max_output_bytes=settings.max_output_bytes, grace_seconds=settings.interrupt_grace_seconds)
         self.editor = Editor(self.workspace, history=settings.editor_history, max_bytes=settings.max_read_bytes)
         self._reap_task: asyncio.Task[None] | None = None
@@ -65,13 +65,13 @@ class Runtime:
         if not self.policy.drops_privileges:
             log.warning("sandboxed code runs as the agent's own uid (no --sandbox-uid, or not root)")
         hardening.prepare_workspace(str(self.workspace.root), self.policy)
-        self.cap = process_cap.from_settings(self.settings, self.reaper.reap)
+        self.cap = process_cap.from_settings(self.settings, self.child_reaper.reap)
         for child in (self.interpreter, self.shell):
             child.cap = self.cap
-            child.keep = lambda: set(self.reaper.watched)
+            child.keep = lambda: set(self.child_reaper.watched)
         loop = asyncio.get_running_loop()
         try:
-            loop.add_signal_handler(signal.SIGCHLD, self.reaper.reap)
+            loop.add_signal_handler(signal.SIGCHLD, self.child_reaper.reap)
         except (ValueError, RuntimeError):  # not the main thread: the periodic reap below covers it
             pass
         self._reap_task = asyncio.create_task(self._reap_forever())
@@ -93,7 +93,7 @@ class Runtime:
 
     async def _reap_forever(self) -> None:
         while True:
-            self.reaper.reap()
+            self.child_reaper.reap()
             if self.cap is not None and self.cap.background:
                 self.cap.check_background()  # what earlier calls left running, hitting the cap between calls
             await asyncio.sleep(1.0)
@@ -103,7 +103,7 @@ class Runtime:
         if self.egress is not None:
             await self.egress.aclose()
         procs.kill_trees(set(), keep=set(), include_roots=False)  # whatever sandboxed code left behind
-        self.reaper.reap()
+        self.child_reaper.reap()
         if self.mplconfigdir is not None:
             shutil.rmtree(self.mplconfigdir, ignore_errors=True)
         if self._reap_task is not None:

@@ -68,17 +68,17 @@ class Shell(PersistentChild):
     kind = "shell"
 
     def __init__(self, *, bash: str, workspace: str, env: dict[str, str], preexec,
-                 reaper: procs.Reaper, max_output_bytes: int, grace_seconds: float) -> None:
+                 child_reaper: procs.ChildReaper, max_output_bytes: int, grace_seconds: float) -> None:
         super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
         self._bash = bash
         self._workspace = workspace
         self._env = env
         self._preexec = preexec
-        self._reaper = reaper
+        self._child_reaper = child_reaper
 
     async def new_worker(self) -> Worker:
         worker = Worker("shell", [self._bash, "--noprofile", "--norc", "-c", LOOP, "sandpool-shell"],
-                        cwd=self._workspace, env=self._env, preexec=self._preexec, reaper=self._reaper,
+                        cwd=self._workspace, env=self._env, preexec=self._preexec, child_reaper=self._child_reaper,
                         parse_event=parse_line)
         try:
             worker.spawn()

@@ -5,7 +5,7 @@ captures; requests go down one control pipe and completions come back up
 another, so program output can never be mistaken for framing. The child runs in
 a session of its own (`setsid`) and is hardened between fork and exec.
 
-Exit statuses come from the agent's one `Reaper`; nothing here calls
+Exit statuses come from the agent's one `ChildReaper`; nothing here calls
 `Popen.wait`, which would race it.
 """
 
@@ -54,14 +54,14 @@ EventParser = Callable[[bytearray], "bytes | None"]
 
 class Worker:
     def __init__(self, name: str, argv: list[str], *, cwd: str, env: dict[str, str],
-                 preexec: Callable[[], None], reaper: procs.Reaper, parse_event: EventParser,
+                 preexec: Callable[[], None], child_reaper: procs.ChildReaper, parse_event: EventParser,
                  max_event_bytes: int = 1 << 20, extra_fds_in_argv: bool = True) -> None:
         self.name = name
         self._argv = argv
         self._cwd = cwd
         self._env = env
         self._preexec = preexec
-        self._reaper = reaper
+        self._child_reaper = child_reaper
         self._parse_event = parse_event
         self._max_event_bytes = max_event_bytes
         self._extra_fds_in_argv = extra_fds_in_argv
@@ -103,7 +103,7 @@ class Worker:
             for fd in (out_w, err_w, req_r, ev_w):
                 os.close(fd)
         self.pid = self.proc.pid
-        self._reaper.watch(self.pid)
+        self._child_reaper.watch(self.pid)
         self._fds = {"stdout": out_r, "stderr": err_r, "req": req_w, "ev": ev_r}
         for fd in (out_r, err_r, ev_r, req_w):
             os.set_blocking(fd, False)
@@ -253,13 +253,13 @@ class Worker:
         """SIGKILL the child and everything below it."""
         if self.pid:
             procs.kill_group(self.pid, signal.SIGKILL)
-            procs.kill_trees({self.pid}, keep=self._reaper.watched - {self.pid}, include_roots=True)
+            procs.kill_trees({self.pid}, keep=self._child_reaper.watched - {self.pid}, include_roots=True)
         self._mark_dead()
 
     def kill_descendants(self) -> None:
         """SIGKILL everything this child started (and the agent's orphans), keeping the child itself."""
         if self.pid and not self.dead:
-            procs.kill_trees({self.pid}, keep=set(self._reaper.watched), include_roots=False)
+            procs.kill_trees({self.pid}, keep=set(self._child_reaper.watched), include_roots=False)
 
     async def wait_exit(self, timeout: float = 2.0) -> int | None:
         """The exit code once the process is reaped (None if it did not exit in time)."""
@@ -268,7 +268,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            code = self._reaper.exit_code(self.pid)
+            code = self._child_reaper.exit_code(self.pid)
             if code is not None:
                 self.return_code = code
                 if self.proc is not None:

@@ -1,8 +1,9 @@
 """The pool controller: keeps every pool warm, destroys what was released, repairs drift.
 
-One controller is active per installation (the holder of the leader lease in
-Redis); the others wait and take over within a lease period when it dies. The
-leader follows the sandbox lifecycle of `docs/architecture.md`:
+One controller is active per installation: the replica holding leadership (a Redis
+key with an expiry, `state.leader.Leadership`); the others wait and take over within
+one leadership term when it dies. (Leadership has a term, never a "lease": a lease is
+a session's hold on a sandbox.) The leader follows the sandbox lifecycle of `docs/architecture.md`:
 
 - register `starting` (ceiling checked atomically) -> `provider.create` (returns once
   the agent answers its health check) -> publish `ready` (one script);
@@ -46,9 +47,9 @@ log = logging.getLogger("sandpool.pool.controller")
 class ControllerTiming:
     """How often and how patiently the controller acts. Defaults suit production and tests."""
 
-    lease_ms: int = 5000  # leadership: a dead leader is replaced within about this long
-    tick_seconds: float = 0.1  # top-up/drain cadence when no lease or release nudges it sooner: a
-    # few cheap Redis calls per pool and tick
+    leadership_ms: int = 5000  # the leadership term: a dead leader is replaced within about this long
+    tick_seconds: float = 0.1  # top-up/drain cadence when nothing on the nudge channel (a lease, claim,
+    # release, lost sandbox or new waiter) wakes it sooner: a few cheap Redis calls per pool and tick
     reconcile_seconds: float = 30.0
     start_timeout_seconds: float = 60.0  # a create slower than this is abandoned and destroyed
     destroy_timeout_seconds: float = 30.0
@@ -99,7 +100,7 @@ class PoolController:
         self.metrics = metrics or ControllerMetrics.create()
         self.sandboxes = SandboxStore(redis, keys, record_ttl_seconds=self.timing.record_ttl_seconds)
         self.sessions = SessionStore(redis, keys)
-        self.leadership = Leadership(redis, keys.controller_leader, replica_id, lease_ms=self.timing.lease_ms)
+        self.leadership = Leadership(redis, keys.controller_leader, replica_id, leadership_ms=self.timing.leadership_ms)
         self._running = False
         self._leader = False
         self._leading_since = math.inf  # monotonic time this replica's leadership began
@@ -141,7 +142,7 @@ class PoolController:
     async def run(self) -> None:
         """Stand by or lead until cancelled. Never returns on its own."""
         self._running = True
-        follow = max(0.1, self.timing.lease_ms / 1000 / 5)
+        follow = max(0.1, self.timing.leadership_ms / 1000 / 5)
         try:
             while True:
                 try:
@@ -161,7 +162,7 @@ class PoolController:
         work = asyncio.create_task(self._leader_work(), name="pool-controller-leader")
         listener = asyncio.create_task(self._listen_for_nudges(), name="pool-controller-nudges")
         try:
-            await self._hold_lease(work)
+            await self._hold_leadership(work)
         finally:
             self._leader = False  # also ends the listener's loop, should it swallow its cancellation
             await _cancel_all([work, listener])
@@ -171,9 +172,9 @@ class PoolController:
                     await self.leadership.release()
             log.info("pool controller stepped down", extra={"replica": self.replica_id})
 
-    async def _hold_lease(self, work: asyncio.Task[None]) -> None:
-        """Renew the lease until it is lost (or cannot be renewed in time) or the work dies."""
-        interval = self.timing.lease_ms / 1000 / 3
+    async def _hold_leadership(self, work: asyncio.Task[None]) -> None:
+        """Renew leadership until it is lost (or cannot be renewed in time) or the work dies."""
+        interval = self.timing.leadership_ms / 1000 / 3
         while not work.done():
             done, _ = await asyncio.wait({work}, timeout=interval)
             if done:
@@ -239,7 +240,8 @@ class PoolController:
             log.exception("pool controller step crashed", extra={"step": what})
 
     async def _listen_for_nudges(self) -> None:
-        """Wake the loop on every lease and release the scheduler publishes, while leading."""
+        """Wake the loop on everything published on the nudge channel, while leading: every lease,
+        claim and release (the scheduler's scripts), a lost sandbox, a caller queued as a waiter."""
         await channels.listen(self.redis, self.keys.pool_events, lambda _: self._wake.set(),
                               while_=lambda: self._leader)
 
@@ -523,19 +525,19 @@ class PoolController:
 
     def _start_abandoned(self, record: SandboxRecord, now: float) -> bool:
         """Whether a `starting` record will never be published: past the start timeout, or made
-        by another replica while it led. A leader stops its creates when it loses the lease
-        (within one lease period), so once this one has led that long they are dead; until
+        by another replica while it led. A leader stops its creates when it loses leadership
+        (within one leadership term), so once this one has led that long they are dead; until
         then an early reconciliation is booked for them."""
         age = now - record.created_at
         if age > self.timing.start_timeout_seconds:
             return True
         if record.owner in ("", self.replica_id):
             return False
-        lease = self.timing.lease_ms / 1000
+        term = self.timing.leadership_ms / 1000
         led_for = time.monotonic() - self._leading_since
-        if led_for >= lease:
+        if led_for >= term:
             return True
-        self._recheck_at = min(self._recheck_at, time.monotonic() + lease - led_for)
+        self._recheck_at = min(self._recheck_at, time.monotonic() + term - led_for)
         return False
 
     async def _forget_and_release(self, sandbox_id: str, pool: str, session_id: str) -> None:

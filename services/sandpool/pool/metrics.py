@@ -7,6 +7,13 @@ controller makes them in a private registry, so two controllers in one process
 never collide. The warm-target gauges are set by the leading controller only;
 the pool sandbox gauges are the scheduler's, read from Redis at scrape time.
 Labels are closed sets: pool names from the operator's configuration, never ids.
+
+`sandpool_reconciled_total{kind}` counts what the controller put right: sandboxes
+the provider runs that Redis does not know (`orphan_sandbox`), records of sandboxes
+the provider does not run (`stale_record`), starts abandoned (`stuck_starting`),
+ready sandboxes above a lowered target or two leaders' overlapping starts
+(`surplus_ready`), sandboxes the provider reports dead (`lost`), and waiters whose
+scheduler vanished (`stale_waiter`).
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ class ControllerMetrics:
             sandbox_start=Histogram(
                 "sandpool_sandbox_start_seconds", "Time from create to ready", ["pool"],
                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120), registry=registry),
-            reconciled=Counter("sandpool_reconciled_total", "Reconciliation fixes", ["kind"], registry=registry),
+            reconciled=Counter("sandpool_reconciled_total",
+                               "Reconciliation fixes by kind: orphan_sandbox, stale_record, stuck_starting, "
+                               "surplus_ready, lost, stale_waiter", ["kind"], registry=registry),
             provider_errors=Counter("sandpool_provider_errors_total", "Provider calls that failed",
                                     ["provider", "operation"], registry=registry),
             pool_target=Gauge("sandpool_pool_target", "Sandboxes the controller keeps ready (its warm target)",

@@ -80,7 +80,7 @@ class SessionInfo(BaseModel):
     exec_timeout_seconds: int | float | None = None
     max_exec_timeout_seconds: int | float | None = None
     limits: dict[str, int] | None = Field(default=None, description="The workspace's lease limits it was leased under")
-    deadline: float | None = Field(default=None, description="When the reaper ends it (epoch seconds)")
+    deadline: float | None = Field(default=None, description="When the session reaper ends it (epoch seconds)")
 
 
 class SessionList(BaseModel):

@@ -1,6 +1,6 @@
 """The scheduler's ASGI app: `create_app(settings)` plus a lifespan owning every client and task.
 
-The lifespan owns the Redis client, the agent clients, the reaper and (when
+The lifespan owns the Redis client, the agent clients, the session reaper and (when
 enabled) the pool controller; nothing is built at import time, and tests build
 apps with their own settings.
 """
@@ -33,7 +33,7 @@ from sandpool.scheduler.forward import AgentClients
 from sandpool.scheduler.limits import Ceilings
 from sandpool.scheduler.metrics import SERVICE, SchedulerMetrics
 from sandpool.scheduler.pools import PoolDirectory, pools_from_settings
-from sandpool.scheduler.reaper import Reaper
+from sandpool.scheduler.reaper import SessionReaper
 from sandpool.scheduler.service import Scheduler, read_capped
 from sandpool.scheduler.settings import SchedulerSettings
 from sandpool.scheduler.waiting import Waiters
@@ -100,7 +100,7 @@ def _route(serve: Callable[[Request, str], Awaitable[Response]], operation: str)
 
 
 def replica_id() -> str:
-    """Names this replica in the controller's leader lease and sandbox records."""
+    """Names this replica in the controller's leadership key and sandbox records."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
@@ -136,10 +136,11 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         except StateUnavailable as exc:
             # Not fatal: /readyz says not ready until Redis answers; scripts load on first use.
             log.warning("redis unreachable at start", extra={"error": type(exc).__name__})
-        reaper = Reaper(store, clients, metrics, interval=settings.reap_interval_seconds, batch=settings.reap_batch)
-        app.state.reaper = reaper
+        session_reaper = SessionReaper(store, clients, metrics, interval=settings.reap_interval_seconds,
+                                       batch=settings.reap_batch)
+        app.state.session_reaper = session_reaper
         stopping = asyncio.Event()
-        reaper_task = asyncio.create_task(reaper.run(stopping), name="sandpool-reaper")
+        session_reaper_task = asyncio.create_task(session_reaper.run(stopping), name="sandpool-session-reaper")
         waiters_task = asyncio.create_task(waiters.run(), name="sandpool-waiters")
         released_task = asyncio.create_task(
             channels.listen(redis, keys.released_sessions, scheduler.session_released,
@@ -168,7 +169,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
             yield
         finally:
             stopping.set()
-            await _finish(reaper_task)
+            await _finish(session_reaper_task)
             await _finish(waiters_task)
             await _finish(released_task)
             if controller_task is not None:

@@ -1,4 +1,6 @@
-"""The reaper: releases sessions whose deadline passed (idle or max lifetime).
+"""The session reaper: releases sessions whose deadline passed (idle or max lifetime).
+
+(Not the agent's `ChildReaper`, which collects exited child processes.)
 
 Every replica runs one; it costs one index range read per pass when nothing is
 due. The release script re-checks each deadline atomically, so replicas racing
@@ -21,7 +23,7 @@ from sandpool.state.sessions import SessionStore
 log = logging.getLogger(__name__)
 
 
-class Reaper:
+class SessionReaper:
     def __init__(self, store: SessionStore, clients: AgentClients, metrics: SchedulerMetrics, *,
                  interval: float, batch: int) -> None:
         self.store = store
@@ -55,16 +57,16 @@ class Reaper:
                 if await self.reap_once() >= self.batch:
                     continue
                 if down:
-                    log.info("reaper reaches redis again")
+                    log.info("session reaper reaches redis again")
                     down = False
             except asyncio.CancelledError:
                 raise
             except StateUnavailable as exc:
                 self.metrics.redis_errors.labels(service=SERVICE).inc()
                 if not down:  # once per outage, not once per pass
-                    log.warning("reaper cannot reach redis", extra={"error": type(exc).__name__})
+                    log.warning("session reaper cannot reach redis", extra={"error": type(exc).__name__})
                     down = True
             except Exception:
-                log.exception("reaper pass failed")
+                log.exception("session reaper pass failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval)

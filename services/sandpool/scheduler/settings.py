@@ -95,9 +95,9 @@ class SchedulerSettings(ServiceSettings):
     agent_clients_max: int = Field(default=1024, ge=1, description=(
         "Sandbox agents whose HTTP connection pools are kept open at once"))
 
-    # --- reaper ----------------------------------------------------------------------------
+    # --- session reaper --------------------------------------------------------------------
     reap_interval_seconds: float = Field(default=1.0, gt=0, description="How often expired sessions are reaped")
-    reap_batch: int = Field(default=256, ge=1, description="Most sessions one reaper pass releases")
+    reap_batch: int = Field(default=256, ge=1, description="Most sessions one session reaper pass releases")
 
     @field_validator("provider")
     @classmethod

@@ -5,7 +5,7 @@ single cluster slot and runs unchanged on Redis Cluster. Scripts may build
 sandbox keys from `sandbox_prefix` inside Lua for that reason.
 
 Lifetimes:
-- session, sandbox, lease and lock keys expire (a safety net behind the reaper
+- session, sandbox, leadership and lock keys expire (a safety net behind the session reaper
   and the reconciler; they are deleted explicitly in the normal path), and so do
   egress credential bindings, with their session;
 - usage totals are kept; per-day usage hashes expire after `USAGE_DAY_RETENTION_DAYS`;
@@ -194,7 +194,7 @@ class Keys:
 
     @property
     def pool_events(self) -> str:
-        """Pub/sub channel nudging the controller when a sandbox is leased or released."""
+        """Pub/sub channel nudging the controller when a sandbox is leased, released or lost, or a caller waits."""
         return f"{self.base}controller:nudge"
 
     @property

@@ -1,12 +1,12 @@
 """Leader election for the pool controller: one Redis key with an expiry.
 
-`SET key replica NX PX lease` takes the lease; only the holder may renew or drop
-it (compare-and-act scripts), so a replica that lost the lease while paused
-cannot extend or delete its successor's. The holder also keeps a local deadline:
-once it could not renew for a whole lease period it stops acting as leader
+`SET key replica NX PX term` takes leadership for one term (`leadership_ms`); only the
+holder may renew or drop it (compare-and-act scripts), so a replica that lost
+leadership while paused cannot extend or delete its successor's. The holder also keeps
+a local deadline: once it could not renew for a whole term it stops acting as leader
 before another replica can have started, whatever Redis says later.
 
-(This is the *leadership* lease of the controller, not a session's lease of a sandbox.)
+(Leadership has a term, never a "lease": a lease is a session's hold on a sandbox.)
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from sandpool.state.errors import translated
 
 
 class Leadership:
-    def __init__(self, client: Client, key: str, replica_id: str, *, lease_ms: int) -> None:
+    def __init__(self, client: Client, key: str, replica_id: str, *, leadership_ms: int) -> None:
         self.redis = client
         self.key = key
         self.replica_id = replica_id
-        self.lease_ms = lease_ms
+        self.leadership_ms = leadership_ms
         self._renew = client.register_script(scripts.RENEW_LEADERSHIP)
         self._release = client.register_script(scripts.RELEASE_LEADERSHIP)
         self.valid_until = 0.0  # monotonic; leadership is trusted only before this
@@ -31,19 +31,19 @@ class Leadership:
     @translated
     async def try_acquire(self) -> bool:
         started = time.monotonic()
-        took = await self.redis.set(self.key, self.replica_id, nx=True, px=self.lease_ms)
+        took = await self.redis.set(self.key, self.replica_id, nx=True, px=self.leadership_ms)
         if not took:
-            # Our own lease survives a restart of the loop (same replica id): keep it.
-            took = bool(await self._renew(keys=[self.key], args=[self.replica_id, self.lease_ms]))
+            # Our own leadership survives a restart of the loop (same replica id): keep it.
+            took = bool(await self._renew(keys=[self.key], args=[self.replica_id, self.leadership_ms]))
         if took:
-            self.valid_until = started + self.lease_ms / 1000 * 0.8
+            self.valid_until = started + self.leadership_ms / 1000 * 0.8
         return bool(took)
 
     @translated
     async def renew(self) -> bool:
         started = time.monotonic()
-        ok = bool(await self._renew(keys=[self.key], args=[self.replica_id, self.lease_ms]))
-        self.valid_until = started + self.lease_ms / 1000 * 0.8 if ok else 0.0
+        ok = bool(await self._renew(keys=[self.key], args=[self.replica_id, self.leadership_ms]))
+        self.valid_until = started + self.leadership_ms / 1000 * 0.8 if ok else 0.0
         return ok
 
     def still_valid(self) -> bool:

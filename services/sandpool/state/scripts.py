@@ -350,7 +350,7 @@ RELEASE = _METER + r"""
 -- Release a session (destroy, reap, dead agent, admin): meter its session-seconds, doom its sandbox.
 -- KEYS[1] session hash   KEYS[2] deadlines zset   KEYS[3] doomed set
 -- KEYS[4] usage workspaces set                    KEYS[5] usage event stream
--- ARGV[1] session id     ARGV[2] required workspace ('' = any: the reaper, an admin)
+-- ARGV[1] session id     ARGV[2] required workspace ('' = any: the session reaper, an admin)
 -- ARGV[3] now            ARGV[4] mode: destroy | reap | dead | abandoned | admin
 -- ARGV[5] sandbox key prefix
 -- ARGV[6], ARGV[7]  workspace-sessions key = ARGV[6] .. workspace .. ARGV[7]
@@ -540,10 +540,10 @@ redis.call('PUBLISH', ARGV[4], ARGV[1])
 return {state, f[2] or ''}
 """
 
-# --- the controller's leader lease ------------------------------------------------------------
+# --- the controller's leadership -------------------------------------------------------------
 
 RENEW_LEADERSHIP = r"""
--- Compare-and-renew of the leader key. KEYS[1] leader key; ARGV: replica_id, lease_ms -> 1 still ours, 0 lost.
+-- Compare-and-renew of the leader key. KEYS[1] leader key; ARGV: replica_id, leadership_ms -> 1 still ours, 0 lost.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1

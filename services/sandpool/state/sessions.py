@@ -19,7 +19,7 @@ from sandpool.state.errors import translated
 from sandpool.state.keys import USAGE_DAY_RETENTION_DAYS, USAGE_STREAM_MAXLEN, Keys, utc_day
 
 KEY_EXPIRY_MARGIN_SECONDS = 3600
-"""Session keys expire this long after their max lifetime: a safety net behind the reaper."""
+"""Session keys expire this long after their max lifetime: a safety net behind the session reaper."""
 
 RETENTION_SECONDS = USAGE_DAY_RETENTION_DAYS * 86400
 _HOLE = "\x00"
@@ -278,7 +278,7 @@ class SessionStore:
 
     @translated
     async def release(self, *, session_id: str, workspace: str | None, now: float, mode: str) -> Released | None:
-        """Release a session; `workspace=None` releases whoever owns it (the reaper, an admin). Its
+        """Release a session; `workspace=None` releases whoever owns it (the session reaper, an admin). Its
         sandbox's egress credential is unbound in the same script."""
         k = self.keys
         day_head, day_tail = _split(k.usage_day(_HOLE, utc_day(now)))
