@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -68,6 +69,11 @@ class Up:
             self.proc.wait()
         self.stderr.close()
         (self.data_dir.parent / f"{self.data_dir.name}.log").unlink(missing_ok=True)
+        # A killed up could not remove its socket directory; the note of it is in the data dir.
+        with contextlib.suppress(OSError):
+            sockets = Path((self.data_dir / "run" / "sockets-dir").read_text().strip())
+            if sockets.name.startswith("sandpool-up-"):
+                shutil.rmtree(sockets, ignore_errors=True)
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
