@@ -79,10 +79,15 @@ def test_one_call_is_one_trace_across_proxy_scheduler_and_agent_hop(up_factory, 
             assert client.delete(f"/sessions/{sid}").status_code == 204
         trace = "ab" * 16  # the caller's trace context is joined, not replaced
 
+        both = {"sandpool-proxy", "sandpool-scheduler"}
+
         def whole_trace() -> list[dict]:
+            # Each service exports in batches of its own: wait until both hops' client spans are in
+            # (a span missing for good still fails, at the wait's end, showing what came).
             spans = [s for s in collector.snapshot() if s["trace_id"] == trace]
             services = {s["service"] for s in spans}
-            return spans if {"sandpool-proxy", "sandpool-scheduler"} <= services and len(spans) >= 4 else []
+            hops = {s["service"] for s in spans if s["kind"] == 3}
+            return spans if both <= services and both <= hops and len(spans) >= 4 else []
 
         spans = wait_for(whole_trace, timeout=30, interval=0.1, what="the whole trace", state=collector.snapshot)
         assert all(s["path"] == "/v1/traces" for s in spans)
