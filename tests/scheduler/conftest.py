@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -73,3 +76,22 @@ def tenant_scheduler(scheduler: Callable[..., ServedApp], monkeypatch: pytest.Mo
 
     return make
 
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """The local provider's directory; every sandbox left in it is destroyed afterwards."""
+    from sandpool.providers import build_provider
+
+    path = Path(tempfile.mkdtemp(prefix="sps", dir="/tmp"))
+    yield path
+
+    async def destroy_all() -> None:
+        provider = build_provider("local", None, data_dir=path)
+        await provider.start()
+        try:
+            await provider.destroy_all()
+        finally:
+            await provider.close()
+
+    asyncio.run(destroy_all())
+    shutil.rmtree(path, ignore_errors=True)

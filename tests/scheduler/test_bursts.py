@@ -6,10 +6,8 @@ Real Redis, the real scheduler with its pool controller, real local sandboxes.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,25 +17,6 @@ from testkit import wait_for
 
 PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
 
-
-@pytest.fixture
-def data_dir() -> Iterator[Path]:
-    """The local provider's directory; every sandbox left in it is destroyed afterwards."""
-    from sandpool.providers import build_provider
-
-    path = Path(tempfile.mkdtemp(prefix="spb"))
-    yield path
-
-    async def destroy_all() -> None:
-        provider = build_provider("local", None, data_dir=path)
-        await provider.start()
-        try:
-            await provider.destroy_all()
-        finally:
-            await provider.close()
-
-    asyncio.run(destroy_all())
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

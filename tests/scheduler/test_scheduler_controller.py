@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-import tempfile
-from pathlib import Path
-
 import httpx
 import pytest
 from testkit import wait_for
@@ -14,25 +9,6 @@ from testkit import wait_for
 pytest.importorskip("sandpool.pool.controller")
 pytest.importorskip("sandpool.providers.local.provider")
 
-
-@pytest.fixture
-def data_dir():
-    """The local provider's directory; every sandbox left in it is destroyed afterwards."""
-    from sandpool.providers import build_provider
-
-    path = Path(tempfile.mkdtemp(prefix="sps", dir="/tmp"))
-    yield path
-
-    async def destroy_all() -> None:
-        provider = build_provider("local", None, data_dir=path)
-        await provider.start()
-        try:
-            await provider.destroy_all()
-        finally:
-            await provider.close()
-
-    asyncio.run(destroy_all())
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_controller_keeps_the_pool_warm_and_replaces_released_sandboxes(data_dir, scheduler, r, keys) -> None:
