@@ -7,41 +7,10 @@ the server is private to the test session.
 from __future__ import annotations
 
 import os
-import subprocess
 import uuid
-from pathlib import Path
 
 import pytest
-from testkit import free_port, redis_pong, redis_server_binary, wait_for
-
-
-class RedisServer:
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.data_dir), "--protected-mode", "yes"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        wait_for(lambda: redis_pong(self.port), timeout=10, interval=0.02, what="redis-server PONG")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+from testkit import RedisServer
 
 
 @pytest.fixture(scope="session")

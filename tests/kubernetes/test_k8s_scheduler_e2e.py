@@ -119,12 +119,20 @@ def test_sessions_run_in_pods_and_survive_an_api_server_outage(
 
         wait_for(replaced, what="used pods destroyed and both pools refilled")
 
-        # What the provider saw is on the scheduler's /metrics, for rates and alerts.
-        scraped = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                   for line in client.get("/metrics").text.splitlines() if line.startswith("sandpool_kube_")}
+        # What the provider saw is on the scheduler's /metrics, for rates and alerts. A sandbox counts
+        # as created once its agent answers the provider, which may come a moment after the pod's
+        # Ready condition that `replaced` read: scrape until it has.
+        def scrape() -> dict[str, float]:
+            return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                    for line in client.get("/metrics").text.splitlines() if line.startswith("sandpool_kube_")}
+
+        def counted() -> dict[str, float] | None:
+            now = scrape()
+            return now if (now.get('sandpool_kube_sandboxes_total{event="created"}', 0) >= 4
+                           and now.get('sandpool_kube_sandboxes_total{event="destroyed"}', 0) >= 2) else None
+
+        scraped = wait_for(counted, what="four sandboxes counted as created, two as destroyed", state=scrape)
         assert scraped['sandpool_kube_api_calls_total{operation="create_pod"}'] >= 4
-        assert scraped['sandpool_kube_sandboxes_total{event="created"}'] >= 4
-        assert scraped['sandpool_kube_sandboxes_total{event="destroyed"}'] >= 2
         assert scraped['sandpool_kube_api_failures_total{kind="connection"}'] >= 1  # the outage, as seen
         assert scraped["sandpool_kube_watch_lists_total"] >= 1
         assert scraped["sandpool_kube_watched_pods"] >= 2

@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import redis.asyncio as aioredis  # noqa: E402 - see above
 from apiserver import StandInApiServer  # noqa: E402 - see above
-from conftest import RedisServer  # noqa: E402 - see above; the suite's own redis-server launcher
+from testkit import RedisServer  # noqa: E402 - see above
 
 from sandpool.pool.controller import PoolController  # noqa: E402 - see above
 from sandpool.pool.provider import PoolSpec  # noqa: E402 - see above

@@ -155,7 +155,7 @@ def test_redis_restarted_gracefully_then_crashed_under_load(stacks: list[Stack],
         stack.redis.start()
     with stack.client() as client:
         kept = client.get(f"/sessions/{keeper}/files", params={"path": "k.txt"})
-        assert kept.content == b"kept", (kept.status_code, kept.text)
+        assert kept.content == b"kept", (kept.status_code, kept.text, stack.schedulers[0].log_tail())
     assert workload.record.gone == set(), "a graceful restart lost a session"
     # 2. Crashes with every write fsynced: what a client was answered for survives.
     with stack.rdb() as r:

@@ -190,7 +190,8 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         if not isinstance(exc, StateUnavailable):
             return None
         metrics.redis_errors.labels(service=SERVICE).inc()
-        log.warning("redis call failed", extra={"error": type(exc).__name__})
+        cause = exc.__cause__ or exc
+        log.warning("redis call failed", extra={"error": f"{type(cause).__name__}: {exc}"})
         return error_response(RedisUnavailable("state store unavailable; retry later", retry_after=1))
 
     async def _redis_down(_: Request, exc: Exception) -> Response:

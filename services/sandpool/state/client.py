@@ -6,6 +6,9 @@ from typing import Any
 
 import redis as redis_sync
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sandpool.core.redact import redact
 from sandpool.state.errors import UNREACHABLE, StateUnavailable, translated
@@ -14,10 +17,18 @@ Client = aioredis.Redis
 
 
 def connect(url: str, *, timeout: float, max_connections: int = 256) -> aioredis.Redis:
-    """An asyncio client: every command bounded by `timeout`, connections pooled and health-checked."""
+    """An asyncio client: every command bounded by `timeout`, connections pooled and health-checked.
+
+    A command whose connection fails is sent again, up to twice, on a fresh connection: after a
+    Redis restart every pooled connection is dead, and without this each one costs a caller a 503
+    (redis-py retries nothing unless told). Timeouts are not retried, so a stalled Redis still fails
+    within `timeout`. A script whose answer was lost with its connection may run twice, as it would
+    if the caller retried on the 503."""
     return aioredis.Redis.from_url(
         url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout,
         max_connections=max_connections, health_check_interval=30,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), retries=2,
+                    supported_errors=(RedisConnectionError,)),
     )
 
 
