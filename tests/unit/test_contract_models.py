@@ -9,7 +9,11 @@ from sandpool.contract import (
     CodeExecutionResult,
     CreateSessionRequest,
     ExecResponse,
+    FileEntry,
+    FileList,
+    FileListing,
     ResultBlock,
+    SessionDetails,
     SessionHandle,
     TextEditorRequest,
     parse_exec_request,
@@ -108,3 +112,33 @@ def test_responses_keep_extension_fields() -> None:
 def test_lifetime_hints_must_be_positive(hint: int) -> None:
     with pytest.raises(ValidationError):
         CreateSessionRequest.model_validate({"idle_timeout_seconds": hint})
+
+
+def test_what_sandpool_serves_is_what_the_contract_models_read() -> None:
+    """The servers render `SessionDetails` and `FileListing`; a client reading them with the contract's
+    own models gets every contract field and keeps sandpool's as extensions."""
+    served = SessionDetails(session_id="s-1", idle_timeout_seconds=600, created_at=1.5, pool="default",
+                            limits={"max_concurrent_sessions": 4}, deadline=None)
+    wire = served.model_dump_json(exclude_unset=True)
+    handle = SessionHandle.model_validate_json(wire)
+    assert (handle.session_id, handle.idle_timeout_seconds, handle.created_at) == ("s-1", 600, 1.5)
+    assert handle.model_extra == {"pool": "default", "limits": {"max_concurrent_sessions": 4}, "deadline": None}
+    listing = FileListing(files=[FileEntry(path="a.txt", size_bytes=3, mime_type="text/plain", type="file")],
+                          truncated=True)
+    read = FileList.model_validate_json(listing.model_dump_json())
+    assert read.files[0].path == "a.txt" and read.files[0].model_extra == {"type": "file"}
+    assert read.model_extra == {"truncated": True}
+
+
+def test_a_foreign_backends_extensions_do_not_break_the_contract_models() -> None:
+    """sandpool's extension fields are typed only in sandpool's own models: another backend may use
+    the same names for anything, and a client still reads its handle."""
+    handle = SessionHandle.model_validate({"session_id": "s-1", "pool": 5, "limits": "none"})
+    assert handle.session_id == "s-1"
+    with pytest.raises(ValidationError):
+        SessionDetails.model_validate({"session_id": "s-1", "pool": 5})
+
+
+def test_a_listing_entry_names_its_kind() -> None:
+    with pytest.raises(ValidationError):
+        FileEntry(path="x", size_bytes=0, type="socket")  # type: ignore[arg-type]  # the point of the test

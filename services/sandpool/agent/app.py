@@ -22,7 +22,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
@@ -43,6 +43,9 @@ from sandpool.agent.workspace import shown
 from sandpool.contract.models import (
     BashExecutionRequest,
     CodeExecutionRequest,
+    FileEntry,
+    FileListing,
+    FileUploadResult,
     TextEditorRequest,
     UnknownTool,
     parse_exec_request,
@@ -59,6 +62,7 @@ from sandpool.core.errors import (
     install_error_handlers,
 )
 from sandpool.core.request_ids import ACCESS_EXTRA_KEY, RequestIdMiddleware
+from sandpool.core.responses import ModelResponse
 
 log = logging.getLogger("sandpool.agent")
 
@@ -94,10 +98,10 @@ def routes_app() -> FastAPI:
         return await cancel_call(rt(request))
 
     @app.get("/sessions/{session_id}/files/list")
-    async def list_files(session_id: str, request: Request, path: str = ".") -> dict[str, Any]:
+    async def list_files(session_id: str, request: Request, path: str = ".") -> Response:
         runtime = rt(request)
         async with runtime.lock:
-            return await run_in_threadpool(_list_dir, runtime, path)
+            return ModelResponse(await run_in_threadpool(_list_dir, runtime, path))
 
     @app.get("/sessions/{session_id}/files")
     async def get_file(session_id: str, request: Request, path: str) -> Response:
@@ -112,7 +116,7 @@ def routes_app() -> FastAPI:
                                           "Content-Disposition": f"attachment; filename*=UTF-8''{filename}"})
 
     @app.post("/sessions/{session_id}/files", status_code=201)
-    async def put_file(session_id: str, request: Request) -> JSONResponse:
+    async def put_file(session_id: str, request: Request) -> Response:
         runtime = rt(request)
         form = await request.form(max_files=1, max_fields=4)
         try:
@@ -131,7 +135,7 @@ def routes_app() -> FastAPI:
                                                     max_bytes=runtime.settings.max_upload_bytes)
         finally:
             await form.close()
-        return JSONResponse({"path": rel, "size_bytes": size}, status_code=201)
+        return ModelResponse(FileUploadResult(path=rel, size_bytes=size), status_code=201)
 
     return app
 
@@ -501,10 +505,10 @@ def _stream_fd(fd: int, size: int) -> Iterator[bytes]:
         os.close(fd)
 
 
-def _list_dir(runtime: Runtime, path: str) -> dict[str, Any]:
+def _list_dir(runtime: Runtime, path: str) -> FileListing:
     workspace = runtime.workspace
     fd, real = workspace.open_dir(path)
-    files: list[dict[str, Any]] = []
+    files: list[FileEntry] = []
     truncated = False
     try:
         with os.scandir(fd) as entries:
@@ -517,27 +521,27 @@ def _list_dir(runtime: Runtime, path: str) -> dict[str, Any]:
                 except OSError:
                     continue
                 rel = os.path.normpath(os.path.join(workspace.relative(real), entry.name))
-                if stat.S_ISDIR(st.st_mode):
-                    kind = "directory"
-                elif stat.S_ISREG(st.st_mode):
-                    kind = "file"
-                elif stat.S_ISLNK(st.st_mode):
-                    kind = "symlink"
-                else:
-                    kind = "other"
-                files.append({
-                    "path": rel,
-                    "size_bytes": st.st_size if kind == "file" else 0,
-                    "mime_type": mimetypes.guess_type(entry.name)[0] if kind == "file" else None,
-                    "modified_at": st.st_mtime,
-                    "type": kind,
-                })
+                regular = stat.S_ISREG(st.st_mode)
+                files.append(FileEntry(
+                    path=rel, size_bytes=st.st_size if regular else 0,
+                    mime_type=mimetypes.guess_type(entry.name)[0] if regular else None,
+                    modified_at=st.st_mtime, type=_entry_type(st.st_mode)))
     except OSError:
         raise NotFound(f"no such directory: {shown(path)!r}") from None
     finally:
         os.close(fd)
-    files.sort(key=lambda f: f["path"])
-    return {"files": files, "truncated": truncated}
+    files.sort(key=lambda f: f.path)
+    return FileListing(files=files, truncated=truncated)
+
+
+def _entry_type(mode: int) -> Literal["file", "directory", "symlink", "other"]:
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
 
 
 __all__ = ["OUTCOME_HEADER", "Agent", "create_app", "routes_app"]

@@ -77,6 +77,19 @@ class SessionHandle(_Response):
     last_activity_at: float | None = None
 
 
+class SessionDetails(SessionHandle):
+    """The handle as sandpool serves it (CreateSession, GetSession, the admin's session list): the
+    contract's fields and sandpool's. Clients validate with `SessionHandle`, which any backend meets."""
+
+    image: str | None = Field(default=None, description="The image of the pool the sandbox came from")
+    pool: str | None = Field(default=None, description="The pool the sandbox came from")
+    exec_timeout_seconds: int | None = Field(default=None, description="The timeout of an Execute that names none")
+    max_exec_timeout_seconds: int | None = Field(default=None, description="The most an Execute may ask for")
+    limits: dict[str, int] | None = Field(default=None, description="The workspace's lease limits it was leased under")
+    deadline: float | None = Field(default=None, description="When the session reaper ends it (epoch seconds)")
+    workspace: str | None = Field(default=None, description="The workspace it belongs to")
+
+
 # --- Execute ---------------------------------------------------------------------------------
 
 TimeoutSeconds = Annotated[int, Field(ge=1)]
@@ -204,6 +217,19 @@ class FileMetadata(_Response):
 
 class FileList(_Response):
     files: list[FileMetadata]
+
+
+class FileEntry(FileMetadata):
+    """A ListFiles entry as sandpool serves it: the contract's fields and what kind of entry it is."""
+
+    type: Literal["file", "directory", "symlink", "other"]
+
+
+class FileListing(FileList):
+    """ListFiles as sandpool serves it; `truncated`: more entries than one answer lists."""
+
+    files: list[FileEntry]  # type: ignore[assignment]  # narrower than the contract's list, as a subclass may be
+    truncated: bool = False
 
 
 class FileUploadResult(_Response):

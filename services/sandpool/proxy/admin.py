@@ -18,7 +18,7 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request
 from pydantic import BaseModel, Field, model_validator
 
 from sandpool.contract import limits as catalogue
-from sandpool.contract.models import ErrorBody
+from sandpool.contract.models import ErrorBody, SessionDetails
 from sandpool.contract.tenancy import WORKSPACE_PATTERN, is_valid_workspace
 from sandpool.core.errors import Forbidden, Invalid, NotFound, Unavailable
 from sandpool.proxy.auth import MAX_JTI_CHARS, Principal
@@ -68,24 +68,9 @@ class EffectivePolicy(BaseModel):
         "egress proxy also bounds each connection by its ceiling"))
 
 
-class SessionInfo(BaseModel):
-    session_id: str
-    workspace: str | None = None
-    pool: str | None = None
-    image: str | None = None
-    created_at: float | None = None
-    last_activity_at: float | None = None
-    idle_timeout_seconds: int | float | None = None
-    max_lifetime_seconds: int | float | None = None
-    exec_timeout_seconds: int | float | None = None
-    max_exec_timeout_seconds: int | float | None = None
-    limits: dict[str, int] | None = Field(default=None, description="The workspace's lease limits it was leased under")
-    deadline: float | None = Field(default=None, description="When the session reaper ends it (epoch seconds)")
-
-
 class SessionList(BaseModel):
     workspace: str
-    sessions: list[SessionInfo]
+    sessions: list[SessionDetails]
 
 
 class EndedSession(BaseModel):
@@ -233,7 +218,7 @@ def build_router() -> APIRouter:
             sessions = await gate.stores.sessions.of_workspace(target, limit)
         except StateError as exc:
             raise gate.store_failed(exc) from None
-        return SessionList(workspace=target, sessions=[SessionInfo(workspace=target, **s) for s in sessions])
+        return SessionList(workspace=target, sessions=[SessionDetails(workspace=target, **s) for s in sessions])
 
     @router.delete("/sessions/{session_id}", response_model=EndedSession,
                    summary="End any workspace's session (admin): the kill switch")

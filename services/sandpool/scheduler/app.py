@@ -26,6 +26,7 @@ from sandpool.core import tracing
 from sandpool.core.asgi import ContractApp, OperationFastPath, client_gone, session_id_of
 from sandpool.core.errors import Unavailable, error_response, install_error_handlers
 from sandpool.core.request_ids import RequestDone, RequestIdMiddleware
+from sandpool.core.responses import ModelResponse
 from sandpool.core.serve import StartFailed
 from sandpool.pool.provider import PoolSpec, Provider, ProviderError
 from sandpool.scheduler.caller import CallerResolver
@@ -207,10 +208,11 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         caller = resolve_caller(request.headers)
         body = await read_capped(request, CREATE_BODY_CAP)
         handle = await scheduler.create_session(caller, body, client_gone=lambda: client_gone(request))
-        return JSONResponse(handle, status_code=201)
+        return ModelResponse(handle, status_code=201, exclude_unset=True)
 
     async def get_session(request: Request, scheduler: Scheduler) -> Response:
-        return JSONResponse(await scheduler.get_session(resolve_caller(request.headers), session_id_of(request)))
+        handle = await scheduler.get_session(resolve_caller(request.headers), session_id_of(request))
+        return ModelResponse(handle, exclude_unset=True)
 
     async def destroy_session(request: Request, scheduler: Scheduler) -> Response:
         await scheduler.destroy_session(resolve_caller(request.headers), session_id_of(request))

@@ -26,6 +26,7 @@ from starlette.responses import Response, StreamingResponse
 
 from sandpool.contract.models import (
     CreateSessionRequest,
+    SessionDetails,
     UnknownTool,
     parse_exec_request,
 )
@@ -186,7 +187,7 @@ class Scheduler:
     # --- CreateSession ------------------------------------------------------------------------
 
     async def create_session(self, caller: Caller, body: bytes, *,
-                             client_gone: Callable[[], Awaitable[None]] | None = None) -> dict[str, Any]:
+                             client_gone: Callable[[], Awaitable[None]] | None = None) -> SessionDetails:
         """Lease a sandbox; with none ready below the ceiling, wait (up to the capacity wait) while the
         controller starts one. `client_gone` returns when the caller disconnects: it stops waiting."""
         hints = self._parse_create(body)
@@ -215,17 +216,11 @@ class Scheduler:
         self.metrics.leases.labels(outcome="granted").inc()
         log.info("session created", extra={"session": session_id, "workspace": caller.workspace,
                                            "pool": pool.name, "sandbox": result.sandbox})
-        return {
-            "session_id": session_id,
-            "idle_timeout_seconds": in_force.idle_timeout_seconds,
-            "max_lifetime_seconds": in_force.max_lifetime_seconds,
-            "created_at": now,
-            "last_activity_at": now,
-            "image": pool.image,
-            "pool": pool.name,
-            "exec_timeout_seconds": in_force.exec_timeout_seconds,
-            "max_exec_timeout_seconds": in_force.max_exec_timeout_seconds,
-        }
+        return SessionDetails(
+            session_id=session_id, idle_timeout_seconds=in_force.idle_timeout_seconds,
+            max_lifetime_seconds=in_force.max_lifetime_seconds, created_at=now, last_activity_at=now,
+            image=pool.image, pool=pool.name, exec_timeout_seconds=in_force.exec_timeout_seconds,
+            max_exec_timeout_seconds=in_force.max_exec_timeout_seconds)
 
     def _refusal(self, refused: Refused, pool: str, now: float) -> SandpoolError:
         if refused.kind == "quota":
@@ -292,14 +287,14 @@ class Scheduler:
 
     # --- GetSession (sandpool's addition) ------------------------------------------------------
 
-    async def get_session(self, caller: Caller, session_id: str) -> dict[str, Any]:
+    async def get_session(self, caller: Caller, session_id: str) -> SessionDetails:
         """The session's handle: what is in force, its times and reaping deadline. Not activity."""
         if not SESSION_ID_PATTERN.fullmatch(session_id):
             raise unknown_session()
         handle = await self.store.handle(session_id, workspace=caller.workspace)
         if handle is None:
             raise unknown_session()
-        return handle
+        return SessionDetails.model_validate(handle)
 
     # --- DestroySession ---------------------------------------------------------------------
 
