@@ -27,26 +27,27 @@ from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandpool.agent import produced, streaming
+from sandpool.agent import produced, streaming, tools
 from sandpool.agent.auth import BearerSecretMiddleware
-from sandpool.agent.capture import StreamCapture
-from sandpool.agent.execution import ChildStartFailed, ExecOutcome, OutputListener
+from sandpool.agent.execution import ChildStartFailed, OutputListener
 from sandpool.agent.limits import BodyLimitMiddleware
 from sandpool.agent.runtime import Runtime
 from sandpool.agent.settings import AgentSettings
 from sandpool.agent.workspace import shown
 from sandpool.contract.models import (
-    BashExecutionRequest,
-    CodeExecutionRequest,
+    CodeExecutionOutputFile,
+    CodeExecutionResult,
+    ExecRequest,
+    ExecResponse,
     FileEntry,
     FileListing,
     FileUploadResult,
-    TextEditorRequest,
+    ResultBlock,
     UnknownTool,
     parse_exec_request,
     result_type_for,
@@ -70,6 +71,7 @@ OUTCOME_HEADER = "X-Sandpool-Outcome"
 RUNTIME_KEY = "sandpool.runtime"  # where a request finds the agent's runtime in its ASGI scope
 _LIST_LIMIT = 10_000
 _READ_CHUNK = 1 << 20
+_EXEC_RESPONSE: TypeAdapter[ExecResponse] = TypeAdapter(ExecResponse)
 
 
 def _validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
@@ -146,16 +148,17 @@ def rt(request: Request) -> Runtime:
 
 @dataclass(frozen=True)
 class ExecCall:
-    """A parsed Execute: the call, its correlation id and the timeout in force."""
+    """A parsed Execute: the call, the tool that runs it, its correlation id and the timeout in force."""
 
-    call: Any
+    call: ExecRequest
+    tool: tools.AnyTool
     tool_use_id: str
     timeout: float
 
     @property
     def streamable(self) -> bool:
-        """Code and bash stream their output; the editor answers its one JSON body."""
-        return not isinstance(self.call, TextEditorRequest)
+        """Whether the tool streams its output (code and bash do; the editor answers its one JSON body)."""
+        return self.tool.streams
 
 
 def parse_exec(runtime: Runtime, raw: bytes) -> ExecCall | Response:
@@ -170,7 +173,10 @@ def parse_exec(runtime: Runtime, raw: bytes) -> ExecCall | Response:
         raise UnknownToolKind(str(exc)) from None
     except ValidationError as exc:
         return JSONResponse({"detail": _validation_errors(exc), "reason": "invalid_request"}, status_code=422)
-    return ExecCall(call, call.tool_use_id or "srvtoolu_" + secrets.token_hex(12),
+    tool = tools.get(call.tool)
+    if tool is None:  # a contract kind this agent does not serve
+        raise UnknownToolKind(f"tool kind {call.tool!r} is not served by this agent")
+    return ExecCall(call, tool, call.tool_use_id or "srvtoolu_" + secrets.token_hex(12),
                     runtime.clamp_timeout(call.timeout_seconds))
 
 
@@ -184,41 +190,33 @@ async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
 
 async def answer(runtime: Runtime, parsed: ExecCall, scope: Scope) -> Response:
     """Run a parsed call; its result as the one JSON body (with the outcome header for the scheduler)."""
-    payload, outcome_label = await run_call(runtime, parsed, scope)
-    return JSONResponse(payload, headers={OUTCOME_HEADER: outcome_label})
+    response, outcome_label = await run_call(runtime, parsed, scope)
+    return Response(exec_body(response), media_type="application/json", headers={OUTCOME_HEADER: outcome_label})
+
+
+def exec_body(response: ExecResponse) -> bytes:
+    """The JSON body of an Execute answer: a streamed call's `result` event carries the same bytes."""
+    return _EXEC_RESPONSE.dump_json(response)
 
 
 async def run_call(runtime: Runtime, parsed: ExecCall, scope: Scope,
-                   on_output: OutputListener | None = None) -> tuple[dict[str, Any], str]:
-    """Run one call under the session's lock: the contract's response body and the outcome label.
-    `on_output` sees the output the result keeps, as it arrives (a streamed call)."""
-    call, tool_use_id, timeout = parsed.call, parsed.tool_use_id, parsed.timeout
+                   on_output: OutputListener | None = None) -> tuple[ExecResponse, str]:
+    """Run one call under the session's lock with the tool its kind names: the contract's response
+    and the outcome label. `on_output` sees the output the result keeps, as it arrives (a streamed call)."""
+    call, tool, tool_use_id, timeout = parsed.call, parsed.tool, parsed.tool_use_id, parsed.timeout
     async with runtime.lock:
         started = time.monotonic()
         extra: dict[str, Any] = {}
-        files: list[dict[str, str]] = []
-        if isinstance(call, TextEditorRequest):
-            edit = await run_in_threadpool(runtime.editor.run, call.input)
-            shown_out = StreamCapture(runtime.settings.max_output_bytes)
-            shown_out.feed(edit.stdout.encode())
-            outcome = ExecOutcome(stdout=shown_out.text(), stderr=edit.stderr, return_code=edit.return_code,
-                                  output_truncated=shown_out.truncated)
-        else:
-            before = _snapshot(runtime)
-            try:
-                if isinstance(call, CodeExecutionRequest):
-                    outcome = await runtime.interpreter.run(call.input.code, timeout, on_output)
-                    restart_field = "interpreter_restarted"
-                else:
-                    assert isinstance(call, BashExecutionRequest)
-                    outcome = await _run_bash(runtime, call.input.command, timeout, on_output)
-                    restart_field = "shell_restarted"
-            except ChildStartFailed as exc:
-                raise Unavailable(str(exc), retry_after=1) from None
-            if outcome.restarted or outcome.fresh:
-                extra[restart_field] = True
-            after = _snapshot(runtime)
-            files = produced.changed(before, after, runtime.settings.max_produced_files)
+        before = _snapshot(runtime) if tool.snapshots_files else None
+        try:
+            outcome = await tool.run(runtime, call.input, timeout, on_output)
+        except ChildStartFailed as exc:
+            raise Unavailable(str(exc), retry_after=1) from None
+        if tool.restart_field is not None and (outcome.restarted or outcome.fresh):
+            extra[tool.restart_field] = True
+        files = [] if before is None else produced.changed(before, _snapshot(runtime),
+                                                           runtime.settings.max_produced_files)
+        if tool.timed:
             extra["timeout_seconds"] = int(timeout) if float(timeout).is_integer() else timeout
         elapsed_ms = int((time.monotonic() - started) * 1000)
     if outcome.limit is not None:
@@ -234,23 +232,19 @@ async def run_call(runtime: Runtime, parsed: ExecCall, scope: Scope,
     else:
         outcome_label = "ok" if outcome.return_code == 0 else "failed"
     scope[ACCESS_EXTRA_KEY] = {"tool": call.tool, "outcome": outcome_label, "return_code": outcome.return_code}
-    payload = {
-        "tool_use_id": tool_use_id,
-        "execution_time_ms": elapsed_ms,
-        "result_block": {
-            "type": result_type_for(call.tool),
-            "tool_use_id": tool_use_id,
-            "content": {
-                "type": "code_execution_result",
-                "stdout": outcome.stdout,
-                "stderr": outcome.stderr,
-                "return_code": outcome.return_code,
-                "content": files,
-            },
-        },
-        **extra,
-    }
-    return payload, outcome_label
+    response = ExecResponse(
+        tool_use_id=tool_use_id,
+        execution_time_ms=elapsed_ms,
+        result_block=ResultBlock(
+            type=result_type_for(call.tool),
+            tool_use_id=tool_use_id,
+            content=CodeExecutionResult(stdout=outcome.stdout, stderr=outcome.stderr, return_code=outcome.return_code,
+                                        content=[CodeExecutionOutputFile(file_id=f["file_id"], filename=f["filename"])
+                                                 for f in files]),
+        ),
+        **extra,  # sandpool's own fields, after the contract's (their order is the wire's)
+    )
+    return response, outcome_label
 
 
 async def cancel_call(runtime: Runtime) -> Response:
@@ -346,14 +340,15 @@ class AgentApp:
                 work.cancel()
                 raise
             try:
-                payload, outcome = work.result()
+                response, outcome = work.result()
             except SandpoolError as exc:
                 await events.fail(exc)
             except Exception as exc:
                 log.error("streamed call failed", exc_info=exc)
                 await events.fail(SandpoolError("internal error"))
             else:
-                await events.finish(payload, outcome)
+                content = response.result_block.content
+                await events.finish(content.stdout or "", content.stderr or "", exec_body(response), outcome)
         finally:
             gone.cancel()
             if cancelling:
@@ -466,13 +461,6 @@ async def _self_call(app: ASGIApp, secret: str) -> None:
     await app(scope, receive, send)
     if status != [200]:
         raise RuntimeError(f"agent self-test failed with {status}")
-
-
-async def _run_bash(runtime: Runtime, command: str, timeout: float,
-                    on_output: OutputListener | None = None) -> ExecOutcome:
-    if "\x00" in command:
-        return ExecOutcome(stdout="", stderr="command contains a NUL byte, which bash cannot take\n", return_code=2)
-    return await runtime.shell.run(command, timeout, on_output)
 
 
 def _snapshot(runtime: Runtime) -> produced.Snapshot:

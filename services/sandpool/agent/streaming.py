@@ -58,8 +58,12 @@ def header_true(headers: list[tuple[bytes, bytes]], name: bytes) -> bool:
 
 def event(name: str, data: Any) -> bytes:
     """One SSE event; `data` as compact JSON on one line (JSON never holds a raw newline)."""
-    return b"event: %s\ndata: %s\n\n" % (name.encode(), json.dumps(data, ensure_ascii=False,
-                                                                   separators=(",", ":")).encode())
+    return json_event(name, json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def json_event(name: str, data: bytes) -> bytes:
+    """One SSE event whose data is already compact JSON (one line)."""
+    return b"event: %s\ndata: %s\n\n" % (name.encode(), data)
 
 
 def error_event(exc: SandpoolError) -> bytes:
@@ -128,17 +132,17 @@ class OutputEvents:
             if work.done():
                 return
 
-    async def finish(self, payload: dict[str, Any], outcome: str) -> None:
-        """The rest of the result's text, the outcome for the scheduler, the result event; end."""
+    async def finish(self, stdout: str, stderr: str, body: bytes, outcome: str) -> None:
+        """The rest of the result's text, the outcome for the scheduler, the result event (`body`: the
+        non-streaming answer's exact JSON bytes); end."""
         await self.flush()
-        content = payload["result_block"]["content"]
-        for stream in ("stdout", "stderr"):
+        for stream, text in (("stdout", stdout), ("stderr", stderr)):
             # What was sent is a prefix of the result's text (the same kept bytes, decoded alike);
             # the rest is a trailing partial character, the truncation marker and the notes.
-            tail = content[stream][self._emitted[stream]:]
+            tail = text[self._emitted[stream]:]
             for start in range(0, len(tail), PIECE_BYTES):
                 await self.write(event(stream, {"text": tail[start:start + PIECE_BYTES]}))
-        await self.write(b": outcome %s\n\n" % outcome.encode() + event("result", payload))
+        await self.write(b": outcome %s\n\n" % outcome.encode() + json_event("result", body))
         await self.end()
 
     async def fail(self, exc: SandpoolError) -> None:
@@ -158,4 +162,4 @@ async def disconnected(receive: Receive) -> None:
 
 
 __all__ = ["EVENT_STREAM", "HEADERS", "OutputEvents", "disconnected", "error_event", "event", "header_true",
-           "wants_stream"]
+           "json_event", "wants_stream"]

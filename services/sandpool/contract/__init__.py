@@ -3,6 +3,7 @@
 from sandpool.contract.models import (
     CONTRACT_VERSION,
     TOOL_KINDS,
+    TOOL_REQUESTS,
     BashExecutionInput,
     BashExecutionRequest,
     CodeExecutionInput,
@@ -23,13 +24,17 @@ from sandpool.contract.models import (
     SessionHandle,
     TextEditorInput,
     TextEditorRequest,
+    ToolInput,
     parse_exec_request,
+    register_tool_kind,
     result_type_for,
+    unregister_tool_kind,
 )
 
 __all__ = [
     "CONTRACT_VERSION",
     "TOOL_KINDS",
+    "TOOL_REQUESTS",
     "BashExecutionInput",
     "BashExecutionRequest",
     "CodeExecutionInput",
@@ -50,6 +55,9 @@ __all__ = [
     "SessionHandle",
     "TextEditorInput",
     "TextEditorRequest",
+    "ToolInput",
     "parse_exec_request",
+    "register_tool_kind",
     "result_type_for",
+    "unregister_tool_kind",
 ]

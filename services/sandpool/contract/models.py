@@ -4,17 +4,21 @@ Requests tolerate unknown fields (the contract grows additively); responses
 may carry sandpool's own extra fields, which a conforming client ignores.
 The text editor's command-specific fields are validated per command, which
 the contract's schema alone cannot express.
+
+Tool kinds are declared in one place: an `ExecRequest` subclass per kind,
+registered with `register_tool_kind`. `TOOL_KINDS`, `parse_exec_request` and
+`result_type_for` derive from that registry (docs/agent.md, "Adding a tool kind").
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import KeysView, Mapping
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 CONTRACT_VERSION = "1"
-
-TOOL_KINDS = ("code_execution", "bash_code_execution", "text_editor_code_execution")
 
 
 def result_type_for(tool: str) -> str:
@@ -95,11 +99,78 @@ class SessionDetails(SessionHandle):
 TimeoutSeconds = Annotated[int, Field(ge=1)]
 
 
-class CodeExecutionInput(_Request):
+class ToolInput(_Request):
+    """Base of every tool kind's `input` model."""
+
+
+_requests: dict[str, type[ExecRequest]] = {}
+TOOL_REQUESTS: Mapping[str, type[ExecRequest]] = MappingProxyType(_requests)
+"""Each registered tool kind's request model, in registration order (read-only view)."""
+TOOL_KINDS: KeysView[str] = TOOL_REQUESTS.keys()
+"""The registered tool kinds (a live view: a kind registered later is in it)."""
+
+_Model = TypeVar("_Model", bound="type[ExecRequest]")
+
+
+def _kind_of(model: type[ExecRequest]) -> str:
+    annotation = model.model_fields["tool"].annotation
+    args = get_args(annotation)
+    if get_origin(annotation) is not Literal or len(args) != 1 or not isinstance(args[0], str):
+        raise TypeError(f"{model.__name__}.tool must be a Literal of the one kind name it stands for")
+    kind: str = args[0]
+    return kind
+
+
+def _build_adapter() -> TypeAdapter[ExecRequest]:
+    """The discriminated union of every registered request model, keyed on `tool`."""
+    union: Any = None
+    for model in _requests.values():
+        union = model if union is None else union | model
+    if union is None:
+        return TypeAdapter(ExecRequest)  # nothing registered (only while this module is imported)
+    return TypeAdapter(Annotated[union, Field(discriminator="tool")])
+
+
+def register_tool_kind(model: _Model) -> _Model:
+    """Add a tool kind: `model` is its `ExecRequest` subclass (usable as a class decorator).
+
+    Registration is process-wide and meant for import time; every service that parses
+    Execute bodies (the scheduler and the agent) must see the same kinds."""
+    kind = _kind_of(model)
+    if kind in _requests:
+        raise ValueError(f"tool kind {kind!r} is already registered (by {_requests[kind].__name__})")
+    _requests[kind] = model
+    _forget_adapter()
+    return model
+
+
+def unregister_tool_kind(kind: str) -> None:
+    """Remove a tool kind (tests that registered one of their own): its bodies are unknown again."""
+    del _requests[kind]
+    _forget_adapter()
+
+
+_exec_adapter: TypeAdapter[ExecRequest] | None = None
+"""Built on the first parse after the kinds changed (not once per registration at import)."""
+
+
+def _forget_adapter() -> None:
+    global _exec_adapter
+    _exec_adapter = None
+
+
+def _adapter() -> TypeAdapter[ExecRequest]:
+    global _exec_adapter
+    if _exec_adapter is None:
+        _exec_adapter = _build_adapter()
+    return _exec_adapter
+
+
+class CodeExecutionInput(ToolInput):
     code: Annotated[str, Field(min_length=1)]
 
 
-class BashExecutionInput(_Request):
+class BashExecutionInput(ToolInput):
     command: Annotated[str, Field(min_length=1)]
 
 
@@ -114,7 +185,7 @@ _REQUIRED_BY_COMMAND: dict[str, tuple[str, ...]] = {
 }
 
 
-class TextEditorInput(_Request):
+class TextEditorInput(ToolInput):
     command: EditorCommand
     path: Annotated[str, Field(min_length=1)]
     file_text: str | None = None
@@ -131,31 +202,32 @@ class TextEditorInput(_Request):
         return self
 
 
-class _ExecBase(_TopLevelRequest):
+class ExecRequest(_TopLevelRequest):
+    """An Execute body. Each tool kind is a subclass that narrows `tool` to a one-value `Literal` (the
+    kind's wire name) and `input` to its own model, registered with `register_tool_kind`."""
+
     timeout_seconds: TimeoutSeconds | None = None
     tool_use_id: str | None = None
+    tool: str
+    input: ToolInput
 
 
-class CodeExecutionRequest(_ExecBase):
+@register_tool_kind
+class CodeExecutionRequest(ExecRequest):
     tool: Literal["code_execution"]
     input: CodeExecutionInput
 
 
-class BashExecutionRequest(_ExecBase):
+@register_tool_kind
+class BashExecutionRequest(ExecRequest):
     tool: Literal["bash_code_execution"]
     input: BashExecutionInput
 
 
-class TextEditorRequest(_ExecBase):
+@register_tool_kind
+class TextEditorRequest(ExecRequest):
     tool: Literal["text_editor_code_execution"]
     input: TextEditorInput
-
-
-ExecRequest = Annotated[
-    CodeExecutionRequest | BashExecutionRequest | TextEditorRequest,
-    Field(discriminator="tool"),
-]
-_exec_adapter: TypeAdapter[CodeExecutionRequest | BashExecutionRequest | TextEditorRequest] = TypeAdapter(ExecRequest)
 
 
 class UnknownTool(ValueError):
@@ -166,17 +238,21 @@ class UnknownTool(ValueError):
         self.tool = tool
 
 
-def parse_exec_request(body: object) -> CodeExecutionRequest | BashExecutionRequest | TextEditorRequest:
-    """Validate an Execute body.
+def parse_exec_request(body: object) -> ExecRequest:
+    """Validate an Execute body as the request model of its tool kind.
 
-    Raises `UnknownTool` for a string `tool` that names no known kind, and
-    pydantic's `ValidationError` for anything else malformed.
+    Raises `UnknownTool` for a string `tool` that names no registered kind, and
+    pydantic's `ValidationError` for anything else malformed (locations start
+    with the kind, as a discriminated union reports them).
     """
     if isinstance(body, dict):
         tool = body.get("tool")
-        if isinstance(tool, str) and tool not in TOOL_KINDS:
+        if isinstance(tool, str) and tool not in _requests:
             raise UnknownTool(tool)
-    return _exec_adapter.validate_python(body)
+    adapter = _exec_adapter
+    if adapter is None:
+        adapter = _adapter()
+    return adapter.validate_python(body)
 
 
 class CodeExecutionOutputFile(_Response):
@@ -200,9 +276,11 @@ class ResultBlock(_Response):
 
 
 class ExecResponse(_Response):
+    """Fields in the order the agent sends them (its body is this model's JSON; extras follow)."""
+
     tool_use_id: str
-    result_block: ResultBlock
     execution_time_ms: Annotated[int, Field(ge=0)] | None = None
+    result_block: ResultBlock
 
 
 # --- Files -----------------------------------------------------------------------------------
