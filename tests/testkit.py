@@ -294,6 +294,9 @@ class AgentProcess:
     a secret of its own and its output in `log_path`. Started by `start()`; `wait_healthy()` waits
     for its health check."""
 
+    launcher: tuple[str, ...] = ("-m", "sandpool")
+    """What `python` runs, before `agent` and its flags (a test may run a script that adds to the agent)."""
+
     def __init__(self, workspace: Path, log_path: Path, *args: str, socket_path: Path | None = None,
                  secret: str | None = None, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.workspace = workspace
@@ -329,7 +332,7 @@ class AgentProcess:
                  else ["--host", "127.0.0.1", "--port", str(self.port)])
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sandpool", "agent", *where, "--workspace", str(self.workspace), *self.args],
+                [sys.executable, *self.launcher, "agent", *where, "--workspace", str(self.workspace), *self.args],
                 env=scrubbed_env(SANDPOOL_AGENT_SECRET=self.secret, **self.env), stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, cwd=str(self.cwd) if self.cwd else None, start_new_session=True)
         return self
