@@ -39,6 +39,7 @@ from sandpool.agent.limits import BodyLimitMiddleware
 from sandpool.agent.runtime import Runtime
 from sandpool.agent.settings import AgentSettings
 from sandpool.agent.workspace import shown
+from sandpool.contract.agent_protocol import OUTCOME_HEADER
 from sandpool.contract.models import (
     CodeExecutionOutputFile,
     CodeExecutionResult,
@@ -52,6 +53,7 @@ from sandpool.contract.models import (
     parse_exec_request,
     result_type_for,
 )
+from sandpool.contract.reasons import Reason
 from sandpool.core.errors import (
     Invalid,
     NoRunningCall,
@@ -67,7 +69,6 @@ from sandpool.core.responses import ModelResponse
 
 log = logging.getLogger("sandpool.agent")
 
-OUTCOME_HEADER = "X-Sandpool-Outcome"
 RUNTIME_KEY = "sandpool.runtime"  # where a request finds the agent's runtime in its ASGI scope
 _LIST_LIMIT = 10_000
 _READ_CHUNK = 1 << 20
@@ -172,7 +173,7 @@ def parse_exec(runtime: Runtime, raw: bytes) -> ExecCall | Response:
     except UnknownTool as exc:
         raise UnknownToolKind(str(exc)) from None
     except ValidationError as exc:
-        return JSONResponse({"detail": _validation_errors(exc), "reason": "invalid_request"}, status_code=422)
+        return JSONResponse({"detail": _validation_errors(exc), "reason": Reason.INVALID_REQUEST}, status_code=422)
     tool = tools.get(call.tool)
     if tool is None:  # a contract kind this agent does not serve
         raise UnknownToolKind(f"tool kind {call.tool!r} is not served by this agent")
@@ -320,7 +321,7 @@ class AgentApp:
     async def _stream(self, runtime: Runtime, parsed: ExecCall, scope: Scope, receive: Receive, send: Send) -> None:
         """A streamed Execute (`agent.streaming`). A reader that leaves stops nothing, unless it asked
         for that with `Sandpool-Cancel-On-Disconnect: true`: then the call is cancelled."""
-        cancel_on_gone = streaming.header_true(scope["headers"], b"sandpool-cancel-on-disconnect")
+        cancel_on_gone = streaming.header_true(scope["headers"], streaming.CANCEL_ON_DISCONNECT)
         await send({"type": "http.response.start", "status": 200, "headers": streaming.HEADERS})
         events = streaming.OutputEvents(send, self.settings.stream_heartbeat_seconds)
         work = asyncio.ensure_future(run_call(runtime, parsed, scope, events.on_output))

@@ -29,16 +29,20 @@ from typing import Any
 
 from starlette.types import Receive, Send
 
+from sandpool.contract import agent_protocol as protocol
+from sandpool.contract.agent_protocol import EVENT_STREAM, OUTPUT_EVENTS, Event
 from sandpool.core.errors import SandpoolError
 
 log = logging.getLogger("sandpool.agent.streaming")
 
-EVENT_STREAM = "text/event-stream"
 PIECE_BYTES = 16 * 1024
 """Output bytes per event at most: with JSON escaping an event stays under 100 KiB (the scheduler's check)."""
-HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+HEADERS = [(b"content-type", protocol.EVENT_STREAM_CONTENT_TYPE.encode()), (b"cache-control", b"no-cache"),
            (b"x-accel-buffering", b"no")]
-HEARTBEAT = b": heartbeat\n\n"
+HEARTBEAT = b": %s\n\n" % protocol.HEARTBEAT_COMMENT.encode()
+CANCEL_ON_DISCONNECT = protocol.lower_name(protocol.CANCEL_ON_DISCONNECT_HEADER)
+"""The cancel-on-disconnect request header, as ASGI spells it."""
+_TRUE = tuple(value.encode() for value in protocol.TRUE_VALUES)
 
 
 def wants_stream(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -52,22 +56,22 @@ def wants_stream(headers: list[tuple[bytes, bytes]]) -> bool:
 def header_true(headers: list[tuple[bytes, bytes]], name: bytes) -> bool:
     for key, value in headers:
         if key.lower() == name:
-            return value.strip().lower() in (b"true", b"1", b"yes")
+            return value.strip().lower() in _TRUE
     return False
 
 
-def event(name: str, data: Any) -> bytes:
+def event(name: Event, data: Any) -> bytes:
     """One SSE event; `data` as compact JSON on one line (JSON never holds a raw newline)."""
     return json_event(name, json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode())
 
 
-def json_event(name: str, data: bytes) -> bytes:
+def json_event(name: Event, data: bytes) -> bytes:
     """One SSE event whose data is already compact JSON (one line)."""
     return b"event: %s\ndata: %s\n\n" % (name.encode(), data)
 
 
 def error_event(exc: SandpoolError) -> bytes:
-    return event("error", {**exc.body(), "status": exc.status_code})
+    return event(Event.ERROR, {**exc.body(), "status": exc.status_code})
 
 
 class OutputEvents:
@@ -76,18 +80,18 @@ class OutputEvents:
     def __init__(self, send: Send, heartbeat_seconds: float) -> None:
         self._send = send
         self.heartbeat_seconds = heartbeat_seconds
-        self._pending: list[tuple[str, bytearray]] = []
-        self._decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace")
-                          for name in ("stdout", "stderr")}
-        self._emitted = {"stdout": 0, "stderr": 0}  # characters of each stream's text sent so far
+        self._pending: list[tuple[Event, bytearray]] = []
+        self._decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in OUTPUT_EVENTS}
+        self._emitted = dict.fromkeys(OUTPUT_EVENTS, 0)  # characters of each stream's text sent so far
         self.wake = asyncio.Event()
         self.gone = False
         """The reader left: nothing is sent any more (the call itself is not stopped here)."""
 
-    def on_output(self, stream: str, data: bytes) -> None:
-        """Called by the worker's readers with the bytes the result keeps."""
+    def on_output(self, name: str, data: bytes) -> None:
+        """Called by the worker's readers with the bytes the result keeps (`name`: stdout or stderr)."""
         if self.gone:
             return
+        stream = Event(name)
         if self._pending and self._pending[-1][0] == stream:
             self._pending[-1][1].extend(data)
         else:
@@ -136,13 +140,14 @@ class OutputEvents:
         """The rest of the result's text, the outcome for the scheduler, the result event (`body`: the
         non-streaming answer's exact JSON bytes); end."""
         await self.flush()
-        for stream, text in (("stdout", stdout), ("stderr", stderr)):
+        for stream, text in ((Event.STDOUT, stdout), (Event.STDERR, stderr)):
             # What was sent is a prefix of the result's text (the same kept bytes, decoded alike);
             # the rest is a trailing partial character, the truncation marker and the notes.
             tail = text[self._emitted[stream]:]
             for start in range(0, len(tail), PIECE_BYTES):
                 await self.write(event(stream, {"text": tail[start:start + PIECE_BYTES]}))
-        await self.write(b": outcome %s\n\n" % outcome.encode() + json_event("result", body))
+        comment = b": %s %s\n\n" % (protocol.OUTCOME_COMMENT.encode(), outcome.encode())
+        await self.write(comment + json_event(Event.RESULT, body))
         await self.end()
 
     async def fail(self, exc: SandpoolError) -> None:
@@ -161,5 +166,5 @@ async def disconnected(receive: Receive) -> None:
         pass
 
 
-__all__ = ["EVENT_STREAM", "HEADERS", "OutputEvents", "disconnected", "error_event", "event", "header_true",
-           "json_event", "wants_stream"]
+__all__ = ["CANCEL_ON_DISCONNECT", "EVENT_STREAM", "HEADERS", "OutputEvents", "disconnected", "error_event", "event",
+           "header_true", "json_event", "wants_stream"]

@@ -19,6 +19,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from sandpool.contract.reasons import Reason
 from sandpool.core.errors import (
     BadRequest,
     Invalid,
@@ -42,15 +43,15 @@ def shown(path: str) -> str:
 
 
 class NotRegularFile(BadRequest):
-    reason = "not_a_regular_file"
+    reason = Reason.NOT_A_REGULAR_FILE
 
 
 class NameTooLong(BadRequest):
-    reason = "name_too_long"
+    reason = Reason.NAME_TOO_LONG
 
 
 class WorkspaceFull(Unavailable):
-    reason = "workspace_full"
+    reason = Reason.WORKSPACE_FULL
 
 
 def write_error(exc: OSError, path: str) -> SandpoolError:

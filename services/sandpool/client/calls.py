@@ -30,6 +30,7 @@ import httpx
 
 from sandpool.client.errors import ProtocolError
 from sandpool.client.results import ExecResult, FileInfo, SessionInfo, UploadResult, file_infos_from_body
+from sandpool.contract.reasons import Reason
 
 TOOL_PYTHON = "code_execution"
 TOOL_BASH = "bash_code_execution"
@@ -163,8 +164,8 @@ def _cancelled(resp: httpx.Response) -> bool:
         reason = resp.json().get("reason")
     except (ValueError, AttributeError):
         reason = None
-    if reason != "no_running_call":
-        raise ProtocolError("CancelExecution answered 409 for another reason than no_running_call",
+    if reason != Reason.NO_RUNNING_CALL:
+        raise ProtocolError(f"CancelExecution answered 409 for another reason than {Reason.NO_RUNNING_CALL}",
                             status=resp.status_code)
     return False
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandpool.client.retry import parse_retry_after
+from sandpool.contract.reasons import ClientReason, Reason, status_of
 
 
 class SandpoolClientError(Exception):
@@ -64,7 +65,7 @@ class ConnectionFailed(SandpoolClientError):
     """The request never reached the server (refused, DNS, TLS, connect timeout): safe to retry."""
 
     retryable = True
-    default_reason = "connection_failed"
+    default_reason = ClientReason.CONNECTION_FAILED
 
 
 class ConnectionLost(SandpoolClientError):
@@ -74,7 +75,7 @@ class ConnectionLost(SandpoolClientError):
     """
 
     retryable = True
-    default_reason = "connection_lost"
+    default_reason = ClientReason.CONNECTION_LOST
 
 
 class ResponseTimeout(SandpoolClientError):
@@ -84,13 +85,13 @@ class ResponseTimeout(SandpoolClientError):
     running), so offering it again could run it twice.
     """
 
-    default_reason = "response_timeout"
+    default_reason = ClientReason.RESPONSE_TIMEOUT
 
 
 class ProtocolError(SandpoolClientError):
     """The server answered with a body that is not what contract version 1 promises."""
 
-    default_reason = "protocol_error"
+    default_reason = ClientReason.PROTOCOL_ERROR
 
 
 # --- 4xx: the request is wrong, not retryable -------------------------------------------------
@@ -99,49 +100,49 @@ class ProtocolError(SandpoolClientError):
 class BadRequest(SandpoolClientError):
     """400 (an unknown tool kind, a directory where a file was expected) or, via `InvalidRequest`, 422."""
 
-    default_reason = "bad_request"
+    default_reason = Reason.BAD_REQUEST
 
 
 class InvalidRequest(BadRequest):
     """422: a malformed body or a tool input missing its fields."""
 
-    default_reason = "invalid_request"
+    default_reason = Reason.INVALID_REQUEST
 
 
 class Unauthorized(SandpoolClientError):
     """401: the bearer token is missing, expired, revoked or not trusted."""
 
-    default_reason = "unauthorized"
+    default_reason = Reason.UNAUTHORIZED
 
 
 class Forbidden(SandpoolClientError):
     """403: not allowed (an image outside the workspace's allow-list, an admin-only call)."""
 
-    default_reason = "forbidden"
+    default_reason = Reason.FORBIDDEN
 
 
 class ImageNotAllowed(Forbidden):
     """403: the workspace's policy does not allow the requested `image` (nothing was leased)."""
 
-    default_reason = "image_not_allowed"
+    default_reason = Reason.IMAGE_NOT_ALLOWED
 
 
 class PathOutsideWorkspace(Forbidden):
     """403: a file path that escapes the session's workspace."""
 
-    default_reason = "path_outside_workspace"
+    default_reason = Reason.PATH_OUTSIDE_WORKSPACE
 
 
 class NotFound(SandpoolClientError):
     """404: the session is gone (destroyed, reaped, never existed), or the file does not exist."""
 
-    default_reason = "not_found"
+    default_reason = Reason.NOT_FOUND
 
 
 class PayloadTooLarge(SandpoolClientError):
     """413: the upload or request body is over the server's cap; nothing was written."""
 
-    default_reason = "payload_too_large"
+    default_reason = Reason.PAYLOAD_TOO_LARGE
 
 
 # --- retryable statuses --------------------------------------------------------------------
@@ -151,7 +152,7 @@ class QuotaExceeded(SandpoolClientError):
     """429: the workspace's own quota, rate or budget is exhausted; `retry_after` says when to retry."""
 
     retryable = True
-    default_reason = "quota_exceeded"
+    default_reason = Reason.QUOTA_EXCEEDED
 
     @property
     def limit(self) -> str | None:
@@ -168,45 +169,50 @@ class Unavailable(SandpoolClientError):
     """
 
     retryable = True
-    default_reason = "unavailable"
+    default_reason = Reason.UNAVAILABLE
 
 
 class AtCapacity(Unavailable):
     """503: no sandbox could be leased; nothing was leased. Retry after `retry_after`."""
 
-    default_reason = "at_capacity"
+    default_reason = Reason.AT_CAPACITY
 
 
 class SandboxFailed(SandpoolClientError):
     """502: the session's sandbox died or answered garbage; the session is gone, a new one will work."""
 
     retryable = True
-    default_reason = "sandbox_failed"
+    default_reason = Reason.SANDBOX_FAILED
 
 
 class ServerError(SandpoolClientError):
     """Any other 5xx."""
 
-    default_reason = "server_error"
+    default_reason = ClientReason.SERVER_ERROR
+
+
+def _reason_of(cls: type[SandpoolClientError]) -> Reason:
+    return Reason(str(cls.default_reason))  # a ValueError at import for a class naming no wire reason
+
+
+def _status_of(cls: type[SandpoolClientError]) -> int:
+    """The status of the class's reason, from the catalogue of reasons."""
+    status = status_of(_reason_of(cls))
+    assert status is not None, f"{cls.__name__}'s reason has no fixed status"
+    return status
 
 
 _BY_STATUS: dict[int, type[SandpoolClientError]] = {
-    400: BadRequest,
-    401: Unauthorized,
-    403: Forbidden,
-    404: NotFound,
-    413: PayloadTooLarge,
-    422: InvalidRequest,
-    429: QuotaExceeded,
-    502: SandboxFailed,
-    503: AtCapacity,
+    _status_of(cls): cls
+    for cls in (BadRequest, Unauthorized, Forbidden, NotFound, PayloadTooLarge, InvalidRequest, QuotaExceeded,
+                SandboxFailed, AtCapacity)
 }
+"""The class of each status (a 503 without a reason is `AtCapacity`, below)."""
 
 _BY_REASON: dict[tuple[int, str], type[SandpoolClientError]] = {
-    (403, "path_outside_workspace"): PathOutsideWorkspace,
-    (403, "image_not_allowed"): ImageNotAllowed,
-    (503, "at_capacity"): AtCapacity,
+    (_status_of(cls), _reason_of(cls)): cls for cls in (PathOutsideWorkspace, ImageNotAllowed, AtCapacity)
 }
+"""The classes a reason picks out of its status's class."""
 
 
 def error_class_for(status: int, reason: str | None) -> type[SandpoolClientError]:

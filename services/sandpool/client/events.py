@@ -20,9 +20,7 @@ import httpx
 
 from sandpool.client.errors import ProtocolError, SandpoolClientError, error_from_response
 from sandpool.client.results import ExecResult
-
-EVENT_STREAM = "text/event-stream"
-CANCEL_ON_DISCONNECT_HEADER = "Sandpool-Cancel-On-Disconnect"
+from sandpool.contract.agent_protocol import CANCEL_ON_DISCONNECT_HEADER, EVENT_STREAM, OUTPUT_EVENTS, Event
 
 OutputCallback = Callable[[str], None]
 
@@ -81,15 +79,15 @@ class EventReader:
             body: Any = json.loads(data)
         except ValueError as exc:
             raise ProtocolError(f"a streamed Execute sent a {name!r} event whose data is not JSON") from exc
-        if name in ("stdout", "stderr"):
+        if name in OUTPUT_EVENTS:
             text = body.get("text") if isinstance(body, dict) else None
             if not isinstance(text, str):
                 raise ProtocolError(f"a streamed Execute sent a {name!r} event without its text")
-            return ExecEvent(name, text=text)
-        if name == "result":
+            return ExecEvent(str(Event(name)), text=text)
+        if name == Event.RESULT:
             self.finished = True
-            return ExecEvent("result", result=ExecResult.from_body(body))
-        if name == "error":
+            return ExecEvent(str(Event.RESULT), result=ExecResult.from_body(body))
+        if name == Event.ERROR:
             self.finished = True
             raise error_of(body)
         return None  # an event a newer server added: ignored, as the contract's extension policy asks
@@ -105,16 +103,16 @@ def error_of(body: Any) -> SandpoolClientError:
 def events_of(result: ExecResult) -> Iterator[ExecEvent]:
     """A whole (non-streamed) result as the events a stream would have sent."""
     if result.stdout:
-        yield ExecEvent("stdout", text=result.stdout)
+        yield ExecEvent(str(Event.STDOUT), text=result.stdout)
     if result.stderr:
-        yield ExecEvent("stderr", text=result.stderr)
-    yield ExecEvent("result", result=result)
+        yield ExecEvent(str(Event.STDERR), text=result.stderr)
+    yield ExecEvent(str(Event.RESULT), result=result)
 
 
 def deliver(event: ExecEvent, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None) -> None:
-    if event.type == "stdout" and on_stdout is not None:
+    if event.type == Event.STDOUT and on_stdout is not None:
         on_stdout(event.text)
-    elif event.type == "stderr" and on_stderr is not None:
+    elif event.type == Event.STDERR and on_stderr is not None:
         on_stderr(event.text)
 
 

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandpool.contract.operations import operation_of
+from sandpool.contract.reasons import Reason
 from sandpool.core.errors import SandpoolError, error_response, validation_response
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class OperationFastPath:
             mapped = self.errors(exc) if self.errors is not None else None
             if mapped is None:
                 log.exception("unhandled error", extra={"operation": operation})
-                mapped = JSONResponse({"detail": "internal error", "reason": "internal_error"}, status_code=500)
+                mapped = JSONResponse({"detail": "internal error", "reason": Reason.INTERNAL_ERROR}, status_code=500)
             response = mapped
         await response(scope, receive, send)
 

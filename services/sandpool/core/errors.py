@@ -14,12 +14,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sandpool.contract.reasons import Reason
+
 
 class SandpoolError(Exception):
     """Base of every error that reaches a client. Subclasses fix the status."""
 
     status_code: ClassVar[int] = 500
-    reason: ClassVar[str] = "internal_error"
+    reason: ClassVar[str] = Reason.INTERNAL_ERROR
 
     def __init__(self, detail: str, *, headers: dict[str, str] | None = None, **extra: Any) -> None:
         super().__init__(detail)
@@ -33,20 +35,20 @@ class SandpoolError(Exception):
 
 class BadRequest(SandpoolError):
     status_code = 400
-    reason = "bad_request"
+    reason = Reason.BAD_REQUEST
 
 
 class UnknownToolKind(BadRequest):
-    reason = "unknown_tool_kind"
+    reason = Reason.UNKNOWN_TOOL_KIND
 
 
 class IsADirectory(BadRequest):
-    reason = "is_a_directory"
+    reason = Reason.IS_A_DIRECTORY
 
 
 class Unauthorized(SandpoolError):
     status_code = 401
-    reason = "unauthorized"
+    reason = Reason.UNAUTHORIZED
 
     def __init__(self, detail: str, **extra: Any) -> None:
         super().__init__(detail, headers={"WWW-Authenticate": "Bearer"}, **extra)
@@ -54,37 +56,37 @@ class Unauthorized(SandpoolError):
 
 class Forbidden(SandpoolError):
     status_code = 403
-    reason = "forbidden"
+    reason = Reason.FORBIDDEN
 
 
 class PathOutsideWorkspace(Forbidden):
-    reason = "path_outside_workspace"
+    reason = Reason.PATH_OUTSIDE_WORKSPACE
 
 
 class NotFound(SandpoolError):
     status_code = 404
-    reason = "not_found"
+    reason = Reason.NOT_FOUND
 
 
 class Conflict(SandpoolError):
     status_code = 409
-    reason = "conflict"
+    reason = Reason.CONFLICT
 
 
 class NoRunningCall(Conflict):
     """A cancel found no code or bash call running in the session."""
 
-    reason = "no_running_call"
+    reason = Reason.NO_RUNNING_CALL
 
 
 class PayloadTooLarge(SandpoolError):
     status_code = 413
-    reason = "payload_too_large"
+    reason = Reason.PAYLOAD_TOO_LARGE
 
 
 class Invalid(SandpoolError):
     status_code = 422
-    reason = "invalid_request"
+    reason = Reason.INVALID_REQUEST
 
 
 class _RetryAfter(SandpoolError):
@@ -96,28 +98,28 @@ class QuotaExceeded(_RetryAfter):
     """The workspace's own quota, rate or budget: 429, retryable later."""
 
     status_code = 429
-    reason = "quota_exceeded"
+    reason = Reason.QUOTA_EXCEEDED
 
 
 class AtCapacity(_RetryAfter):
     """No sandbox can be leased right now: 503, retryable."""
 
     status_code = 503
-    reason = "at_capacity"
+    reason = Reason.AT_CAPACITY
 
 
 class Unavailable(_RetryAfter):
     """A dependency (Redis, a sandbox's agent) cannot serve the call."""
 
     status_code = 503
-    reason = "unavailable"
+    reason = Reason.UNAVAILABLE
 
 
 class BadGateway(SandpoolError):
     """The sandbox's agent died or answered garbage mid-call."""
 
     status_code = 502
-    reason = "sandbox_failed"
+    reason = Reason.SANDBOX_FAILED
 
 
 def error_response(exc: SandpoolError) -> JSONResponse:
@@ -125,7 +127,7 @@ def error_response(exc: SandpoolError) -> JSONResponse:
 
 
 def validation_response(exc: RequestValidationError) -> JSONResponse:
-    return JSONResponse({"detail": _validation_detail(exc), "reason": "invalid_request"}, status_code=422)
+    return JSONResponse({"detail": _validation_detail(exc), "reason": Reason.INVALID_REQUEST}, status_code=422)
 
 
 def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -146,6 +148,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        reason = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}.get(exc.status_code, Reason.HTTP_ERROR)
         return JSONResponse({"detail": exc.detail, "reason": reason}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))

@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect
 from sandpool import __version__
 from sandpool.contract import tenancy
 from sandpool.contract.models import ErrorBody
+from sandpool.contract.reasons import Reason
 from sandpool.core import tracing
 from sandpool.core.asgi import ContractApp, OperationFastPath, client_gone
 from sandpool.core.errors import Forbidden, Invalid, SandpoolError, install_error_handlers
@@ -53,7 +54,7 @@ READY_TIMEOUT = 2.0
 
 
 class ImageNotAllowed(Forbidden):
-    reason = "image_not_allowed"
+    reason = Reason.IMAGE_NOT_ALLOWED
 
 
 class DuplicateKey(ValueError):

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from sandpool.contract import tenancy
+from sandpool.contract.reasons import Reason
 from sandpool.core import tracing
 from sandpool.core.errors import PayloadTooLarge, Unavailable
 from sandpool.core.hop import HopBusy, HopConnectError, HopError, HopPool, HopTimeout
@@ -27,7 +28,7 @@ _NOT_FORWARDED = HOP_BY_HOP | {"host", "authorization", "expect", "content-lengt
 
 
 class SchedulerUnavailable(Unavailable):
-    reason = "scheduler_unavailable"
+    reason = Reason.SCHEDULER_UNAVAILABLE
 
 
 class BodyTooLarge(PayloadTooLarge):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import httpx
 from starlette.requests import Request
 
+from sandpool.contract.reasons import Reason
 from sandpool.core.errors import QuotaExceeded, Unauthorized, Unavailable
 from sandpool.proxy.auth import AuthFailure, Principal, TokenVerifier
 from sandpool.proxy.keyring import KeyRing
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 class RedisUnavailable(Unavailable):
-    reason = "redis_unavailable"
+    reason = Reason.REDIS_UNAVAILABLE
 
 
 class Gate:

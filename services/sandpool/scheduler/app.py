@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Scope
 
 from sandpool.contract.operations import ROUTES, operation_of
+from sandpool.contract.reasons import Reason
 from sandpool.core import tracing
 from sandpool.core.asgi import ContractApp, OperationFastPath, client_gone, session_id_of
 from sandpool.core.errors import Unavailable, error_response, install_error_handlers
@@ -54,7 +55,7 @@ ContractCall = Callable[[Request, "Scheduler"], Awaitable[Response]]
 CREATE_BODY_CAP = 64 * 1024
 """A CreateSession body carries two hints; anything near this size is not one."""
 class RedisUnavailable(Unavailable):
-    reason = "redis_unavailable"
+    reason = Reason.REDIS_UNAVAILABLE
 
 
 def request_metrics(metrics: SchedulerMetrics) -> RequestDone:

@@ -18,16 +18,17 @@ from starlette.datastructures import Headers
 
 from sandpool.contract import limits as catalogue
 from sandpool.contract import tenancy
+from sandpool.contract.reasons import Reason
 from sandpool.core.errors import Forbidden, Unauthorized
 from sandpool.scheduler.limits import NO_POLICY, WorkspacePolicy
 
 
 class TenancyMissing(Forbidden):
-    reason = "tenancy_missing"
+    reason = Reason.TENANCY_MISSING
 
 
 class TenancyInvalid(Forbidden):
-    reason = "tenancy_invalid"
+    reason = Reason.TENANCY_INVALID
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sandpool.contract import agent_protocol as protocol
 from sandpool.core.hop import HopPool, Peer
 
 log = logging.getLogger(__name__)
@@ -25,11 +26,12 @@ log = logging.getLogger(__name__)
 # `sandpool-cancel-on-disconnect` lets the agent cancel a streamed call should this scheduler's own
 # connection to it drop (the scheduler itself cancels when its client leaves).
 FORWARDED_REQUEST_HEADERS = ("content-type", "content-length", "accept", "x-request-id",
-                             "sandpool-cancel-on-disconnect")
+                             protocol.CANCEL_ON_DISCONNECT_HEADER.lower())
 # Response headers passed back to the client; the agent's X-Sandpool-* are consumed here.
 FORWARDED_RESPONSE_HEADERS = ("content-type", "content-length", "content-disposition", "content-encoding",
                               "last-modified", "etag")
-OUTCOME_HEADER = "x-sandpool-outcome"
+OUTCOME_HEADER = protocol.lower_name(protocol.OUTCOME_HEADER)
+"""The agent's outcome header, as the hop's responses carry it (consumed here, never relayed)."""
 
 AGENT_TCP_SOCKET_OPTIONS: list[tuple[int, int, int]] = [
     (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),

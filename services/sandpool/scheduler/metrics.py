@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sandpool.contract.agent_protocol import Outcome
 from sandpool.pool.metrics import ControllerMetrics
 
 SERVICE = "scheduler"
 OPERATIONS = ("CreateSession", "Execute", "DestroySession", "ListFiles", "GetFile", "PutFile")
-EXEC_OUTCOMES = ("ok", "failed", "timeout", "limit", "cancelled")
+EXEC_OUTCOMES = tuple(Outcome)
+"""The `outcome` labels of `sandpool_executions_total`: the agent's outcome labels."""
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 

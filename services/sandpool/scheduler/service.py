@@ -24,12 +24,14 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from sandpool.contract.agent_protocol import Outcome
 from sandpool.contract.models import (
     CreateSessionRequest,
     SessionDetails,
     UnknownTool,
     parse_exec_request,
 )
+from sandpool.contract.reasons import Reason
 from sandpool.core import tracing
 from sandpool.core.errors import (
     AtCapacity,
@@ -58,7 +60,13 @@ from sandpool.scheduler.forward import (
 from sandpool.scheduler.metrics import EXEC_OUTCOMES, SERVICE, SchedulerMetrics
 from sandpool.scheduler.pools import PoolDirectory
 from sandpool.scheduler.settings import SchedulerSettings
-from sandpool.scheduler.stream import EventStreamResponse, StreamRelay, cancel_on_disconnect, wants_stream
+from sandpool.scheduler.stream import (
+    EVENT_STREAM,
+    EventStreamResponse,
+    StreamRelay,
+    cancel_on_disconnect,
+    wants_stream,
+)
 from sandpool.scheduler.uploads import FileBytes
 from sandpool.scheduler.waiting import Waiters
 from sandpool.state import usage
@@ -69,7 +77,6 @@ log = logging.getLogger(__name__)
 
 SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 UNKNOWN_SESSION = "session not found"
-EVENT_STREAM = b"text/event-stream"
 SMALL_ANSWER_BYTES = 256 * 1024
 """Agent answers up to this size (with a Content-Length) are relayed whole; larger ones stream."""
 ABANDON_RETRY_SECONDS = 60.0
@@ -81,27 +88,27 @@ MAX_RETRY_AFTER_SECONDS = 60
 class SandboxUnavailable(Unavailable):
     """The session's agent could not be reached: the call did not run, the session is gone."""
 
-    reason = "sandbox_unavailable"
+    reason = Reason.SANDBOX_UNAVAILABLE
 
 
 class StartTimeout(Unavailable):
     """Below the ceiling, but no sandbox could be started within the capacity wait."""
 
-    reason = "start_timeout"
+    reason = Reason.START_TIMEOUT
 
 
 class ClientLeft(SandpoolError):
     """The caller disconnected while waiting; nobody reads this answer (nginx's 499)."""
 
     status_code = 499
-    reason = "client_closed_request"
+    reason = Reason.CLIENT_CLOSED_REQUEST
 
 
 class SessionEnded(BadGateway):
     """The session was released while a call to it ran (destroyed, ended by an admin, reaped, or its
     sandbox was lost): the call is cut short rather than left to hang on a sandbox that is going."""
 
-    reason = "session_ended"
+    reason = Reason.SESSION_ENDED
 
 
 def _cancelling() -> bool:
@@ -492,8 +499,8 @@ class Scheduler:
             return self._relay_stream(caller, session_id, target, entry, upstream, request, started=started,
                                       deadline=read_timeout, meter=meter)
 
-        raw_outcome = (upstream.header(OUTCOME_HEADER.encode()) or b"ok").decode("latin-1")
-        outcome = raw_outcome if raw_outcome in EXEC_OUTCOMES else "failed"
+        raw_outcome = (upstream.header(OUTCOME_HEADER) or Outcome.OK.encode()).decode("latin-1")
+        outcome = raw_outcome if raw_outcome in EXEC_OUTCOMES else Outcome.FAILED
         status = upstream.status
         headers_out = response_headers(upstream.headers)
 
@@ -557,7 +564,7 @@ class Scheduler:
         session's call in flight (a release cuts it short) and metered when the agent's stream ends."""
 
         async def metered(outcome: str) -> None:
-            label = outcome if outcome in EXEC_OUTCOMES else "failed"
+            label = outcome if outcome in EXEC_OUTCOMES else Outcome.FAILED
             usage_of = await meter(200, label, time.monotonic() - started, 0) if meter else NOTHING
             await self._done(caller, session_id, usage_of)
 

@@ -31,18 +31,27 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from sandpool.contract import agent_protocol as protocol
+from sandpool.contract.agent_protocol import Event, Outcome
+from sandpool.contract.reasons import Reason, status_of
+
 log = logging.getLogger(__name__)
 
-EVENT_STREAM = "text/event-stream"
-CANCEL_ON_DISCONNECT = "sandpool-cancel-on-disconnect"
+EVENT_STREAM = protocol.EVENT_STREAM.encode()
+CANCEL_ON_DISCONNECT = protocol.lower_name(protocol.CANCEL_ON_DISCONNECT_HEADER)
+_TRUE = tuple(value.encode() for value in protocol.TRUE_VALUES)
 MAX_EVENT_BYTES = 256 * 1024
 """An output event's bound: the agent sends at most 16 KiB of output per event (under 100 KiB escaped)."""
 MAX_RESULT_EVENT_BYTES = 32 * 1024 * 1024
 """The result event's bound: the result block with both streams at a 1 MiB cap takes a few MiB at most."""
 QUEUE_EVENTS = 8
 """Events parsed ahead of a slow client; past it the pump stops reading from the agent."""
-OUTPUT_EVENTS = (b"stdout", b"stderr")
-HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+OUTPUT_EVENTS = tuple(name.encode() for name in protocol.OUTPUT_EVENTS)
+RESULT_EVENT = Event.RESULT.encode()
+ERROR_EVENT = Event.ERROR.encode()
+HEARTBEAT = b": " + protocol.HEARTBEAT_COMMENT.encode()
+OUTCOME = b": %s " % protocol.OUTCOME_COMMENT.encode()
+HEADERS = [(b"content-type", protocol.EVENT_STREAM_CONTENT_TYPE.encode()), (b"cache-control", b"no-cache"),
            (b"x-accel-buffering", b"no")]
 
 
@@ -51,17 +60,19 @@ class MalformedStream(Exception):
 
 
 def wants_stream(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(name.lower() == b"accept" and EVENT_STREAM.encode() in value.lower() for name, value in headers)
+    return any(name.lower() == b"accept" and EVENT_STREAM in value.lower() for name, value in headers)
 
 
 def cancel_on_disconnect(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(name.lower() == CANCEL_ON_DISCONNECT.encode() and value.strip().lower() in (b"true", b"1", b"yes")
-               for name, value in headers)
+    return any(name.lower() == CANCEL_ON_DISCONNECT and value.strip().lower() in _TRUE for name, value in headers)
 
 
-def error_event(status: int, reason: str, detail: str) -> bytes:
+def error_event(reason: Reason, detail: str) -> bytes:
+    """An `error` event: the error body plus the status its reason always comes with."""
+    status = status_of(reason)
+    assert status is not None, f"{reason} has no fixed status"
     data = json.dumps({"detail": detail, "reason": reason, "status": status}, separators=(",", ":"))
-    return b"event: error\ndata: %s\n\n" % data.encode()
+    return b"event: %s\ndata: %s\n\n" % (ERROR_EVENT, data.encode())
 
 
 class AgentEvents:
@@ -83,7 +94,8 @@ class AgentEvents:
             end = self._buf.find(b"\n\n", max(0, self._scanned - 1))
             if end < 0:
                 self._scanned = len(self._buf)
-                limit = self.max_result_bytes if self._buf.startswith(b"event: result\n") else self.max_event_bytes
+                limit = (self.max_result_bytes if self._buf.startswith(b"event: %s\n" % RESULT_EVENT)
+                         else self.max_event_bytes)
                 if len(self._buf) > limit:
                     raise MalformedStream("an event over its size bound")
                 return events
@@ -99,16 +111,16 @@ class AgentEvents:
     def _parse(self, block: bytes) -> tuple[str, Any, bytes]:
         if b"\r" in block:
             raise MalformedStream("a carriage return in an event")
-        if block == b": heartbeat":
+        if block == HEARTBEAT:
             return "heartbeat", None, block + b"\n\n"
-        if block.startswith(b": outcome "):
-            label = block[len(b": outcome "):].decode("ascii", errors="replace")
+        if block.startswith(OUTCOME):
+            label = block[len(OUTCOME):].decode("ascii", errors="replace")
             return "outcome", label, b""
         lines = block.split(b"\n")
         if len(lines) != 2 or not lines[0].startswith(b"event: ") or not lines[1].startswith(b"data: "):
             raise MalformedStream("an event that is not one event line and one data line")
         name = lines[0][len(b"event: "):]
-        limit = self.max_result_bytes if name == b"result" else self.max_event_bytes
+        limit = self.max_result_bytes if name == RESULT_EVENT else self.max_event_bytes
         if len(block) > limit:
             raise MalformedStream("an event over its size bound")
         try:
@@ -120,10 +132,10 @@ class AgentEvents:
         if name in OUTPUT_EVENTS:
             if not isinstance(data.get("text"), str):
                 raise MalformedStream("an output event without its text")
-        elif name == b"error":
+        elif name == ERROR_EVENT:
             if not isinstance(data.get("status"), int) or not isinstance(data.get("reason"), str):
                 raise MalformedStream("an error event without status and reason")
-        elif name != b"result":
+        elif name != RESULT_EVENT:
             raise MalformedStream("an unknown event")
         return name.decode(), data, block + b"\n\n"
 
@@ -177,9 +189,9 @@ class StreamRelay:
                             continue  # nothing follows the last event: ignored, never relayed
                         if kind == "outcome":
                             await self._meter_once(value)
-                        elif kind in ("result", "error"):
-                            if kind == "result":
-                                await self._meter_once("ok")  # (the agent always says its outcome first)
+                        elif kind in (Event.RESULT, Event.ERROR):
+                            if kind == Event.RESULT:
+                                await self._meter_once(Outcome.OK)  # (the agent always says its outcome first)
                             else:
                                 await self._unmetered_once()
                             await self._put(raw)
@@ -193,7 +205,7 @@ class StreamRelay:
             if not finished:  # the session was released under the call (or the scheduler is stopping)
                 self._ended()
                 await self._unmetered_once()
-                await self._put_nowait(error_event(502, "session_ended", "the session was released while the "
+                await self._put_nowait(error_event(Reason.SESSION_ENDED, "the session was released while the "
                                                                          "call ran; the session is gone"))
                 await self._put_nowait(None)
             raise
@@ -202,7 +214,7 @@ class StreamRelay:
                 log.warning("sandbox failed mid-stream", extra={"error": type(exc).__name__, "detail": str(exc)})
                 self.metered = True  # the release ends the session: there is nothing to mark active
                 await self._dead()
-                await self._put(error_event(502, "sandbox_failed",
+                await self._put(error_event(Reason.SANDBOX_FAILED,
                                             "the session's sandbox failed during the call; the session is gone"))
                 await self._put(None)
         finally:
