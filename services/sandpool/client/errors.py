@@ -23,7 +23,8 @@ class SandpoolClientError(Exception):
     """Base of every error the client raises."""
 
     retryable: bool = False
-    default_reason: str | None = None
+    default_reason: Reason | ClientReason | None = None
+    """The `reason` when the server sent none (a catalogued reason, or one the client sets itself)."""
 
     def __init__(
         self,

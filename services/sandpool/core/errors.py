@@ -21,7 +21,8 @@ class SandpoolError(Exception):
     """Base of every error that reaches a client. Subclasses fix the status."""
 
     status_code: ClassVar[int] = 500
-    reason: ClassVar[str] = Reason.INTERNAL_ERROR
+    reason: ClassVar[Reason] = Reason.INTERNAL_ERROR
+    """The body's stable `reason`: a member of the catalogue (`contract/reasons.py`), never a bare string."""
 
     def __init__(self, detail: str, *, headers: dict[str, str] | None = None, **extra: Any) -> None:
         super().__init__(detail)
