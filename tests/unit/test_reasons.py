@@ -228,7 +228,7 @@ def test_the_client_maps_every_reason() -> None:
 def agent_outcome_labels() -> set[str]:
     """The labels the agent's sources assign to an outcome label (string literals or Outcome members)."""
     labels: set[str] = set()
-    for path in sorted((SOURCES / "agent").glob("*.py")):
+    for path in sorted((SOURCES / "agent").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and "outcome_label" in t.id
                                                     for t in node.targets):
