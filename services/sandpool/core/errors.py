@@ -116,6 +116,12 @@ class Unavailable(_RetryAfter):
     reason = Reason.UNAVAILABLE
 
 
+class StateStoreUnavailable(Unavailable):
+    """Redis cannot be reached: 503 with Retry-After; the service carries on when it is back."""
+
+    reason = Reason.REDIS_UNAVAILABLE
+
+
 class BadGateway(SandpoolError):
     """The sandbox's agent died or answered garbage mid-call."""
 

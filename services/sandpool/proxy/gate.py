@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import httpx
 from starlette.requests import Request
 
-from sandpool.contract.reasons import Reason
-from sandpool.core.errors import QuotaExceeded, Unauthorized, Unavailable
+from sandpool.core.errors import QuotaExceeded, StateStoreUnavailable, Unauthorized, Unavailable
 from sandpool.proxy.auth import AuthFailure, Principal, TokenVerifier
 from sandpool.proxy.keyring import KeyRing
 from sandpool.proxy.metrics import ProxyMetrics
@@ -42,10 +41,6 @@ class Stores:
     egress: EgressStore
 
 log = logging.getLogger(__name__)
-
-
-class RedisUnavailable(Unavailable):
-    reason = Reason.REDIS_UNAVAILABLE
 
 
 class Gate:
@@ -80,7 +75,7 @@ class Gate:
         """Count and log a Redis failure; the 503 to answer with."""
         self.metrics.redis_error()
         log.warning("redis call failed", extra={"error": str(exc)})
-        return RedisUnavailable("the proxy cannot reach its state store", retry_after=1)
+        return StateStoreUnavailable("the proxy cannot reach its state store", retry_after=1)
 
     async def admit(self, principal: Principal, *, count: bool = True) -> Effective:
         """Revocation, rate and policy in one round trip; the values in force for this request.

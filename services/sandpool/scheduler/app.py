@@ -22,10 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Scope
 
 from sandpool.contract.operations import ROUTES, operation_of
-from sandpool.contract.reasons import Reason
 from sandpool.core import tracing
 from sandpool.core.asgi import ContractApp, OperationFastPath, client_gone, session_id_of
-from sandpool.core.errors import Unavailable, error_response, install_error_handlers
+from sandpool.core.errors import StateStoreUnavailable, error_response, install_error_handlers
 from sandpool.core.request_ids import RequestDone, RequestIdMiddleware
 from sandpool.core.responses import ModelResponse
 from sandpool.core.serve import StartFailed
@@ -54,10 +53,6 @@ ContractCall = Callable[[Request, "Scheduler"], Awaitable[Response]]
 
 CREATE_BODY_CAP = 64 * 1024
 """A CreateSession body carries two hints; anything near this size is not one."""
-class RedisUnavailable(Unavailable):
-    reason = Reason.REDIS_UNAVAILABLE
-
-
 def request_metrics(metrics: SchedulerMetrics) -> RequestDone:
     """Request count and latency per contract operation (a closed label set); other paths uncounted."""
 
@@ -194,7 +189,7 @@ def create_app(settings: SchedulerSettings, *, provider: Provider | None = None,
         metrics.redis_errors.labels(service=SERVICE).inc()
         cause = exc.__cause__ or exc
         log.warning("redis call failed", extra={"error": f"{type(cause).__name__}: {exc}"})
-        return error_response(RedisUnavailable("state store unavailable; retry later", retry_after=1))
+        return error_response(StateStoreUnavailable("state store unavailable; retry later", retry_after=1))
 
     async def _redis_down(_: Request, exc: Exception) -> Response:
         answer = redis_down(exc)
