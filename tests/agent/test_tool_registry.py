@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from agent_harness import REPO, Agent
+from agent_harness import REPO, Agent, start_agent
 
 from sandpool import cli
 from sandpool.agent import tools
@@ -74,23 +74,15 @@ class EchoAgent(Agent):
     launcher = (str(Path(__file__).resolve()),)
 
 
-def start_echo_agent(tmp: Path, *, forget: bool = False) -> EchoAgent:
+def start_echo_agent(tmp: Path, *, forget: bool = False) -> Agent:
     env = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "tests" / "agent")])}
     if forget:
         env[FORGET] = "1"
-    agent = EchoAgent(tmp / "workspace", tmp / "agent.log", socket_path=tmp / "agent.sock", env=env, cwd=REPO)
-    agent.start()
-    agent.client = agent.new_client(agent.secret)
-    try:
-        agent.wait_healthy(timeout=30)
-    except BaseException:
-        agent.stop()
-        raise
-    return agent
+    return start_agent(tmp, env=env, kind=EchoAgent)
 
 
 @pytest.fixture(scope="module")
-def echo_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EchoAgent]:
+def echo_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     agent = start_echo_agent(tmp_path_factory.mktemp("echo-agent"))
     yield agent
     agent.stop()
@@ -111,7 +103,7 @@ def json_bytes(value: object) -> bytes:
 
 # --- the tests ---------------------------------------------------------------------------------
 
-def test_the_new_kind_answers_its_result_block(echo_agent: EchoAgent) -> None:
+def test_the_new_kind_answers_its_result_block(echo_agent: Agent) -> None:
     resp = echo_agent.client.post("/sessions/s1/exec", json={"tool": "echo", "input": {"text": "héllo\n"},
                                                              "tool_use_id": "toolu_echo"})
     assert resp.status_code == 200, resp.text
@@ -126,7 +118,7 @@ def test_the_new_kind_answers_its_result_block(echo_agent: EchoAgent) -> None:
     assert echo_agent.py("print(6 * 7)")["result_block"]["content"]["stdout"] == "42\n"
 
 
-def test_the_new_kind_streams_because_its_tool_says_so(echo_agent: EchoAgent) -> None:
+def test_the_new_kind_streams_because_its_tool_says_so(echo_agent: Agent) -> None:
     with echo_agent.client.stream("POST", "/sessions/s1/exec", json={"tool": "echo", "input": {"text": "streamed"}},
                                   headers={"Accept": "text/event-stream"}) as resp:
         assert resp.status_code == 200
@@ -141,7 +133,7 @@ def test_the_new_kind_streams_because_its_tool_says_so(echo_agent: EchoAgent) ->
     assert result.encode() == json_bytes(answer)  # the non-streaming body's rendering
 
 
-def test_the_new_kind_is_validated_by_its_own_model(echo_agent: EchoAgent) -> None:
+def test_the_new_kind_is_validated_by_its_own_model(echo_agent: Agent) -> None:
     resp = echo_agent.client.post("/sessions/s1/exec", json={"tool": "echo", "input": {"txt": "typo"}})
     assert resp.status_code == 422
     assert resp.json()["detail"] == [{"loc": ["echo", "input", "text"], "msg": "Field required", "type": "missing"}]
