@@ -45,4 +45,4 @@ async def listen(client: Client, channel: str, on_message: Callable[[str], None]
                 delay = min(delay * 2, 5.0)
         finally:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves PubSub.aclose unannotated
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # unannotated before redis-py 8.2
