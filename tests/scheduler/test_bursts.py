@@ -174,9 +174,11 @@ def test_the_warm_target_follows_demand_between_floor_and_cap(data_dir, redis_ur
         provider = build_provider("local", None, data_dir=data_dir)
         await provider.start()
         spec = PoolSpec(name="default", image="python", warm=1, max_warm=6, ceiling=12)
-        # A short test: the rate over 20 s instead of a minute, a bigger margin, a quick shrink.
+        # A short test: the rate over 20 s instead of a minute and a quick shrink. The margin is
+        # large enough that the target leaves the floor whatever this machine's start time (a
+        # fast machine starts a sandbox in under 0.1 s), so the cap is what bounds it.
         controller = PoolController(redis, keys, provider, [spec], replica_id="test", demand_seconds=0.2,
-                                    demand_window_buckets=2, demand_headroom=20.0, demand_shrink_seconds=0.3)
+                                    demand_window_buckets=2, demand_headroom=1000.0, demand_shrink_seconds=0.3)
         target = controller.targets["default"]
         running = asyncio.create_task(controller.run())
         store = SessionStore(redis, keys)
@@ -211,5 +213,5 @@ def test_the_warm_target_follows_demand_between_floor_and_cap(data_dir, redis_ur
 
     rising, falling = asyncio.run(scenario())
     assert max(t for t, _, _ in rising) > 1, rising  # above the floor under load
-    assert max(t for t, _, _ in rising) <= 6  # never past the cap
+    assert max(t for t, _, _ in rising) == 6, rising  # demand asks for more; the cap holds it
     assert falling[-1] == 1, falling  # back to the floor once the load stopped
