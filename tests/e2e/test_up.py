@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from testkit import descendants, free_port, survivors
+from testkit import descendants, free_port, survivors, wait_for
 from up_harness import assert_stopped_clean, exec_code, json_lines
 
 
@@ -105,8 +105,18 @@ def test_a_request_is_followed_through_proxy_scheduler_and_agent_logs_by_its_id(
         assert answer.status_code == 200 and answer.headers["x-request-id"] == "follow-me-42", answer.text
         generated = client.get(f"/sessions/{sid}/files/list").headers["x-request-id"]
         # The agent's log is in its sandbox's directory (the control plane's, mode 0600) until it goes.
-        agent_logs = list((up.data_dir / "sandboxes").glob("*/agent.log"))
-        agent_lines = [line for path in agent_logs for line in json_lines(path.read_text(errors="replace"))]
+        # Its access line is written once the answer is sent, so it may trail the answer a little.
+
+        def agent_log() -> list[dict]:
+            paths = (up.data_dir / "sandboxes").glob("*/agent.log")
+            return [line for path in paths for line in json_lines(path.read_text(errors="replace"))]
+
+        def agent_log_of_both() -> list[dict] | None:
+            lines = agent_log()
+            return lines if {"follow-me-42", generated} <= {line.get("request_id") for line in lines} else None
+
+        agent_lines = wait_for(agent_log_of_both, timeout=10, what="the agent's access lines of both requests",
+                               state=agent_log)
         assert client.delete(f"/sessions/{sid}").status_code == 204
     assert_stopped_clean(up)
     control_plane = json_lines((up.data_dir.parent / f"{up.data_dir.name}.log").read_text(errors="replace"))
