@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from testkit import alive
+from testkit import alive, wait_for
 
 from .harness import Harness
 
@@ -35,9 +35,13 @@ def test_the_agent_is_outside_the_capped_code_group(harness: Harness) -> None:
     top = harness.cgroup(sandbox, "pids")
     code = top / "sandbox" / "code"
     assert (code / "pids.max").read_text().strip() == "32"
-    members = {int(p) for g in code.glob("**/") for p in (g / "cgroup.procs").read_text().split()}
-    assert sandbox.handle.pid not in members
-    assert len(members) >= 2  # interpreter and shell (and the spare, once warm): the agent's children
+
+    def members() -> set[int]:
+        return {int(p) for g in code.glob("**/") for p in (g / "cgroup.procs").read_text().split()}
+
+    # The interpreter, and its spare once that has started (in the background): the agent's children.
+    wait_for(lambda: len(members()) >= 2, timeout=10, what="interpreter and spare in the code group", state=members)
+    assert sandbox.handle.pid not in members()
     agent_group = top / "sandbox" if (top / "sandbox" / "tasks").exists() else top / "sandbox" / "agent"
     assert sandbox.handle.pid in {int(p) for p in (agent_group / "cgroup.procs").read_text().split()}
     harness.kill(sandbox)

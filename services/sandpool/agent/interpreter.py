@@ -4,8 +4,10 @@ Why a separate process started with `python -I -u -c <runner source>` rather tha
 of the agent: the runner imports only the standard library, so a cold start
 costs about as much as the interpreter's own start-up (~20-30 ms, measured in
 bench/agent_bench.py), it carries none of the agent's memory (no secret, no
-FastAPI), and it can be hardened and started at any time, also after the event
-loop runs. It is started and warmed before the agent answers its first
+FastAPI), and it can be started at any time, also after the event loop runs.
+It hardens itself in its first lines (agent/hardening.py: SelfHardening), so the
+agent spawns it with vfork rather than a fork of its own ~60 MB, and checks the
+result in /proc. It is started and warmed before the agent answers its first
 request, so the first call is as fast as the tenth; a spare is kept warm so a
 restart after a timeout costs nothing on the next call.
 """
@@ -19,10 +21,12 @@ import logging
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from sandpool.agent import procs
 from sandpool.agent.execution import ChildStartFailed, PersistentChild
+from sandpool.agent.hardening import HardeningFailed, SelfHardening
 from sandpool.agent.worker import Worker, WorkerDied
 
 log = logging.getLogger("sandpool.agent.interpreter")
@@ -59,23 +63,25 @@ def parse_frame(buf: bytearray) -> bytes | None:
 class Interpreter(PersistentChild):
     kind = "interpreter"
 
-    def __init__(self, *, python: str | None, workspace: str, env: dict[str, str], preexec,
-                 child_reaper: procs.ChildReaper, max_output_bytes: int, grace_seconds: float, spare: bool,
-                 preimport: tuple[str, ...] = ()) -> None:
+    def __init__(self, *, python: str | None, workspace: str, env: dict[str, str],
+                 harden: Callable[[], SelfHardening], child_reaper: procs.ChildReaper, max_output_bytes: int,
+                 grace_seconds: float, spare: bool, preimport: tuple[str, ...] = (), verify: bool = True) -> None:
         super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
         self._python = python or sys.executable
         self._workspace = workspace
         self._env = env
-        self._preexec = preexec
+        self._harden = harden
+        self._verify = verify
         self._child_reaper = child_reaper
         self._want_spare = spare
         self._options = ["--preimport", ",".join(preimport)] if preimport else []
         self._spare: asyncio.Task[Worker] | None = None
 
     async def new_worker(self) -> Worker:
-        argv = [self._python, "-I", "-u", "-c", runner_source(), *self._options]
-        worker = Worker("interpreter", argv, cwd=self._workspace, env=self._env,
-                        preexec=self._preexec, child_reaper=self._child_reaper, parse_event=parse_frame)
+        harden = self._harden()  # asked at each start: the live generation's cgroup changes
+        argv = [self._python, "-I", "-u", "-c", runner_source(), *self._options, *harden.argv()]
+        worker = Worker("interpreter", argv, cwd=self._workspace, env=self._env, preexec=None,
+                        pass_fds=harden.pass_fds, child_reaper=self._child_reaper, parse_event=parse_frame)
         try:
             worker.spawn()
         except (OSError, subprocess.SubprocessError):
@@ -85,6 +91,12 @@ class Interpreter(PersistentChild):
             event = json.loads(await worker.next_event(START_TIMEOUT_SECONDS))
             if event.get("event") != "ready":
                 raise ValueError("interpreter did not report ready")
+            if self._verify:
+                harden.verify(worker.pid)
+        except HardeningFailed as exc:
+            log.error("the Python interpreter is not hardened as asked: %s", exc)
+            await worker.close()
+            raise ChildStartFailed("the Python interpreter failed to start") from None
         except (TimeoutError, WorkerDied, ValueError, OSError):
             await worker.close()
             raise ChildStartFailed("the Python interpreter failed to start") from None

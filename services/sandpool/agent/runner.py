@@ -351,13 +351,77 @@ def _preimport(names: list[str]) -> None:
             pass
 
 
+def _limit(which: int, value: int) -> None:
+    import resource
+
+    hard = resource.getrlimit(which)[1]
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def _harden(spec: str) -> None:
+    """Harden this process as the agent's `hardening.apply` would between fork and exec, in its
+    order: join the code cgroup, drop groups, gid and uid, no_new_privs, limits, seccomp last.
+
+    The agent starts the runner without a `preexec_fn` (so with vfork, not a fork of the whole
+    agent) and verifies the result in /proc before the first call. `spec` is
+    `key=value,...` (agent/hardening.py: SelfHardening.argv); a missing key is a step not asked for.
+    """
+    import ctypes
+    import resource
+
+    fields = dict(item.split("=", 1) for item in spec.split(",") if item)
+    if "cgroup" in fields:
+        fd = int(fields["cgroup"])
+        os.write(fd, b"0")
+        os.close(fd)
+    if "uid" in fields:
+        uid, gid = int(fields["uid"]), int(fields["gid"])
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        if os.geteuid() != uid or os.getegid() != gid or os.getgroups():
+            raise OSError("privilege drop did not take")
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    if "uid" in fields and prctl(4, 1, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        # The uid change made this process undumpable (its /proc/self files root's), which the
+        # exec after `apply` would have undone; nothing of the agent's is in it to protect.
+        raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE failed")
+    if prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
+    _limit(resource.RLIMIT_CORE, 0)
+    for key, which in (("nproc", resource.RLIMIT_NPROC), ("nofile", resource.RLIMIT_NOFILE),
+                       ("fsize", resource.RLIMIT_FSIZE), ("as", resource.RLIMIT_AS)):
+        if key in fields:
+            _limit(which, int(fields[key]))
+    if "seccomp" in fields:
+        program = bytes.fromhex(fields["seccomp"])  # struct sock_filter[], 8 bytes each
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        buffer = ctypes.create_string_buffer(program, len(program))
+        fprog = SockFprog(len(program) // 8, ctypes.addressof(buffer))
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+        if prctl(22, 2, ctypes.addressof(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            raise OSError(ctypes.get_errno(), "the seccomp filter was refused")
+
+
 def main(argv: list[str]) -> int:
-    # python -I -u -c <source> [--preimport a,b] IN_FD OUT_FD
+    # python -I -u -c <source> [--preimport a,b] [--harden SPEC] IN_FD OUT_FD
     in_fd, out_fd = int(argv[-2]), int(argv[-1])
-    options = argv[1:-2]
-    preimport = []
-    if len(options) == 2 and options[0] == "--preimport":
-        preimport = [name for name in options[1].split(",") if name]
+    options = dict(zip(argv[1:-2:2], argv[2:-2:2], strict=True))
+    if "--harden" in options:
+        try:
+            _harden(options["--harden"])
+        except BaseException as exc:  # noqa: BLE001 - not hardened: never serve a call
+            _write_stderr(f"sandpool runner: cannot harden itself: {exc}\n")
+            os._exit(126)
+    preimport = [name for name in options.get("--preimport", "").split(",") if name]
     os.set_inheritable(in_fd, False)
     os.set_inheritable(out_fd, False)
     _State.pid = os.getpid()

@@ -45,17 +45,21 @@ class Runtime:
         if self.egress is not None:
             env.update(self.egress.environment(env["PATH"]))
         self.cap: process_cap.CodeCgroup | None = None
-        preexec = hardening.preexec(self.policy, lambda: self.cap.join_fd if self.cap is not None else -1)
+        preexec = hardening.preexec(self.policy, self._cgroup_join_fd)
         self.interpreter = Interpreter(
-            python=settings.sandbox_python(), workspace=str(workspace), env=env, preexec=preexec,
+            python=settings.sandbox_python(), workspace=str(workspace), env=env,
+            harden=lambda: hardening.self_hardening(self.policy, self._cgroup_join_fd()),
             child_reaper=self.child_reaper, max_output_bytes=settings.max_output_bytes,
             grace_seconds=settings.interrupt_grace_seconds, spare=settings.spare_interpreter,
-            preimport=tuple(settings.preimport))
+            preimport=tuple(settings.preimport), verify=procs.proc_matches_this_namespace())
         self.shell = Shell(
             bash=settings.shell, workspace=str(workspace), env=env, preexec=preexec, child_reaper=self.child_reaper,
             max_output_bytes=settings.max_output_bytes, grace_seconds=settings.interrupt_grace_seconds)
         self.editor = Editor(self.workspace, history=settings.editor_history, max_bytes=settings.max_read_bytes)
         self._reap_task: asyncio.Task[None] | None = None
+
+    def _cgroup_join_fd(self) -> int:
+        return self.cap.join_fd if self.cap is not None else -1
 
     async def start(self) -> None:
         if seccomp.native_arch() is None:

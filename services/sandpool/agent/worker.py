@@ -3,7 +3,8 @@
 fd 1 and fd 2 of the child are pipes the agent reads continuously into bounded
 captures; requests go down one control pipe and completions come back up
 another, so program output can never be mistaken for framing. The child runs in
-a session of its own (`setsid`) and is hardened between fork and exec.
+a session of its own (`setsid`) and is hardened between fork and exec (the shell) or
+hardens itself before it reads a request (the runner, which the agent then verifies).
 
 Exit statuses come from the agent's one `ChildReaper`; nothing here calls
 `Popen.wait`, which would race it.
@@ -54,8 +55,9 @@ EventParser = Callable[[bytearray], "bytes | None"]
 
 class Worker:
     def __init__(self, name: str, argv: list[str], *, cwd: str, env: dict[str, str],
-                 preexec: Callable[[], None], child_reaper: procs.ChildReaper, parse_event: EventParser,
-                 max_event_bytes: int = 1 << 20, extra_fds_in_argv: bool = True) -> None:
+                 preexec: Callable[[], None] | None, child_reaper: procs.ChildReaper, parse_event: EventParser,
+                 max_event_bytes: int = 1 << 20, extra_fds_in_argv: bool = True,
+                 pass_fds: tuple[int, ...] = ()) -> None:
         self.name = name
         self._argv = argv
         self._cwd = cwd
@@ -65,6 +67,7 @@ class Worker:
         self._parse_event = parse_event
         self._max_event_bytes = max_event_bytes
         self._extra_fds_in_argv = extra_fds_in_argv
+        self._pass_fds = pass_fds
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
         self._fds: dict[str, int] = {}
@@ -92,7 +95,7 @@ class Worker:
         argv = self._argv + ([str(req_r), str(ev_w)] if self._extra_fds_in_argv else [])
         try:
             self.proc = subprocess.Popen(  # argv is ours, never the caller's
-                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, pass_fds=(req_r, ev_w),
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, pass_fds=(req_r, ev_w, *self._pass_fds),
                 cwd=self._cwd, env=self._env, start_new_session=True, preexec_fn=self._preexec,
                 close_fds=True)
         except BaseException:
