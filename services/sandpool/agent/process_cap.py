@@ -4,7 +4,7 @@ The local provider's zygote hands the agent a descriptor of `code/`, a cgroup
 whose `pids.max` is the sandbox's process cap (`providers/local/isolation/cgroups.py`).
 The agent itself lives outside it, so a fork bomb can fill the cap but never
 stop the agent from forking a fresh interpreter or shell. Every child the agent
-starts puts itself, between fork and exec, into the **live generation**
+starts puts itself, before it runs anything of the caller's, into the **live generation**
 `code/g<N>`: the group of the calls now running.
 
 What a call leaves running (`server &`) stays behind in its generation when the
@@ -86,7 +86,7 @@ class CodeCgroup:
         self.live: Generation | None = None
         self.background: list[Generation] = []
         self.join_fd = -1
-        """Written "0" by each new child between fork and exec: it moves into the live generation."""
+        """Written "0" by each new child before it runs a call: it moves into the live generation."""
         self.killed_children: set[int] = set()
         """Killed processes that may be zombies of the interpreter, for it to reap."""
 
