@@ -8,6 +8,7 @@ killed, while what calls under the cap left running lives on.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from testkit import alive, wait_for
 
@@ -42,8 +43,43 @@ def test_the_agent_is_outside_the_capped_code_group(harness: Harness) -> None:
     # The interpreter, and its spare once that has started (in the background): the agent's children.
     wait_for(lambda: len(members()) >= 2, timeout=10, what="interpreter and spare in the code group", state=members)
     assert sandbox.handle.pid not in members()
+    assert len([g for g in _generations(code).values() if g]) == 1  # both in the live generation
     agent_group = top / "sandbox" if (top / "sandbox" / "tasks").exists() else top / "sandbox" / "agent"
     assert sandbox.handle.pid in {int(p) for p in (agent_group / "cgroup.procs").read_text().split()}
+    harness.kill(sandbox)
+
+
+def _generations(code: Path) -> dict[int, set[int]]:
+    """Generation number -> its member pids."""
+    return {int(g.name[1:]): {int(p) for p in (g / "cgroup.procs").read_text().split()}
+            for g in code.iterdir() if g.is_dir() and g.name[:1] == "g" and g.name[1:].isdigit()}
+
+
+def test_every_interpreter_joins_the_live_generation_even_after_the_generation_changed(harness: Harness) -> None:
+    """The agent moves each runner it starts into the live generation at once: after a call left
+    something running (a new live generation), a restarted interpreter's new spare joins the
+    interpreter there, not the leftover's generation. (Pids here are the host's: no sandbox view.)"""
+    sandbox = harness.start(max_processes=32)
+    code = harness.cgroup(sandbox, "pids") / "sandbox" / "code"
+    assert sandbox.python("import subprocess\nsubprocess.Popen(['sleep', '60'])")["return_code"] == 0
+
+    def split_off() -> dict[int, set[int]] | None:
+        found = _generations(code)
+        return found if len(found) == 2 and [len(found[n]) for n in sorted(found)] == [1, 2] else None
+
+    found = wait_for(split_off, timeout=10, what="the sleep left behind, interpreter and spare in a new generation",
+                     state=lambda: _generations(code))
+    live, interpreters = max(found), found[max(found)]
+    assert sandbox.python("import os\nos._exit(3)")["return_code"] == 3  # the spare takes over; a new spare starts
+    assert sandbox.python("print(1)")["stdout"] == "1\n"
+
+    def new_spare_in_live() -> dict[int, set[int]] | None:
+        found = _generations(code)
+        return found if len(found.get(live, set())) == 2 and found[live] != interpreters else None
+
+    found = wait_for(new_spare_in_live, timeout=10, what="the new spare in the live generation",
+                     state=lambda: _generations(code))
+    assert max(found) == live and all(len(found[n]) <= 1 for n in found if n != live)  # at most the sleep
     harness.kill(sandbox)
 
 

@@ -109,45 +109,49 @@ class SelfHardening:
     a `preexec_fn`: Python then spawns it with vfork (~0.6 ms of CPU) instead of forking the whole
     agent and running Python in the child (~4-5 ms).
 
-    The runner starts as the agent's user, runs only the standard library and its own source
-    (`-I`: no environment, no working directory on the path) and hardens itself, in `apply`'s
-    order, before it reads a request; it exits if any step fails (the seccomp filter included,
-    which `apply` installs where the kernel takes it). The agent does not trust that: `verify`
-    reads the result from /proc before the first call.
+    Only when the runner drops to a uid of its own (`self_hardening` says None otherwise): until the
+    drop it runs as the agent's user, which sandboxed code cannot touch; from the drop to its last
+    step it is not dumpable, so nothing of the sandbox uid can write into it before it is hardened.
+    It runs only `python -I` start-up and its own source until then, and exits if any step fails.
+    The agent moves it into the code cgroup itself, at once (`CodeCgroup.adopt`), and does not take
+    its word for the rest: `verify` reads the result from /proc before the first call.
     """
 
     policy: ChildPolicy
-    cgroup_join_fd: int
     seccomp_program: bytes
 
     def argv(self) -> list[str]:
         """`--harden` and its spec: `key=value` pairs; absent keys are steps not asked for."""
         p = self.policy
-        fields = {"cgroup": self.cgroup_join_fd if self.cgroup_join_fd >= 0 else None, "uid": p.uid,
-                  "gid": (p.gid if p.gid is not None else p.uid) if p.uid is not None else None,
-                  "nproc": p.nproc, "nofile": p.nofile, "fsize": p.fsize, "as": p.address_space,
+        fields = {"uid": p.uid, "gid": p.gid if p.gid is not None else p.uid, "nproc": p.nproc,
+                  "nofile": p.nofile, "fsize": p.fsize, "as": p.address_space,
                   "seccomp": self.seccomp_program.hex() or None}
         return ["--harden", ",".join(f"{key}={value}" for key, value in fields.items() if value is not None)]
 
-    @property
-    def pass_fds(self) -> tuple[int, ...]:
-        return (self.cgroup_join_fd,) if self.cgroup_join_fd >= 0 else ()
-
     def verify(self, pid: int) -> None:
-        """Raise HardeningFailed unless /proc shows process `pid` hardened as asked (where /proc can say)."""
-        try:
-            with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-                fields = dict(line.split(":", 1) for line in status if ":" in line)
-        except OSError as exc:
-            raise HardeningFailed(f"cannot read the interpreter's status: {exc.strerror}") from None
-        wanted = {"NoNewPrivs": ["1"]}
+        """Raise HardeningFailed unless /proc shows process `pid` hardened as asked."""
+        status, own = _proc_status(str(pid)), _proc_status("self")
+        uid = self.policy.uid
+        gid = self.policy.gid if self.policy.gid is not None else uid
+        wanted = {"Uid": [str(uid)] * 4, "Gid": [str(gid)] * 4, "Groups": [], "NoNewPrivs": ["1"],
+                  "CapPrm": ["0" * 16], "CapEff": ["0" * 16]}
         if self.seccomp_program:
             wanted["Seccomp"] = ["2"]
-        if self.policy.uid is not None:
-            gid = self.policy.gid if self.policy.gid is not None else self.policy.uid
-            wanted |= {"Uid": [str(self.policy.uid)] * 4, "Gid": [str(gid)] * 4, "Groups": []}
-        differs = [f"{name} is {fields.get(name, '?').split()}, not {values}" for name, values in wanted.items()
-                   if fields.get(name, "?").split() != values]
+            if "Seccomp_filters" in own:  # its own filter on top of what it inherited from the agent
+                wanted["Seccomp_filters"] = [str(int(own["Seccomp_filters"][0]) + 1)]
+        differs = [f"{name} is {status.get(name)}, not {values}" for name, values in wanted.items()
+                   if status.get(name) != values]
+        limits = _proc_limits(pid)
+        for name, which, value in (("core", resource.RLIMIT_CORE, 0), ("nproc", resource.RLIMIT_NPROC,
+                                   self.policy.nproc), ("nofile", resource.RLIMIT_NOFILE, self.policy.nofile),
+                                   ("fsize", resource.RLIMIT_FSIZE, self.policy.fsize),
+                                   ("as", resource.RLIMIT_AS, self.policy.address_space)):
+            if value is None:
+                continue
+            hard = resource.getrlimit(which)[1]  # what the runner inherited: `_limit` stays within it
+            expected = min(value, hard) if hard != resource.RLIM_INFINITY else value
+            if limits.get(name) != (expected, expected):
+                differs.append(f"limit {name} is {limits.get(name)}, not {(expected, expected)}")
         if differs:
             raise HardeningFailed("; ".join(differs))
 
@@ -156,10 +160,45 @@ class HardeningFailed(Exception):
     """A child is not hardened as its policy says; it must not run code."""
 
 
-def self_hardening(policy: ChildPolicy, cgroup_join_fd: int) -> SelfHardening:
-    """What the runner is asked to do to itself; the seccomp program is the one `apply` installs."""
+def self_hardening(policy: ChildPolicy) -> SelfHardening | None:
+    """What the runner is asked to do to itself, or None when it is hardened by a `preexec_fn`.
+
+    None without a uid drop: the runner would then share sandboxed code's uid from its exec and be
+    open to it (a process an earlier call left running could write into its memory) until it had
+    hardened itself. The seccomp program is the one `apply` installs.
+    """
+    if not policy.drops_privileges:
+        return None
     arch = seccomp.native_arch()
-    return SelfHardening(policy, cgroup_join_fd, seccomp.program_bytes(arch) if arch is not None else b"")
+    return SelfHardening(policy, seccomp.program_bytes(arch) if arch is not None else b"")
+
+
+_LIMIT_NAMES = {"Max core file size": "core", "Max processes": "nproc", "Max open files": "nofile",
+                "Max file size": "fsize", "Max address space": "as"}
+
+
+def _proc_status(pid: str) -> dict[str, list[str]]:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            return {name: value.split() for name, _, value in (line.partition(":") for line in status)}
+    except OSError as exc:
+        raise HardeningFailed(f"cannot read the status of process {pid}: {exc.strerror}") from None
+
+
+def _proc_limits(pid: int) -> dict[str, tuple[int, int]]:
+    """/proc/<pid>/limits as name -> (soft, hard), RLIM_INFINITY for "unlimited"."""
+    try:
+        with open(f"/proc/{pid}/limits", encoding="ascii", errors="replace") as limits:
+            lines = limits.read().splitlines()
+    except OSError as exc:
+        raise HardeningFailed(f"cannot read the limits of process {pid}: {exc.strerror}") from None
+    found = {}
+    for line in lines:
+        name = _LIMIT_NAMES.get(line[:25].strip())
+        if name is not None:
+            soft, hard = (resource.RLIM_INFINITY if v == "unlimited" else int(v) for v in line[25:].split()[:2])
+            found[name] = (soft, hard)
+    return found
 
 
 def child_path(python: str) -> str:

@@ -63,35 +63,40 @@ def parse_frame(buf: bytearray) -> bytes | None:
 class Interpreter(PersistentChild):
     kind = "interpreter"
 
-    def __init__(self, *, python: str | None, workspace: str, env: dict[str, str],
-                 harden: Callable[[], SelfHardening], child_reaper: procs.ChildReaper, max_output_bytes: int,
-                 grace_seconds: float, spare: bool, preimport: tuple[str, ...] = (), verify: bool = True) -> None:
+    def __init__(self, *, python: str | None, workspace: str, env: dict[str, str], preexec: Callable[[], None],
+                 harden: Callable[[], SelfHardening | None], child_reaper: procs.ChildReaper,
+                 max_output_bytes: int, grace_seconds: float, spare: bool, preimport: tuple[str, ...] = ()) -> None:
         super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
         self._python = python or sys.executable
         self._workspace = workspace
         self._env = env
+        self._preexec = preexec
         self._harden = harden
-        self._verify = verify
         self._child_reaper = child_reaper
         self._want_spare = spare
         self._options = ["--preimport", ",".join(preimport)] if preimport else []
         self._spare: asyncio.Task[Worker] | None = None
 
     async def new_worker(self) -> Worker:
-        harden = self._harden()  # asked at each start: the live generation's cgroup changes
-        argv = [self._python, "-I", "-u", "-c", runner_source(), *self._options, *harden.argv()]
-        worker = Worker("interpreter", argv, cwd=self._workspace, env=self._env, preexec=None,
-                        pass_fds=harden.pass_fds, child_reaper=self._child_reaper, parse_event=parse_frame)
+        harden = self._harden()  # None: hardened between fork and exec by `preexec` instead
+        argv = [self._python, "-I", "-u", "-c", runner_source(), *self._options, *(harden.argv() if harden else [])]
+        worker = Worker("interpreter", argv, cwd=self._workspace, env=self._env,
+                        preexec=None if harden else self._preexec, child_reaper=self._child_reaper,
+                        parse_event=parse_frame)
         try:
             worker.spawn()
+            if harden is not None and self.cap is not None:
+                self.cap.adopt(worker.pid)  # before any await: no generation change can come between
         except (OSError, subprocess.SubprocessError):
             log.exception("cannot start the Python interpreter")
+            if worker.proc is not None:
+                await worker.close()
             raise ChildStartFailed("the Python interpreter failed to start") from None
         try:
             event = json.loads(await worker.next_event(START_TIMEOUT_SECONDS))
             if event.get("event") != "ready":
                 raise ValueError("interpreter did not report ready")
-            if self._verify:
+            if harden is not None:
                 harden.verify(worker.pid)
         except HardeningFailed as exc:
             log.error("the Python interpreter is not hardened as asked: %s", exc)

@@ -116,6 +116,12 @@ class CodeCgroup:
             os.close(old)
         return Generation(name, dir_fd, events_fd, _max_events(events_fd))
 
+    def adopt(self, pid: int) -> None:
+        """Move a child the agent has just started into the live generation. For a runner that
+        hardens itself (no `preexec_fn` to join): done before the agent awaits anything, so no
+        generation change can come between its start and its join."""
+        os.write(self.join_fd, str(pid).encode())
+
     # -- around each call --------------------------------------------------------------------
     def begin_call(self) -> None:
         """Kill background generations that hit the cap; forget the live one's earlier count."""

@@ -362,7 +362,9 @@ def _limit(which: int, value: int) -> None:
 
 def _harden(spec: str) -> None:
     """Harden this process as the agent's `hardening.apply` would between fork and exec, in its
-    order: join the code cgroup, drop groups, gid and uid, no_new_privs, limits, seccomp last.
+    order: drop groups, gid and uid, no_new_privs, limits, seccomp last (the agent has already
+    moved it into the code cgroup). Dumpable again only at the end, as an exec would have made it:
+    the uid change leaves it undumpable, so nothing of the sandbox uid can reach into it before.
 
     The agent starts the runner without a `preexec_fn` (so with vfork, not a fork of the whole
     agent) and verifies the result in /proc before the first call. `spec` is
@@ -372,25 +374,16 @@ def _harden(spec: str) -> None:
     import resource
 
     fields = dict(item.split("=", 1) for item in spec.split(",") if item)
-    if "cgroup" in fields:
-        fd = int(fields["cgroup"])
-        os.write(fd, b"0")
-        os.close(fd)
-    if "uid" in fields:
-        uid, gid = int(fields["uid"]), int(fields["gid"])
-        os.setgroups([])
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-        if os.geteuid() != uid or os.getegid() != gid or os.getgroups():
-            raise OSError("privilege drop did not take")
+    uid, gid = int(fields["uid"]), int(fields["gid"])
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups():
+        raise OSError("privilege drop did not take")
     libc = ctypes.CDLL(None, use_errno=True)
     prctl = libc.prctl
     prctl.restype = ctypes.c_int
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    if "uid" in fields and prctl(4, 1, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
-        # The uid change made this process undumpable (its /proc/self files root's), which the
-        # exec after `apply` would have undone; nothing of the agent's is in it to protect.
-        raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE failed")
     if prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
     _limit(resource.RLIMIT_CORE, 0)
@@ -409,6 +402,9 @@ def _harden(spec: str) -> None:
         prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
         if prctl(22, 2, ctypes.addressof(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
             raise OSError(ctypes.get_errno(), "the seccomp filter was refused")
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    if prctl(4, 1, 0, 0, 0) != 0:  # PR_SET_DUMPABLE: its own /proc/self files its own again
+        raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE failed")
 
 
 def main(argv: list[str]) -> int:

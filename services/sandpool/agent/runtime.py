@@ -46,12 +46,13 @@ class Runtime:
             env.update(self.egress.environment(env["PATH"]))
         self.cap: process_cap.CodeCgroup | None = None
         preexec = hardening.preexec(self.policy, self._cgroup_join_fd)
+        # The runner hardens itself (vfork) only where the agent can check it in /proc.
+        self_hardening = hardening.self_hardening(self.policy) if procs.proc_matches_this_namespace() else None
         self.interpreter = Interpreter(
-            python=settings.sandbox_python(), workspace=str(workspace), env=env,
-            harden=lambda: hardening.self_hardening(self.policy, self._cgroup_join_fd()),
-            child_reaper=self.child_reaper, max_output_bytes=settings.max_output_bytes,
-            grace_seconds=settings.interrupt_grace_seconds, spare=settings.spare_interpreter,
-            preimport=tuple(settings.preimport), verify=procs.proc_matches_this_namespace())
+            python=settings.sandbox_python(), workspace=str(workspace), env=env, preexec=preexec,
+            harden=lambda: self_hardening, child_reaper=self.child_reaper,
+            max_output_bytes=settings.max_output_bytes, grace_seconds=settings.interrupt_grace_seconds,
+            spare=settings.spare_interpreter, preimport=tuple(settings.preimport))
         self.shell = Shell(
             bash=settings.shell, workspace=str(workspace), env=env, preexec=preexec, child_reaper=self.child_reaper,
             max_output_bytes=settings.max_output_bytes, grace_seconds=settings.interrupt_grace_seconds)

@@ -56,8 +56,7 @@ EventParser = Callable[[bytearray], "bytes | None"]
 class Worker:
     def __init__(self, name: str, argv: list[str], *, cwd: str, env: dict[str, str],
                  preexec: Callable[[], None] | None, child_reaper: procs.ChildReaper, parse_event: EventParser,
-                 max_event_bytes: int = 1 << 20, extra_fds_in_argv: bool = True,
-                 pass_fds: tuple[int, ...] = ()) -> None:
+                 max_event_bytes: int = 1 << 20, extra_fds_in_argv: bool = True) -> None:
         self.name = name
         self._argv = argv
         self._cwd = cwd
@@ -67,7 +66,6 @@ class Worker:
         self._parse_event = parse_event
         self._max_event_bytes = max_event_bytes
         self._extra_fds_in_argv = extra_fds_in_argv
-        self._pass_fds = pass_fds
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
         self._fds: dict[str, int] = {}
@@ -95,7 +93,7 @@ class Worker:
         argv = self._argv + ([str(req_r), str(ev_w)] if self._extra_fds_in_argv else [])
         try:
             self.proc = subprocess.Popen(  # argv is ours, never the caller's
-                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, pass_fds=(req_r, ev_w, *self._pass_fds),
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, pass_fds=(req_r, ev_w),
                 cwd=self._cwd, env=self._env, start_new_session=True, preexec_fn=self._preexec,
                 close_fds=True)
         except BaseException:
