@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from testkit import alive
 
-from sandpool.agent import hardening, procs
+from sandpool.agent import hardening, procs, seccomp
 from sandpool.agent.execution import ChildStartFailed
 from sandpool.agent.interpreter import Interpreter, runner_source
 
@@ -29,6 +29,14 @@ NOBODY = 65534
 def policy(**fields: int | None) -> hardening.ChildPolicy:
     return hardening.ChildPolicy(**({"uid": NOBODY, "gid": NOBODY, "nproc": 4096, "nofile": 200, "fsize": None,
                                      "address_space": None} | fields))
+
+
+def asked_of(child: hardening.ChildPolicy) -> hardening.SelfHardening:
+    """What an agent under the zygote's seccomp filter asks (this test process has no filter)."""
+    arch = seccomp.native_arch()
+    if arch is None:
+        pytest.skip("no seccomp filter for this architecture")
+    return hardening.SelfHardening(child, seccomp.program_bytes(arch))
 
 
 def python_for_nobody() -> str:
@@ -57,7 +65,7 @@ def interpreter(workspace: Path, reaper: procs.ChildReaper, harden) -> Interpret
 
 
 async def test_the_runner_drops_its_uid_and_applies_every_step(tmp_path: Path, reaper: procs.ChildReaper) -> None:
-    asked = hardening.self_hardening(policy(fsize=1 << 20, nofile=100))
+    asked = asked_of(policy(fsize=1 << 20, nofile=100))
     child = interpreter(tmp_path, reaper, lambda: asked)
     await child.start()
     try:
@@ -98,6 +106,19 @@ async def test_without_a_uid_drop_the_runner_is_hardened_before_exec(tmp_path: P
     assert outcome.stdout == "False\n" and preexec_ran.exists()
 
 
+def test_only_an_agent_under_a_filter_asks_the_runner_to_harden_itself() -> None:
+    """Unfiltered (this process; a host without the seccomp layer) the kernel may refuse a filter,
+    which `apply` tolerates: the runner is then hardened before exec, as it always was."""
+    assert hardening.self_hardening(policy()) is None
+    code = ("from sandpool.agent import hardening, seccomp\n"
+            "assert seccomp.install_filter()\n"
+            f"p = hardening.ChildPolicy({NOBODY}, {NOBODY}, None, 100, None, None)\n"
+            "print(type(hardening.self_hardening(p)).__name__,"
+            " hardening.self_hardening(hardening.ChildPolicy(None, None, None, 100, None, None)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout == "SelfHardening None\n", result.stderr
+
+
 def test_a_runner_that_cannot_harden_itself_exits_before_it_is_ready() -> None:
     """A step that fails ends the runner with 126 and a line saying so, before it reads a request."""
     for spec in ("uid=notanumber,gid=1", "uid=65534,gid=65534,nofile=-5", "uid=65534,gid=65534,seccomp=00"):
@@ -116,8 +137,7 @@ async def test_the_agent_refuses_a_runner_that_proc_shows_unhardened(tmp_path: P
         def argv(self) -> list[str]:
             return []
 
-    asked = hardening.self_hardening(policy())
-    assert asked is not None
+    asked = asked_of(policy())
     child = interpreter(tmp_path, reaper, lambda: Unasked(asked.policy, asked.seccomp_program))
     with pytest.raises(ChildStartFailed):
         await child.start()
@@ -126,8 +146,7 @@ async def test_the_agent_refuses_a_runner_that_proc_shows_unhardened(tmp_path: P
 
 def test_verify_names_every_difference() -> None:
     """This test process keeps root's ids and capabilities, and not the asked limit: each is named."""
-    asked = hardening.self_hardening(policy(nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1))
-    assert asked is not None
+    asked = asked_of(policy(nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1))
     with pytest.raises(hardening.HardeningFailed) as failed:
         asked.verify(os.getpid())
     for name in ("Uid", "Gid", "CapEff", "limit nofile"):

@@ -165,12 +165,14 @@ def self_hardening(policy: ChildPolicy) -> SelfHardening | None:
 
     None without a uid drop: the runner would then share sandboxed code's uid from its exec and be
     open to it (a process an earlier call left running could write into its memory) until it had
-    hardened itself. The seccomp program is the one `apply` installs.
+    hardened itself. None also unless the agent itself runs under a seccomp filter (the zygote's
+    layer): only then is the kernel known to take one, so the runner's filter (the one `apply`
+    installs, which tolerates a refusal) can be required of it.
     """
-    if not policy.drops_privileges:
-        return None
     arch = seccomp.native_arch()
-    return SelfHardening(policy, seccomp.program_bytes(arch) if arch is not None else b"")
+    if not policy.drops_privileges or arch is None or _proc_status("self").get("Seccomp") != ["2"]:
+        return None
+    return SelfHardening(policy, seccomp.program_bytes(arch))
 
 
 _LIMIT_NAMES = {"Max core file size": "core", "Max processes": "nproc", "Max open files": "nofile",
