@@ -70,14 +70,15 @@ async def test_the_runner_drops_its_uid_and_applies_every_step(tmp_path: Path, r
     await child.start()
     try:
         outcome = await child.run(
-            "import json, os, resource\n"
+            "import builtins, json, os, resource, sys\n"
             "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
             "limit = resource.getrlimit\n"
             "print(json.dumps({k: status[k].split() for k in ('NoNewPrivs', 'Seccomp', 'CapEff')} | {\n"
             "    'ids': [os.getresuid(), os.getresgid(), os.getgroups()],\n"
             "    'nofile': limit(resource.RLIMIT_NOFILE), 'core': limit(resource.RLIMIT_CORE),\n"
             "    'fsize': limit(resource.RLIMIT_FSIZE), 'environ': len(open('/proc/self/environ').read()) > 0,\n"
-            "    'cmdline': '--harden' in open('/proc/self/cmdline').read().split(chr(0))}))",
+            "    'cmdline': '--harden' in open('/proc/self/cmdline').read().split(chr(0)),\n"
+            "    'site': [sys.flags.no_site, 'site' in sys.modules, hasattr(builtins, 'exit')]}))",
             timeout=30)
     finally:
         await child.close()
@@ -88,6 +89,8 @@ async def test_the_runner_drops_its_uid_and_applies_every_step(tmp_path: Path, r
     assert seen["nofile"] == [100, 100] and seen["core"] == [0, 0] and seen["fsize"] == [1 << 20, 1 << 20]
     # Dumpable again once hardened: after a uid change its own /proc/self/environ would be root's.
     assert seen["environ"] and seen["cmdline"]
+    # Started with -S: the environment's site start-up ran only once hardened, and did run.
+    assert seen["site"] == [1, True, True]
 
 
 async def test_without_a_uid_drop_the_runner_is_hardened_before_exec(tmp_path: Path,

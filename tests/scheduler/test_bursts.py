@@ -6,6 +6,9 @@ Real Redis, the real scheduler with its pool controller, real local sandboxes.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from sched_harness import ServedApp, tenant_headers
-from testkit import wait_for
+from testkit import descendants, wait_for
 
 PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
 
@@ -107,11 +110,23 @@ def test_a_provider_that_cannot_start_gives_start_timeout_after_the_wait(redis_u
 
 def test_a_waiter_that_disconnects_leaks_nothing_and_its_sandbox_goes_to_the_pool(pool, r, keys) -> None:
     app = pool(pool_size=0, max_sandboxes=3)
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(app.url + "/sessions", json={}, timeout=0.05)  # gives up before any sandbox can start
+    # The caller must leave before its sandbox is ready, however fast sandboxes start on this machine:
+    # the zygote that starts them is stopped until the scheduler has seen the caller go.
+    [zygote] = [pid for pid in descendants(os.getpid())
+                if b"zygote_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    host, port = app.url.removeprefix("http://").rsplit(":", 1)
+    os.kill(zygote, signal.SIGSTOP)
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as caller:
+            caller.sendall(b"POST /sessions HTTP/1.1\r\nHost: sandpool\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 2\r\n\r\n{}")
+            wait_for(lambda: r.scard(keys.pool_waiters("default")) == 1, timeout=10, interval=0.01,
+                     what="the caller waiting")
+        wait_for(lambda: no_waiters_left(r, keys), timeout=10, what="the waiter gone")
+    finally:
+        os.kill(zygote, signal.SIGCONT)
     # The sandbox started for it lands in the warm pool (nobody waits for it any more): no session, no
     # waiter, no promise left anywhere.
-    wait_for(lambda: no_waiters_left(r, keys), timeout=10, what="the waiter gone")
     wait_for(lambda: ready(r, keys) >= 1, timeout=30, what="its sandbox in the warm pool")
     assert not list(r.scan_iter(keys.session_prefix + "*"))
     states = {r.hget(keys.sandbox(s), "state") for s in r.smembers(keys.pool_members("default"))}

@@ -79,7 +79,9 @@ class Interpreter(PersistentChild):
 
     async def new_worker(self) -> Worker:
         harden = self._harden()  # None: hardened between fork and exec by `preexec` instead
-        argv = [self._python, "-I", "-u", "-c", runner_source(), *self._options, *(harden.argv() if harden else [])]
+        # A self-hardening runner runs its environment's site start-up only once hardened (-S, then site.main()).
+        flags = ["-I", "-S", "-u"] if harden else ["-I", "-u"]
+        argv = [self._python, *flags, "-c", runner_source(), *self._options, *(harden.argv() if harden else [])]
         worker = Worker("interpreter", argv, cwd=self._workspace, env=self._env,
                         preexec=None if harden else self._preexec, child_reaper=self._child_reaper,
                         parse_event=parse_frame)

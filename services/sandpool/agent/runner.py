@@ -408,7 +408,7 @@ def _harden(spec: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    # python -I -u -c <source> [--preimport a,b] [--harden SPEC] IN_FD OUT_FD
+    # python -I -u -c <source> [--preimport a,b] IN_FD OUT_FD, or with -S and --harden SPEC
     in_fd, out_fd = int(argv[-2]), int(argv[-1])
     options = dict(zip(argv[1:-2:2], argv[2:-2:2], strict=True))
     if "--harden" in options:
@@ -417,6 +417,12 @@ def main(argv: list[str]) -> int:
         except BaseException as exc:  # noqa: BLE001 - not hardened: never serve a call
             _write_stderr(f"sandpool runner: cannot harden itself: {exc}\n")
             os._exit(126)
+        if sys.flags.no_site:
+            # The environment's site start-up (.pth files, sitecustomize) only now, as the sandbox
+            # uid: what it does (a pip layer's directory in the workspace) is the sandbox's own.
+            import site
+
+            site.main()
     preimport = [name for name in options.get("--preimport", "").split(",") if name]
     os.set_inheritable(in_fd, False)
     os.set_inheritable(out_fd, False)
