@@ -1,34 +1,31 @@
 """The runner that drops to a uid of its own hardens itself (it is spawned without a `preexec_fn`,
 so with vfork), and the agent believes /proc, not the runner: a runner that is not hardened as
-asked never runs a call."""
+asked never runs a call. Interpreters run in `interpreter_driver.py`, never in pytest's process
+(their kill path takes every other child of the process along)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from testkit import alive
 
-from sandpool.agent import hardening, procs, seccomp
-from sandpool.agent.execution import ChildStartFailed
-from sandpool.agent.interpreter import Interpreter, runner_source
+from sandpool.agent import hardening, seccomp
+from sandpool.agent.interpreter import runner_source
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
 
 NOBODY = 65534
+DRIVER = Path(__file__).with_name("interpreter_driver.py")
+POLICY = {"uid": NOBODY, "gid": NOBODY, "nproc": 4096, "nofile": 200, "fsize": None, "address_space": None}
 
 
 def policy(**fields: int | None) -> hardening.ChildPolicy:
-    return hardening.ChildPolicy(**({"uid": NOBODY, "gid": NOBODY, "nproc": 4096, "nofile": 200, "fsize": None,
-                                     "address_space": None} | fields))
+    return hardening.ChildPolicy(**(POLICY | fields))
 
 
 def asked_of(child: hardening.ChildPolicy) -> hardening.SelfHardening:
@@ -48,71 +45,51 @@ def python_for_nobody() -> str:
     pytest.skip(f"no Python on this host that uid {NOBODY} can run")
 
 
-@pytest.fixture
-async def reaper() -> AsyncIterator[procs.ChildReaper]:
-    reaper = procs.ChildReaper()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGCHLD, reaper.reap)
-    yield reaper
-    loop.remove_signal_handler(signal.SIGCHLD)
-
-
-def interpreter(workspace: Path, reaper: procs.ChildReaper, harden) -> Interpreter:
+def drive(workspace: Path, harden: str, code: str = "pass", **policy_fields: int | None) -> dict:
+    """Start an interpreter the way the agent does (`harden`: self, unasked or preexec) and run `code`."""
     workspace.chmod(0o777)
-    return Interpreter(python=python_for_nobody(), workspace=str(workspace),
-                       env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, preexec=lambda: None, harden=harden,
-                       child_reaper=reaper, max_output_bytes=1 << 16, grace_seconds=1.0, spare=False)
+    config = {"python": python_for_nobody(), "workspace": str(workspace), "policy": POLICY | policy_fields,
+              "harden": harden, "code": code}
+    result = subprocess.run([sys.executable, str(DRIVER), json.dumps(config)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
-async def test_the_runner_drops_its_uid_and_applies_every_step(tmp_path: Path, reaper: procs.ChildReaper) -> None:
-    asked = asked_of(policy(fsize=1 << 20, nofile=100))
-    child = interpreter(tmp_path, reaper, lambda: asked)
-    await child.start()
-    try:
-        outcome = await child.run(
-            "import builtins, json, os, resource, sys\n"
-            "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
-            "limit = resource.getrlimit\n"
-            "print(json.dumps({k: status[k].split() for k in ('NoNewPrivs', 'Seccomp', 'CapEff')} | {\n"
-            "    'ids': [os.getresuid(), os.getresgid(), os.getgroups()],\n"
-            "    'nofile': limit(resource.RLIMIT_NOFILE), 'core': limit(resource.RLIMIT_CORE),\n"
-            "    'fsize': limit(resource.RLIMIT_FSIZE), 'environ': len(open('/proc/self/environ').read()) > 0,\n"
-            "    'cmdline': '--harden' in open('/proc/self/cmdline').read().split(chr(0)),\n"
-            "    'site': [sys.flags.no_site, 'site' in sys.modules, hasattr(builtins, 'exit')]}))",
-            timeout=30)
-    finally:
-        await child.close()
-    assert outcome.return_code == 0, outcome.stderr
-    seen = json.loads(outcome.stdout)
+def test_the_runner_drops_its_uid_and_applies_every_step(tmp_path: Path) -> None:
+    outcome = drive(tmp_path, "self", fsize=1 << 20, nofile=100, code=(
+        "import builtins, json, os, resource, sys\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
+        "limit = resource.getrlimit\n"
+        "print(json.dumps({k: status[k].split() for k in ('NoNewPrivs', 'Seccomp', 'CapEff')} | {\n"
+        "    'ids': [os.getresuid(), os.getresgid(), os.getgroups()],\n"
+        "    'nofile': limit(resource.RLIMIT_NOFILE), 'core': limit(resource.RLIMIT_CORE),\n"
+        "    'fsize': limit(resource.RLIMIT_FSIZE), 'environ': len(open('/proc/self/environ').read()) > 0,\n"
+        "    'cmdline': '--harden' in open('/proc/self/cmdline').read().split(chr(0)),\n"
+        "    'site': [sys.flags.no_site, 'site' in sys.modules, hasattr(builtins, 'exit')]}))"))
+    assert outcome["started"] and outcome["return_code"] == 0, outcome
+    seen = json.loads(outcome["stdout"])
     assert seen["ids"] == [[NOBODY] * 3, [NOBODY] * 3, []]
     assert seen["NoNewPrivs"] == ["1"] and seen["Seccomp"] == ["2"] and seen["CapEff"] == ["0" * 16]
     assert seen["nofile"] == [100, 100] and seen["core"] == [0, 0] and seen["fsize"] == [1 << 20, 1 << 20]
     # Dumpable again once hardened: after a uid change its own /proc/self/environ would be root's.
-    assert seen["environ"] and seen["cmdline"]
+    assert seen["environ"] and seen["cmdline"] and not outcome["preexec_ran"]
     # Started with -S: the environment's site start-up ran only once hardened, and did run.
     assert seen["site"] == [1, True, True]
 
 
-async def test_without_a_uid_drop_the_runner_is_hardened_before_exec(tmp_path: Path,
-                                                                      reaper: procs.ChildReaper) -> None:
-    """Sharing sandboxed code's uid from its exec, a self-hardening runner would be open to it."""
-    assert hardening.self_hardening(policy(uid=None, gid=None)) is None
-    preexec_ran = tmp_path / "preexec-ran"
-    child = Interpreter(python=sys.executable, workspace=str(tmp_path), env={"PATH": "/usr/bin:/bin"},
-                        preexec=preexec_ran.touch, harden=lambda: None, child_reaper=reaper,
-                        max_output_bytes=1 << 16, grace_seconds=1.0, spare=False)
-    await child.start()
-    try:
-        outcome = await child.run("print('--harden' in open('/proc/self/cmdline').read().split(chr(0)))", timeout=30)
-    finally:
-        await child.close()
-    assert outcome.stdout == "False\n" and preexec_ran.exists()
+def test_without_self_hardening_the_runner_is_hardened_before_exec(tmp_path: Path) -> None:
+    """No SelfHardening (none without a uid drop, or without the agent's filter: below): the
+    `preexec_fn` hardens the child between fork and exec, and no `--harden` is passed."""
+    outcome = drive(tmp_path, "preexec", code="print('--harden' in open('/proc/self/cmdline').read().split(chr(0)))")
+    assert outcome["started"] and outcome["stdout"] == "False\n" and outcome["preexec_ran"], outcome
 
 
 def test_only_an_agent_under_a_filter_asks_the_runner_to_harden_itself() -> None:
     """Unfiltered (this process; a host without the seccomp layer) the kernel may refuse a filter,
     which `apply` tolerates: the runner is then hardened before exec, as it always was."""
-    assert hardening.self_hardening(policy()) is None
+    if Path("/proc/self/status").read_text().count("Seccomp:\t0") == 1:  # this test process: unfiltered
+        assert hardening.self_hardening(policy()) is None
     code = ("from sandpool.agent import hardening, seccomp\n"
             "assert seccomp.install_filter()\n"
             f"p = hardening.ChildPolicy({NOBODY}, {NOBODY}, None, 100, None, None)\n"
@@ -122,6 +99,17 @@ def test_only_an_agent_under_a_filter_asks_the_runner_to_harden_itself() -> None
     assert result.stdout == "SelfHardening None\n", result.stderr
 
 
+def test_only_a_binary_interpreter_starts_a_self_hardening_runner(tmp_path: Path) -> None:
+    """A script (a pyenv shim reads `.python-version` in its working directory, the workspace) would
+    run as the agent's user before any hardening: such an interpreter is hardened before exec."""
+    shim = tmp_path / "python"
+    shim.write_text("#!/bin/sh\nexec /usr/bin/python3 \"$@\"\n")
+    shim.chmod(0o755)
+    assert not hardening.is_binary(str(shim))
+    assert not hardening.is_binary(str(tmp_path / "missing"))
+    assert hardening.is_binary(sys.executable)
+
+
 def test_a_runner_that_cannot_harden_itself_exits_before_it_is_ready() -> None:
     """A step that fails ends the runner with 126 and a line saying so, before it reads a request."""
     for spec in ("uid=notanumber,gid=1", "uid=65534,gid=65534,nofile=-5", "uid=65534,gid=65534,seccomp=00"):
@@ -129,22 +117,13 @@ def test_a_runner_that_cannot_harden_itself_exits_before_it_is_ready() -> None:
                                 capture_output=True, text=True, timeout=30)
         assert result.returncode == 126, (spec, result.stderr)
         assert result.stderr.startswith("sandpool runner: cannot harden itself:"), (spec, result.stderr)
-        assert "ready" not in result.stdout
 
 
-async def test_the_agent_refuses_a_runner_that_proc_shows_unhardened(tmp_path: Path,
-                                                                     reaper: procs.ChildReaper) -> None:
-    """A runner that skipped its steps (asked for none, spawned with no `preexec_fn`) is caught by /proc."""
-
-    class Unasked(hardening.SelfHardening):
-        def argv(self) -> list[str]:
-            return []
-
-    asked = asked_of(policy())
-    child = interpreter(tmp_path, reaper, lambda: Unasked(asked.policy, asked.seccomp_program))
-    with pytest.raises(ChildStartFailed):
-        await child.start()
-    assert not [pid for pid in reaper.watched if alive(pid)]
+def test_the_agent_refuses_a_runner_that_proc_shows_unhardened(tmp_path: Path) -> None:
+    """A runner that skipped its steps (asked for none, spawned with no `preexec_fn`) is caught by /proc
+    before any call, and nothing of it is left running."""
+    outcome = drive(tmp_path, "unasked", code="print('ran')")
+    assert outcome == {"started": False, "left": []}
 
 
 def test_verify_names_every_difference() -> None:

@@ -108,12 +108,25 @@ def test_a_provider_that_cannot_start_gives_start_timeout_after_the_wait(redis_u
     assert [e["limit"] for e in refusals] == ["start_timeout"]
 
 
+def zygotes() -> set[int]:
+    """The zygotes this test process runs (one per scheduler app; forked agents are not its children)."""
+    found = set()
+    for pid in descendants(os.getpid()):
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent == os.getpid() and b"zygote_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+        except OSError:  # it has just exited
+            continue
+    return found
+
+
 def test_a_waiter_that_disconnects_leaks_nothing_and_its_sandbox_goes_to_the_pool(pool, r, keys) -> None:
+    others = zygotes()  # of apps other fixtures of this run still serve
     app = pool(pool_size=0, max_sandboxes=3)
     # The caller must leave before its sandbox is ready, however fast sandboxes start on this machine:
     # the zygote that starts them is stopped until the scheduler has seen the caller go.
-    [zygote] = [pid for pid in descendants(os.getpid())
-                if b"zygote_server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    [zygote] = zygotes() - others
     host, port = app.url.removeprefix("http://").rsplit(":", 1)
     os.kill(zygote, signal.SIGSTOP)
     try:

@@ -167,12 +167,25 @@ def self_hardening(policy: ChildPolicy) -> SelfHardening | None:
     open to it (a process an earlier call left running could write into its memory) until it had
     hardened itself. None also unless the agent itself runs under a seccomp filter (the zygote's
     layer): only then is the kernel known to take one, so the runner's filter (the one `apply`
-    installs, which tolerates a refusal) can be required of it.
+    installs, which tolerates a refusal) can be required of it. The interpreter must be a binary
+    (`is_binary`), which the caller checks.
     """
     arch = seccomp.native_arch()
-    if not policy.drops_privileges or arch is None or _proc_status("self").get("Seccomp") != ["2"]:
+    own = _proc_status("self")
+    # Seccomp_filters (Linux 5.9+) is how `verify` tells the runner's own filter from the inherited one.
+    if not policy.drops_privileges or arch is None or own.get("Seccomp") != ["2"] or "Seccomp_filters" not in own:
         return None
     return SelfHardening(policy, seccomp.program_bytes(arch))
+
+
+def is_binary(path: str) -> bool:
+    """Whether `path` is an executable file in ELF format, not a script (a pyenv shim reads the
+    working directory, the workspace): only such an interpreter may start a self-hardening runner."""
+    try:
+        with open(path, "rb") as program:
+            return program.read(4) == b"\x7fELF" and os.access(path, os.X_OK)
+    except OSError:
+        return False
 
 
 _LIMIT_NAMES = {"Max core file size": "core", "Max processes": "nproc", "Max open files": "nofile",

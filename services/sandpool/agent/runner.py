@@ -363,8 +363,8 @@ def _limit(which: int, value: int) -> None:
 def _harden(spec: str) -> None:
     """Harden this process as the agent's `hardening.apply` would between fork and exec, in its
     order: drop groups, gid and uid, no_new_privs, limits, seccomp last (the agent has already
-    moved it into the code cgroup). Dumpable again only at the end, as an exec would have made it:
-    the uid change leaves it undumpable, so nothing of the sandbox uid can reach into it before.
+    moved it into the code cgroup). Undumpable from before the drop, dumpable again only at the end,
+    as an exec would have made it: nothing of the sandbox uid can reach into it in between.
 
     The agent starts the runner without a `preexec_fn` (so with vfork, not a fork of the whole
     agent) and verifies the result in /proc before the first call. `spec` is
@@ -375,15 +375,17 @@ def _harden(spec: str) -> None:
 
     fields = dict(item.split("=", 1) for item in spec.split(",") if item)
     uid, gid = int(fields["uid"]), int(fields["gid"])
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    if prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0 first: the uid change alone leaves it so only
+        raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE failed")  # where fs.suid_dumpable is 0
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups():
         raise OSError("privilege drop did not take")
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
-    prctl.restype = ctypes.c_int
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     if prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
     _limit(resource.RLIMIT_CORE, 0)

@@ -46,8 +46,10 @@ class Runtime:
             env.update(self.egress.environment(env["PATH"]))
         self.cap: process_cap.CodeCgroup | None = None
         preexec = hardening.preexec(self.policy, self._cgroup_join_fd)
-        # The runner hardens itself (vfork) only where the agent can check it in /proc.
-        self_hardening = hardening.self_hardening(self.policy) if procs.proc_matches_this_namespace() else None
+        # The runner hardens itself (vfork) only where the agent can check it in /proc, and only when
+        # the interpreter is a binary (not a script run as the agent's user in the workspace).
+        self_hardening = (hardening.self_hardening(self.policy) if procs.proc_matches_this_namespace()
+                          and hardening.is_binary(settings.sandbox_python()) else None)
         self.interpreter = Interpreter(
             python=settings.sandbox_python(), workspace=str(workspace), env=env, preexec=preexec,
             harden=lambda: self_hardening, child_reaper=self.child_reaper,
