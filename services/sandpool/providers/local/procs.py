@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+EXIT_WAIT_SECONDS = 2.0
+"""How long `kill_tree` waits for a SIGKILLed agent to be gone (a zombie counts as gone)."""
 
 
 @dataclass(frozen=True)
@@ -123,11 +125,13 @@ async def _reap(pid: int) -> None:
 
 
 async def kill_tree(handle: ProcessHandle, *, grace: float) -> None:
-    """SIGTERM the agent's group, wait up to `grace`, then SIGKILL group and descendants."""
+    """SIGTERM the agent's group, wait up to `grace`, then SIGKILL group and descendants, and wait
+    (bounded) until the agent is gone: a caller told the sandbox is destroyed may rely on it.
+    Exiting takes the kernel a moment (a killed agent's memory is torn down first)."""
+    loop = asyncio.get_running_loop()
     if is_alive(handle):
         tree = descendants(handle.pid)
         _signal_group(handle.pgid, signal.SIGTERM)
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while is_alive(handle) and loop.time() < deadline:
             await _reap(handle.pid)
@@ -141,7 +145,11 @@ async def kill_tree(handle: ProcessHandle, *, grace: float) -> None:
     else:
         # The agent is gone; its group may live on.
         _signal_group(handle.pgid, signal.SIGKILL)
+    deadline = loop.time() + EXIT_WAIT_SECONDS
     await _reap(handle.pid)
+    while is_alive(handle) and loop.time() < deadline:
+        await asyncio.sleep(0.005)
+        await _reap(handle.pid)
 
 
 async def kill_uid(uid: int, gid: int, *, rounds: int = 20) -> bool:
