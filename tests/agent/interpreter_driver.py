@@ -41,7 +41,7 @@ async def main(config: dict) -> dict:
     asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, reaper.reap)
     child = Interpreter(python=config["python"], workspace=config["workspace"],
                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, preexec=preexec_ran.touch,
-                        harden=lambda: harden[config["harden"]], child_reaper=reaper, max_output_bytes=1 << 16,
+                        harden=harden[config["harden"]], child_reaper=reaper, max_output_bytes=1 << 16,
                         grace_seconds=1.0, spare=False)
     try:
         await child.start()

@@ -89,14 +89,16 @@ def test_only_an_agent_under_a_filter_asks_the_runner_to_harden_itself() -> None
     """Unfiltered (this process; a host without the seccomp layer) the kernel may refuse a filter,
     which `apply` tolerates: the runner is then hardened before exec, as it always was."""
     if Path("/proc/self/status").read_text().count("Seccomp:\t0") == 1:  # this test process: unfiltered
-        assert hardening.self_hardening(policy()) is None
-    code = ("from sandpool.agent import hardening, seccomp\n"
+        assert hardening.self_hardening(policy(), sys.executable) is None
+    shim = Path(__file__).with_name("conftest.py")  # any file that is not a binary
+    code = ("import sys\nfrom sandpool.agent import hardening, seccomp\n"
             "assert seccomp.install_filter()\n"
             f"p = hardening.ChildPolicy({NOBODY}, {NOBODY}, None, 100, None, None)\n"
-            "print(type(hardening.self_hardening(p)).__name__,"
-            " hardening.self_hardening(hardening.ChildPolicy(None, None, None, 100, None, None)))")
+            "print(type(hardening.self_hardening(p, sys.executable)).__name__,"
+            " hardening.self_hardening(hardening.ChildPolicy(None, None, None, 100, None, None), sys.executable),"
+            f" hardening.self_hardening(p, {str(shim)!r}))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.stdout == "SelfHardening None\n", result.stderr
+    assert result.stdout == "SelfHardening None None\n", result.stderr
 
 
 def test_only_a_binary_interpreter_starts_a_self_hardening_runner(tmp_path: Path) -> None:

@@ -62,12 +62,16 @@ class ChildPolicy:
         return self.uid is not None
 
 
+def _within_hard(which: int, value: int) -> int:
+    """`value`, lowered to this process's hard limit (which a child inherits and cannot raise)."""
+    _, hard = resource.getrlimit(which)
+    return min(value, hard) if hard != resource.RLIM_INFINITY else value
+
+
 def _limit(which: int, value: int | None) -> None:
     if value is None:
         return
-    _, hard = resource.getrlimit(which)
-    if hard != resource.RLIM_INFINITY:
-        value = min(value, hard)
+    value = _within_hard(which, value)
     resource.setrlimit(which, (value, value))
 
 
@@ -148,8 +152,7 @@ class SelfHardening:
                                    ("as", resource.RLIMIT_AS, self.policy.address_space)):
             if value is None:
                 continue
-            hard = resource.getrlimit(which)[1]  # what the runner inherited: `_limit` stays within it
-            expected = min(value, hard) if hard != resource.RLIM_INFINITY else value
+            expected = _within_hard(which, value)  # the runner inherited the agent's hard limits
             if limits.get(name) != (expected, expected):
                 differs.append(f"limit {name} is {limits.get(name)}, not {(expected, expected)}")
         if differs:
@@ -160,20 +163,23 @@ class HardeningFailed(Exception):
     """A child is not hardened as its policy says; it must not run code."""
 
 
-def self_hardening(policy: ChildPolicy) -> SelfHardening | None:
-    """What the runner is asked to do to itself, or None when it is hardened by a `preexec_fn`.
+def self_hardening(policy: ChildPolicy, python: str) -> SelfHardening | None:
+    """What the runner started with `python` is asked to do to itself, or None when it is hardened
+    by a `preexec_fn`.
 
     None without a uid drop: the runner would then share sandboxed code's uid from its exec and be
     open to it (a process an earlier call left running could write into its memory) until it had
-    hardened itself. None also unless the agent itself runs under a seccomp filter (the zygote's
-    layer): only then is the kernel known to take one, so the runner's filter (the one `apply`
-    installs, which tolerates a refusal) can be required of it. The interpreter must be a binary
-    (`is_binary`), which the caller checks.
+    hardened itself. None unless the agent itself runs under a seccomp filter (the zygote's layer):
+    only then is the kernel known to take one, so the runner's filter (the one `apply` installs,
+    which tolerates a refusal) can be required of it. None where `verify` cannot look (/proc of
+    another PID namespace; no `Seccomp_filters`, before Linux 5.9, to tell the runner's own filter
+    from the inherited one), and for an interpreter that is not a binary (`is_binary`).
     """
     arch = seccomp.native_arch()
+    if not policy.drops_privileges or arch is None or not procs.proc_matches_this_namespace():
+        return None
     own = _proc_status("self")
-    # Seccomp_filters (Linux 5.9+) is how `verify` tells the runner's own filter from the inherited one.
-    if not policy.drops_privileges or arch is None or own.get("Seccomp") != ["2"] or "Seccomp_filters" not in own:
+    if own.get("Seccomp") != ["2"] or "Seccomp_filters" not in own or not is_binary(python):
         return None
     return SelfHardening(policy, seccomp.program_bytes(arch))
 

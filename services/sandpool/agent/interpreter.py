@@ -64,7 +64,7 @@ class Interpreter(PersistentChild):
     kind = "interpreter"
 
     def __init__(self, *, python: str | None, workspace: str, env: dict[str, str], preexec: Callable[[], None],
-                 harden: Callable[[], SelfHardening | None], child_reaper: procs.ChildReaper,
+                 harden: SelfHardening | None, child_reaper: procs.ChildReaper,
                  max_output_bytes: int, grace_seconds: float, spare: bool, preimport: tuple[str, ...] = ()) -> None:
         super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
         self._python = python or sys.executable
@@ -78,7 +78,7 @@ class Interpreter(PersistentChild):
         self._spare: asyncio.Task[Worker] | None = None
 
     async def new_worker(self) -> Worker:
-        harden = self._harden()  # None: hardened between fork and exec by `preexec` instead
+        harden = self._harden  # None: hardened between fork and exec by `preexec` instead
         # A self-hardening runner runs its environment's site start-up only once hardened (-S, then site.main()).
         flags = ["-I", "-S", "-u"] if harden else ["-I", "-u"]
         argv = [self._python, *flags, "-c", runner_source(), *self._options, *(harden.argv() if harden else [])]

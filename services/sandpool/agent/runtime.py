@@ -45,14 +45,10 @@ class Runtime:
         if self.egress is not None:
             env.update(self.egress.environment(env["PATH"]))
         self.cap: process_cap.CodeCgroup | None = None
-        preexec = hardening.preexec(self.policy, self._cgroup_join_fd)
-        # The runner hardens itself (vfork) only where the agent can check it in /proc, and only when
-        # the interpreter is a binary (not a script run as the agent's user in the workspace).
-        self_hardening = (hardening.self_hardening(self.policy) if procs.proc_matches_this_namespace()
-                          and hardening.is_binary(settings.sandbox_python()) else None)
+        preexec = hardening.preexec(self.policy, lambda: self.cap.join_fd if self.cap is not None else -1)
         self.interpreter = Interpreter(
             python=settings.sandbox_python(), workspace=str(workspace), env=env, preexec=preexec,
-            harden=lambda: self_hardening, child_reaper=self.child_reaper,
+            harden=hardening.self_hardening(self.policy, settings.sandbox_python()), child_reaper=self.child_reaper,
             max_output_bytes=settings.max_output_bytes, grace_seconds=settings.interrupt_grace_seconds,
             spare=settings.spare_interpreter, preimport=tuple(settings.preimport))
         self.shell = Shell(
@@ -60,9 +56,6 @@ class Runtime:
             max_output_bytes=settings.max_output_bytes, grace_seconds=settings.interrupt_grace_seconds)
         self.editor = Editor(self.workspace, history=settings.editor_history, max_bytes=settings.max_read_bytes)
         self._reap_task: asyncio.Task[None] | None = None
-
-    def _cgroup_join_fd(self) -> int:
-        return self.cap.join_fd if self.cap is not None else -1
 
     async def start(self) -> None:
         if seccomp.native_arch() is None:
