@@ -9,11 +9,12 @@ through the proxy (auth on: the printed dev token). CPU is read before and after
 from the kernel's own accounting, the stack settled both times (no sandbox
 starting or doomed), so the warm-ups a session causes are counted:
 
-- proxy, scheduler (with its pool controller), redis, zygote: each process's
-  user+system time (/proc/<pid>/stat);
+- proxy, scheduler (with its pool controller), redis, zygote, runner template:
+  each process's user+system time (/proc/<pid>/stat);
 - sandboxes (agent, interpreter, shell, everything they ran): a cpuacct cgroup the
-  zygote is put in before the run (cgroup v1), or the zygote's cgroup (v2), minus
-  the zygote's own time: charges stay with the group after each sandbox is gone;
+  zygote and its runner templates are put in before the run (cgroup v1), or the
+  zygote's cgroup (v2), minus the zygote's and the templates' own time: charges stay
+  with the group after each sandbox is gone;
 - the whole machine (/proc/stat: all but idle and iowait) minus the load client
   (this process): what serving the sessions cost, kernel work included (namespace
   teardown runs in kernel threads nobody's cgroup pays for);
@@ -109,6 +110,8 @@ class Stack:
 
     up: StartedUp
     pids: dict[str, int] = field(default_factory=dict)
+    templates: list[int] = field(default_factory=list)
+    """The zygote's runner templates (agent/runner_template.py): they fork the sandboxes' runners."""
     cgroup: Path | None = None
 
     def find(self) -> None:
@@ -121,6 +124,8 @@ class Stack:
         for pid in children_of(self.pids["scheduler"]):
             if "zygote_server" in cmdline(pid):
                 self.pids["zygote"] = pid
+        if "zygote" in self.pids:
+            self.templates = [pid for pid in children_of(self.pids["zygote"]) if "--template" in cmdline(pid)]
         missing = {"proxy", "scheduler", "redis", "zygote"} - set(self.pids)
         if missing:
             raise SystemExit(f"cpu_budget: not found in the stack: {', '.join(sorted(missing))} "
@@ -131,7 +136,8 @@ class Stack:
         if CPUACCT.is_dir():
             group = CPUACCT / f"sandpool-cpu-budget-{os.getpid()}"
             group.mkdir(exist_ok=True)
-            (group / "cgroup.procs").write_text(str(self.pids["zygote"]))
+            for pid in (self.pids["zygote"], *self.templates):  # the runners are the templates' forks
+                (group / "cgroup.procs").write_text(str(pid))
             self.cgroup = group / "cpuacct.usage"
             return
         line = Path(f"/proc/{self.pids['zygote']}/cgroup").read_text().splitlines()
@@ -161,6 +167,7 @@ class Stack:
     def snapshot(self) -> dict[str, float]:
         seconds = {name: process_seconds(pid) for name, pid in self.pids.items()}
         seconds.update({f"{name} system": system_seconds(pid) for name, pid in self.pids.items()})
+        seconds["runner template"] = sum(process_seconds(pid) for pid in self.templates)
         seconds["sandbox group"] = self.sandbox_group_seconds()
         seconds["machine"] = machine_seconds()
         seconds["client"] = client_seconds()
@@ -331,8 +338,9 @@ def controller_share(collapsed: Path) -> float | None:
 def per_session(before: dict[str, float], after: dict[str, float], sessions: int) -> dict[str, float]:
     spent = {name: after[name] - before[name] for name in before}
     out = {name: round(spent[name] / sessions * 1000, 2) for name in ("proxy", "scheduler", "redis", "zygote")}
+    out["runner template"] = round(spent["runner template"] / sessions * 1000, 2)
     out["sandboxes (agent, interpreter, shell)"] = round(
-        (spent["sandbox group"] - spent["zygote"]) / sessions * 1000, 2)
+        (spent["sandbox group"] - spent["zygote"] - spent["runner template"]) / sessions * 1000, 2)
     out["whole machine minus client"] = round((spent["machine"] - spent["client"]) / sessions * 1000, 2)
     out["load client"] = round(spent["client"] / sessions * 1000, 2)
     counted = sum(v for k, v in out.items() if k not in ("whole machine minus client", "load client"))

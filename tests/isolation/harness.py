@@ -74,7 +74,7 @@ class Sandbox:
 
 class Harness:
     def __init__(self, *, disabled: frozenset[str] = frozenset(), restart_interval: float = 5.0,
-                 netns_spares: int = 32) -> None:
+                 netns_spares: int = 32, runner_template: bool = True) -> None:
         # Under /tmp and traversable by every uid (not pytest's 0700 tmp dir): with the
         # filesystem layer off, sandboxed code reaches its workspace by its host path.
         self.base = Path(tempfile.mkdtemp(prefix="spiso", dir="/tmp"))
@@ -85,7 +85,7 @@ class Harness:
         self.thread = threading.Thread(target=self.loop.run_forever, name="zygote-harness", daemon=True)
         self.thread.start()
         self.launcher = ZygoteLauncher(self.base / "zygote", disabled=disabled, restart_interval=restart_interval,
-                                       netns_spares=netns_spares)
+                                       netns_spares=netns_spares, runner_template=runner_template)
         self.report = self.run(self.launcher.start())
         self.live: list[Sandbox] = []
         self._next_uid = 1_500_000 + (os.getpid() % 1000) * 100
@@ -143,6 +143,21 @@ class Harness:
         bases = [Path(b) for b in self.launcher.client.cgroup_bases]
         chosen = [b for b in bases if f"/{controller}" in str(b)] or bases
         return chosen[0] / sandbox.sandbox_id
+
+    def templates(self) -> list[int]:
+        """The zygote's runner templates (their pids), which fork the sandboxes' runners."""
+        zygote = self.launcher.client.pid
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if entry.name.isdigit() and int(stat[stat.rfind(")") + 2:].split()[1]) == zygote \
+                    and b"\0--template\0" in cmdline:
+                found.append(int(entry.name))
+        return found
 
     def stats(self) -> dict[str, Any]:
         return self.run(self.launcher.client.stats())

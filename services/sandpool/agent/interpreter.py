@@ -27,11 +27,13 @@ from pathlib import Path
 from sandpool.agent import procs
 from sandpool.agent.execution import ChildStartFailed, PersistentChild
 from sandpool.agent.hardening import HardeningFailed, SelfHardening
+from sandpool.agent.template_channel import TemplateChannel
 from sandpool.agent.worker import Worker, WorkerDied
 
 log = logging.getLogger("sandpool.agent.interpreter")
 
 RUNNER = Path(__file__).with_name("runner.py")
+TEMPLATE = Path(__file__).with_name("runner_template.py")
 
 
 @functools.cache
@@ -42,9 +44,20 @@ def runner_source() -> str:
     installed (a checkout under a 0700 home), and the source is public anyway.
     """
     return RUNNER.read_text()
+
+
+def template_source() -> str:
+    """A runner template's source: the runner's, then the template's (agent/runner_template.py)."""
+    return runner_source() + "\n" + TEMPLATE.read_text()
+
+
 _HEADER = struct.Struct(">I")
 START_TIMEOUT_SECONDS = 30.0
 REAP_TIMEOUT_SECONDS = 5.0
+
+
+class TemplateUnavailable(Exception):
+    """The zygote's runner template did not start a runner; the agent falls back to exec."""
 
 
 def parse_frame(buf: bytearray) -> bytes | None:
@@ -65,7 +78,8 @@ class Interpreter(PersistentChild):
 
     def __init__(self, *, python: str | None, workspace: str, env: dict[str, str], preexec: Callable[[], None],
                  harden: SelfHardening | None, child_reaper: procs.ChildReaper,
-                 max_output_bytes: int, grace_seconds: float, spare: bool, preimport: tuple[str, ...] = ()) -> None:
+                 max_output_bytes: int, grace_seconds: float, spare: bool, preimport: tuple[str, ...] = (),
+                 template: TemplateChannel | None = None) -> None:
         super().__init__(max_output_bytes=max_output_bytes, grace_seconds=grace_seconds)
         self._python = python or sys.executable
         self._workspace = workspace
@@ -76,9 +90,16 @@ class Interpreter(PersistentChild):
         self._want_spare = spare
         self._options = ["--preimport", ",".join(preimport)] if preimport else []
         self._spare: asyncio.Task[Worker] | None = None
+        self._template = template
 
     async def new_worker(self) -> Worker:
         harden = self._harden  # None: hardened between fork and exec by `preexec` instead
+        if harden is not None and self._template is not None and self._template.usable:
+            try:
+                return await self._worker_from_template(self._template, harden)
+            except TemplateUnavailable as exc:
+                log.warning("the runner template did not start a runner (%s); starting runners with exec", exc)
+                self._template.close()
         # A self-hardening runner runs its environment's site start-up only once hardened (-S, then site.main()).
         flags = ["-I", "-S", "-u"] if harden else ["-I", "-u"]
         argv = [self._python, *flags, "-c", runner_source(), *self._options, *(harden.argv() if harden else [])]
@@ -94,6 +115,39 @@ class Interpreter(PersistentChild):
             if worker.proc is not None:
                 await worker.close()
             raise ChildStartFailed("the Python interpreter failed to start") from None
+        return await self._until_ready(worker, harden)
+
+    async def _worker_from_template(self, template: TemplateChannel, harden: SelfHardening) -> Worker:
+        """A runner forked by the zygote's template: it says its pid, the agent moves it into the
+        code cgroup, and only then sends it its set-up (it hardens itself with `harden` as an exec'd
+        runner does, and is verified the same way)."""
+        worker = Worker("interpreter", [], cwd=self._workspace, env=self._env, preexec=None,
+                        child_reaper=self._child_reaper, parse_event=parse_frame)
+        try:
+            worker.spawn_from(template)
+        except OSError as exc:
+            raise TemplateUnavailable(str(exc)) from None
+        try:
+            event = json.loads(await worker.next_event(START_TIMEOUT_SECONDS))
+            if event.get("event") != "spawned":
+                raise ValueError("no spawned event")
+            pid = int(event["pid"])
+        except (TimeoutError, WorkerDied, ValueError, KeyError, TypeError) as exc:
+            await worker.close()
+            raise TemplateUnavailable(type(exc).__name__) from None
+        worker.adopt(pid)
+        if self.cap is not None:
+            self.cap.adopt(pid)  # before it reads its set-up: it runs nothing of the sandbox's yet
+        setup = json.dumps({"env": self._env, "cwd": self._workspace,
+                            "argv": [*self._options, *harden.argv()]}).encode()
+        try:
+            await worker.send(_HEADER.pack(len(setup)) + setup)
+        except (WorkerDied, OSError):
+            await worker.close()
+            raise ChildStartFailed("the Python interpreter failed to start") from None
+        return await self._until_ready(worker, harden)
+
+    async def _until_ready(self, worker: Worker, harden: SelfHardening | None) -> Worker:
         try:
             event = json.loads(await worker.next_event(START_TIMEOUT_SECONDS))
             if event.get("event") != "ready":

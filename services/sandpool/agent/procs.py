@@ -175,6 +175,13 @@ class ChildReaper:
                 self.watched.discard(pid)
                 self.statuses[pid] = status
 
+    def record(self, pid: int, status: int) -> None:
+        """The wait status of a watched process another process reaped (a runner the zygote's
+        template forked into this sandbox is the template's child, not the agent's)."""
+        if pid in self.watched:
+            self.watched.discard(pid)
+            self.statuses[pid] = status
+
     def exit_code(self, pid: int) -> int | None:
         """The shell-style code (128+N for a signal) once the process was reaped, else None."""
         self.reap()

@@ -360,6 +360,32 @@ def _limit(which: int, value: int) -> None:
     resource.setrlimit(which, (value, value))
 
 
+def _prctl(libc: ctypes.CDLL):
+    """libc's prctl, typed for integer arguments."""
+    import ctypes
+
+    prctl = libc.prctl
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return prctl
+
+
+def _install_filter(libc: ctypes.CDLL, program: bytes) -> None:
+    """Add seccomp filter `program` (struct sock_filter[], 8 bytes each) to this thread's stack."""
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.addressof(buffer))
+    prctl = libc["prctl"]  # a pointer of its own: `libc.prctl` keeps its integer argtypes
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    if prctl(22, 2, ctypes.addressof(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "the seccomp filter was refused")
+
+
 def _harden(spec: str) -> None:
     """Harden this process as the agent's `hardening.apply` would between fork and exec, in its
     order: drop groups, gid and uid, no_new_privs, limits, seccomp last (the agent has already
@@ -376,9 +402,7 @@ def _harden(spec: str) -> None:
     fields = dict(item.split("=", 1) for item in spec.split(",") if item)
     uid, gid = int(fields["uid"]), int(fields["gid"])
     libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
-    prctl.restype = ctypes.c_int
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl = _prctl(libc)
     if prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0 first: the uid change alone leaves it so only
         raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE failed")  # where fs.suid_dumpable is 0
     os.setgroups([])
@@ -394,17 +418,7 @@ def _harden(spec: str) -> None:
         if key in fields:
             _limit(which, int(fields[key]))
     if "seccomp" in fields:
-        program = bytes.fromhex(fields["seccomp"])  # struct sock_filter[], 8 bytes each
-
-        class SockFprog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-        buffer = ctypes.create_string_buffer(program, len(program))
-        fprog = SockFprog(len(program) // 8, ctypes.addressof(buffer))
-        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-        if prctl(22, 2, ctypes.addressof(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-            raise OSError(ctypes.get_errno(), "the seccomp filter was refused")
-        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        _install_filter(libc, bytes.fromhex(fields["seccomp"]))
     if prctl(4, 1, 0, 0, 0) != 0:  # PR_SET_DUMPABLE: its own /proc/self files its own again
         raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE failed")
 
@@ -452,5 +466,6 @@ def main(argv: list[str]) -> int:
         _send(out_fd, {"event": "done", "id": request.get("id"), "return_code": code, "interrupted": interrupted})
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:2] != ["--template"]:
+    # (A runner template's source is this file's followed by runner_template.py's, which starts it.)
     sys.exit(main(sys.argv))

@@ -26,6 +26,7 @@ from sandpool.agent.execution import ChildStartFailed
 from sandpool.agent.interpreter import Interpreter
 from sandpool.agent.settings import AgentSettings
 from sandpool.agent.shell import Shell
+from sandpool.agent.template_channel import TemplateChannel
 from sandpool.agent.workspace import Workspace
 from sandpool.contract.models import parse_exec_request
 
@@ -50,7 +51,9 @@ class Runtime:
             python=settings.sandbox_python(), workspace=str(workspace), env=env, preexec=preexec,
             harden=hardening.self_hardening(self.policy, settings.sandbox_python()), child_reaper=self.child_reaper,
             max_output_bytes=settings.max_output_bytes, grace_seconds=settings.interrupt_grace_seconds,
-            spare=settings.spare_interpreter, preimport=tuple(settings.preimport))
+            spare=settings.spare_interpreter, preimport=tuple(settings.preimport),
+            template=TemplateChannel(settings.runner_template_fd, self.child_reaper)
+            if settings.runner_template_fd is not None else None)
         self.shell = Shell(
             bash=settings.shell, workspace=str(workspace), env=env, preexec=preexec, child_reaper=self.child_reaper,
             max_output_bytes=settings.max_output_bytes, grace_seconds=settings.interrupt_grace_seconds)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from sandpool.agent import procs
 from sandpool.agent.capture import StreamCapture
+from sandpool.agent.template_channel import TemplateChannel
 
 log = logging.getLogger("sandpool.agent.worker")
 
@@ -85,7 +86,6 @@ class Worker:
     # --- lifecycle ------------------------------------------------------------------------
 
     def spawn(self) -> None:
-        loop = asyncio.get_running_loop()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         req_r, req_w = os.pipe()
@@ -103,8 +103,34 @@ class Worker:
         finally:
             for fd in (out_w, err_w, req_r, ev_w):
                 os.close(fd)
-        self.pid = self.proc.pid
-        self._child_reaper.watch(self.pid)
+        self.adopt(self.proc.pid)
+        self._attach(out_r, err_r, req_w, ev_r)
+
+    def spawn_from(self, template: TemplateChannel) -> None:
+        """Have the zygote's runner template fork the child; its pid comes in its first event (`adopt`)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        req_r, req_w = os.pipe()
+        ev_r, ev_w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            template.request([devnull, out_w, err_w, req_r, ev_w])
+        except BaseException:
+            for fd in (out_r, err_r, req_w, ev_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (devnull, out_w, err_w, req_r, ev_w):
+                os.close(fd)
+        self._attach(out_r, err_r, req_w, ev_r)
+
+    def adopt(self, pid: int) -> None:
+        """The child's pid (in this sandbox's PID namespace), which its exit status is reported for."""
+        self.pid = pid
+        self._child_reaper.watch(pid)
+
+    def _attach(self, out_r: int, err_r: int, req_w: int, ev_r: int) -> None:
+        loop = asyncio.get_running_loop()
         self._fds = {"stdout": out_r, "stderr": err_r, "req": req_w, "ev": ev_r}
         for fd in (out_r, err_r, ev_r, req_w):
             os.set_blocking(fd, False)
@@ -264,7 +290,7 @@ class Worker:
 
     async def wait_exit(self, timeout: float = 2.0) -> int | None:
         """The exit code once the process is reaped (None if it did not exit in time)."""
-        if self.return_code is not None:
+        if self.return_code is not None or not self.pid:  # no pid: a template's child that never said it
             return self.return_code
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -67,6 +67,9 @@ class LocalProviderSettings(ServiceSettings):
     netns_spares: int = Field(default=32, ge=0, le=1024, description=(
         "Idle network namespaces the zygote keeps to hand on; one is handed on only if its last sandbox "
         "left it pristine (docs/isolation.md); 0: a new namespace for every sandbox"))
+    runner_template: bool = Field(default=True, description=(
+        "Fork each sandbox's Python runner from a pre-imported template the zygote keeps outside every "
+        "sandbox, instead of starting a new interpreter in each (docs/agent.md); false: start them with exec"))
     isolation_required: bool = Field(default=False, description=(
         "Refuse to start unless every isolation layer not turned off with --isolation-disable is in "
         "force (by default sandboxes start with what the host offers, and a warning names the rest)"))

@@ -66,7 +66,8 @@ class ZygoteClient:
 
     def __init__(self, run_dir: Path | None = None, *, disabled: frozenset[str] = frozenset(),
                  cgroup_version: str = "auto", start_timeout: float = 30.0, request_timeout: float = 30.0,
-                 python: str | None = None, extra_paths: tuple[str, ...] = (), netns_spares: int = 32) -> None:
+                 python: str | None = None, extra_paths: tuple[str, ...] = (), netns_spares: int = 32,
+                 runner_template: bool = True) -> None:
         # Holds only the empty directory each sandbox mounts its new root on. Default: a
         # private temporary directory of this zygote's own, removed when it stops.
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -80,6 +81,7 @@ class ZygoteClient:
         # own Python (the sandbox environments: docs/sandboxes.md).
         self.extra_paths = tuple(extra_paths)
         self.netns_spares = netns_spares
+        self.runner_template = runner_template
         self.report: IsolationReport | None = None
         self.cgroup_bases: list[str] = []
         self.proc: subprocess.Popen[bytes] | None = None
@@ -109,7 +111,7 @@ class ZygoteClient:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {"disabled": sorted(self.disabled), "run_dir": str(self.run_dir),
                   "cgroup_version": self.cgroup_version, "extra_paths": list(self.extra_paths),
-                  "netns_spares": self.netns_spares}
+                  "netns_spares": self.netns_spares, "runner_template": self.runner_template}
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
                "PYTHONPATH": str(Path(sandpool.__file__).resolve().parent.parent),
                "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "2"}
@@ -329,9 +331,9 @@ class ZygoteLauncher:
     def __init__(self, run_dir: Path | None = None, *, disabled: frozenset[str] = frozenset(),
                  cgroup_version: str = "auto", stop_grace_seconds: float = 2.0, python: str | None = None,
                  agent_options: dict[str, Any] | None = None, restart_interval: float = 5.0,
-                 fallback: Launcher | None = None, netns_spares: int = 32) -> None:
+                 fallback: Launcher | None = None, netns_spares: int = 32, runner_template: bool = True) -> None:
         self._new_client = functools.partial(ZygoteClient, run_dir, disabled=disabled, cgroup_version=cgroup_version,
-                                             python=python, netns_spares=netns_spares)
+                                             python=python, netns_spares=netns_spares, runner_template=runner_template)
         self.client = self._new_client()
         self.stop_grace_seconds = stop_grace_seconds
         self.agent_options = dict(agent_options or {})
@@ -493,4 +495,5 @@ def make_launcher(settings: Any) -> Launcher:
     return ZygoteLauncher(None, disabled=disabled,
                           stop_grace_seconds=settings.stop_grace_seconds, python=settings.agent_python,
                           fallback=plain if choice == "auto" else None,
-                          netns_spares=getattr(settings, "netns_spares", 32))
+                          netns_spares=getattr(settings, "netns_spares", 32),
+                          runner_template=getattr(settings, "runner_template", True))

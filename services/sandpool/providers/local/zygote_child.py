@@ -62,6 +62,8 @@ class ChildSpec:
     log_path: str | None = None
     network_ready: bool = False
     """The zygote forked the child inside a network namespace of its own, loopback up."""
+    template_fd: int | None = None
+    """The agent's end of its channel to the zygote's runner template (runner_templates.py)."""
 
 
 def _reset_signals() -> None:
@@ -132,6 +134,8 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
     settings.update(agent_secret=secret, secret_file=None, uds=uds, workspace=workspace)
     if spec.uid is not None:
         settings.update(sandbox_uid=spec.uid, sandbox_gid=spec.uid)
+    if spec.template_fd is not None:
+        settings.update(runner_template_fd=spec.template_fd)
     if code_cgroup_fd is not None and cgroup is not None:
         settings.update(code_cgroup_fd=code_cgroup_fd, code_cgroup_version=cgroup.version,
                         process_cap=cgroup.code_pids_max)

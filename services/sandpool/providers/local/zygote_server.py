@@ -46,6 +46,7 @@ from .isolation import detect as detection
 from .isolation import linux, mounts
 from .isolation.cgroups import CgroupManager, SandboxCgroup
 from .isolation.netns import NetNamespace, NetnsPool
+from .runner_templates import RunnerTemplates
 
 log = logging.getLogger("sandpool.zygote")
 
@@ -90,6 +91,7 @@ class ZygoteConfig:
     cgroup_version: str = "auto"
     extra_paths: tuple[str, ...] = ()
     netns_spares: int = 32
+    runner_template: bool = True
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ZygoteConfig:
@@ -97,7 +99,8 @@ class ZygoteConfig:
                    uid_probe=int(data.get("uid_probe", 65534)),
                    cgroup_version=data.get("cgroup_version", "auto"),
                    extra_paths=tuple(data.get("extra_paths", ())),
-                   netns_spares=max(0, int(data.get("netns_spares", 32))))
+                   netns_spares=max(0, int(data.get("netns_spares", 32))),
+                   runner_template=bool(data.get("runner_template", True)))
 
 
 class Zygote:
@@ -114,6 +117,7 @@ class Zygote:
         self.new_root = os.path.join(config.run_dir, "root")
         self.host_pidns: int | None = None
         self.netns: NetnsPool | None = None
+        self.templates: RunnerTemplates | None = None
         self.netns_checked = 0.0
         self.wake_r, self.wake_w = os.pipe()
         self.running = True
@@ -132,6 +136,11 @@ class Zygote:
             self.host_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         if "network" in self.layers:
             self.netns = NetnsPool(spares=self.config.netns_spares)
+        if self.config.runner_template and self.host_pidns is not None and hasattr(os, "pidfd_open") \
+                and {"unprivileged_uid", "seccomp"} <= self.layers:
+            flags = linux.CLONE_NEWPID | linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS \
+                | linux.CLONE_NEWCGROUP | (linux.CLONE_NEWNET if "network" in self.layers else 0)
+            self.templates = RunnerTemplates(flags=flags, keep_caps=zygote_child.AGENT_CAPS)
         for name in PRELOAD:
             try:
                 importlib.import_module(name)
@@ -276,11 +285,14 @@ class Zygote:
                 workspace_bytes=workspace_bytes or 256 * MIB,
                 tmp_bytes=min(workspace_bytes or 64 * MIB, 64 * MIB), shm_bytes=min(memory_bytes or 64 * MIB, 64 * MIB),
                 agent_dir=os.path.dirname(host_socket), egress_socket=egress_socket)
+        python = agent.get("python_executable") or sys.executable
+        channel = self.templates.channel(python) if self.templates is not None and uid is not None else None
+        template_fd = channel[0].detach() if channel is not None else None
         spec = zygote_child.ChildSpec(
             sandbox_id=sandbox_id, layers=self.layers, uid=uid, plan=self.plan, fs=fs, new_root=self.new_root,
             host_workspace=host_workspace, host_socket=host_socket, agent=agent,
             log_path=log_path if isinstance(log_path, str) and os.path.isabs(log_path) else None,
-            network_ready=self.netns is not None)
+            network_ready=self.netns is not None, template_fd=template_fd)
         status_r, status_w = os.pipe()
         netns = None
         try:
@@ -291,6 +303,9 @@ class Zygote:
         except BaseException:
             os.close(status_r)
             os.close(status_w)
+            if channel is not None and template_fd is not None:
+                os.close(template_fd)
+                channel[1].close()
             if netns is not None and self.netns is not None:
                 self.netns.give_back(netns)  # no process ever ran in it: judged, and kept if untouched
             if cgroup is not None:
@@ -298,11 +313,17 @@ class Zygote:
             raise
         if pid == 0:  # pragma: no cover - the sandbox; never returns
             try:
-                self._forget_in_child(keep=(status_w, secret_fd))
+                if channel is not None:
+                    channel[1].close()  # the template's end: held here, the agent would never see it close
+                self._forget_in_child(keep=(status_w, secret_fd) if template_fd is None
+                                      else (status_w, secret_fd, template_fd))
                 zygote_child.run(spec, cgroup, secret_fd, status_w)
             finally:
                 os._exit(zygote_child.FAILED)
         os.close(status_w)
+        if channel is not None and template_fd is not None and self.templates is not None:
+            os.close(template_fd)
+            self.templates.attach(python, channel[1], pid, cgroup.agent_procs_files() if cgroup is not None else [])
         sandbox = Sandbox(sandbox_id, pid, uid, cgroup, time.monotonic(), status_r, netns, rid)
         self.sandboxes[sandbox_id] = sandbox
         self.by_pid[pid] = sandbox
@@ -336,7 +357,8 @@ class Zygote:
         """In the forked child: drop every descriptor of the zygote's (not the kept ones)."""
         self.selector.close()
         self.sock.close()
-        for fd in (self.wake_r, self.wake_w, self.host_pidns, *(self.netns.fds() if self.netns else ())):
+        for fd in (self.wake_r, self.wake_w, self.host_pidns, *(self.netns.fds() if self.netns else ()),
+                   *(self.templates.fds() if self.templates else ())):
             if fd is not None and fd not in keep:
                 os.close(fd)
         for other in self.sandboxes.values():
@@ -405,6 +427,8 @@ class Zygote:
             sandbox = self.by_pid.pop(pid, None)
             if sandbox is not None:
                 self._finish(sandbox, status)
+            elif self.templates is not None:
+                self.templates.reaped(pid, status)
 
     def _finish(self, sandbox: Sandbox, status: int) -> None:
         self.sandboxes.pop(sandbox.sandbox_id, None)
@@ -449,6 +473,8 @@ class Zygote:
             reaped = self.by_pid.pop(pid, None)
             if reaped is not None and reaped.cgroup is not None:
                 reaped.cgroup.remove()
+        if self.templates is not None:
+            self.templates.close()
         if self.cgroups is not None:
             self.cgroups.close()
         if self.netns is not None:
@@ -542,6 +568,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent", type=int, required=True, help="pid that must be our parent")
     args = parser.parse_args(argv)
     linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    # Runners a dead runner template forked come here, not to the host's init: reaped (`reap`).
+    linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
     if os.getppid() != args.parent:  # the parent died before PDEATHSIG was armed
         sys.exit(1)
     # `python -m` put the working directory first on sys.path: nothing is imported from there.

@@ -131,6 +131,12 @@ class SandboxCgroup:
             name = "tasks" if self.version == 1 and pid == 0 else "cgroup.procs"
             (d / name).write_text(str(pid))
 
+    def agent_procs_files(self) -> list[Path]:
+        """The `cgroup.procs` files of the groups the agent ends up in (after `settle`)."""
+        if self.version == 2 and self.code_dir is not None:
+            return [self.code_dir.parent / AGENT_DIR / "cgroup.procs"]
+        return [d / "cgroup.procs" for d in self.join_dirs or self.dirs]
+
     def settle(self) -> None:
         """In the sandbox, after it unshared its cgroup namespace (rooted at `sandbox/`): on v2,
         leave `sandbox/` for `sandbox/agent/` and turn on the pids controller below it, which v2
