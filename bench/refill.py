@@ -101,9 +101,10 @@ async def run(kind: str, count: int, concurrency: int, spare: bool, warmup: int)
         after = await launcher.client.stats()
         assert zygote_before is not None
         # The zygote's own CPU, plus every sandbox process summed from /proc just before its
-        # kill (reaped-rusage misses what a killed PID namespace's init had not waited for).
-        sandbox_cpu = (after["cpu_self_seconds"] + after["cpu_killed_sandboxes_seconds"]
-                       - zygote_before["cpu_self_seconds"] - zygote_before["cpu_killed_sandboxes_seconds"])
+        # kill (reaped-rusage misses what a killed PID namespace's init had not waited for),
+        # plus its runner templates' own.
+        sandbox_cpu = sum(after.get(key, 0.0) - zygote_before.get(key, 0.0) for key in (
+            "cpu_self_seconds", "cpu_killed_sandboxes_seconds", "cpu_runner_templates_seconds"))
     else:
         sandbox_cpu = _cpu(resource.RUSAGE_CHILDREN) - cpu_children0
     await provider.close()

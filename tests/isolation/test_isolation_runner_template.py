@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 from collections.abc import Iterator
 
@@ -172,6 +173,38 @@ def test_a_dead_template_costs_speed_not_service(harness: Harness) -> None:
             harness.kill(later)
     finally:
         harness.kill(sandbox)
+
+
+def test_a_sandbox_whose_cgroup_files_did_not_reach_the_template_gets_runners_with_exec(harness: Harness) -> None:
+    """Out of descriptors, the kernel cuts the tail off a message's descriptors (MSG_CTRUNC): a
+    sandbox the template took without its cgroup files would get runners outside its memory and
+    CPU groups. The template refuses such a sandbox, and its agent starts runners with exec.
+    (Were the template to take it, the agent's cgroup check and the code cgroup's refusal of a
+    process from outside the sandbox would each still keep such a runner from serving.)"""
+    first = harness.start()  # the template is running
+    (template,) = harness.templates()
+    limit = resource.prlimit(template, resource.RLIMIT_NOFILE)
+    try:
+        held = {int(fd) for fd in os.listdir(f"/proc/{template}/fd")}
+        free = [fd for fd in range(len(held) + 3) if fd not in held][:2]
+        # Room for the next sandbox's channel and PID descriptor, not for its cgroup files.
+        resource.prlimit(template, resource.RLIMIT_NOFILE, (free[1] + 1, limit[1]))
+        sandbox = harness.start()
+        try:
+            runner = runner_view(sandbox)
+            child = shell_view(sandbox.bash(SHELL_PROBE)["stdout"])
+            assert runner["template"] is False
+            assert runner["cgroup"] == child["cgroup"]
+        finally:
+            harness.kill(sandbox)
+    finally:
+        resource.prlimit(template, resource.RLIMIT_NOFILE, limit)
+        harness.kill(first)
+    later = harness.start()  # the template itself is fine, and serves the next sandbox
+    try:
+        assert runner_view(later)["template"]
+    finally:
+        harness.kill(later)
 
 
 @pytest.fixture(scope="module")

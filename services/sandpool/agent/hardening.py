@@ -159,6 +159,29 @@ class SelfHardening:
             raise HardeningFailed("; ".join(differs))
 
 
+def check_cgroups(pid: int) -> None:
+    """Raise HardeningFailed unless process `pid` is in this agent's own groups in every cgroup
+    hierarchy but those where sandboxed code has its own (v1 `pids`, the v2 unified one: the
+    code cgroup, which `CodeCgroup.adopt` checks by moving it there). For a runner the zygote's
+    template forked in from outside: one that missed joining the agent's memory or cpu group
+    would run outside the sandbox's limits."""
+    def groups(who: str) -> dict[str, str]:
+        found = {}
+        with open(f"/proc/{who}/cgroup") as lines:
+            for line in lines:
+                number, controllers, path = line.rstrip("\n").split(":", 2)
+                if number != "0" and "pids" not in controllers.split(","):
+                    found[controllers] = path
+        return found
+
+    try:
+        theirs, ours = groups(str(pid)), groups("self")
+    except (OSError, ValueError) as exc:
+        raise HardeningFailed(f"cannot read the cgroups of {pid}: {exc}") from None
+    if theirs != ours:
+        raise HardeningFailed(f"in cgroups {theirs}, not the agent's {ours}")
+
+
 class HardeningFailed(Exception):
     """A child is not hardened as its policy says; it must not run code."""
 

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from sandpool.agent import procs
+from sandpool.agent import hardening, procs
 from sandpool.agent.execution import ChildStartFailed, PersistentChild
 from sandpool.agent.hardening import HardeningFailed, SelfHardening
 from sandpool.agent.template_channel import TemplateChannel
@@ -53,6 +53,8 @@ def template_source() -> str:
 
 _HEADER = struct.Struct(">I")
 START_TIMEOUT_SECONDS = 30.0
+TEMPLATE_TIMEOUT_SECONDS = 3.0
+"""How long a runner from the zygote's template may take to say its pid before the agent uses exec."""
 REAP_TIMEOUT_SECONDS = 5.0
 
 
@@ -99,7 +101,7 @@ class Interpreter(PersistentChild):
                 return await self._worker_from_template(self._template, harden)
             except TemplateUnavailable as exc:
                 log.warning("the runner template did not start a runner (%s); starting runners with exec", exc)
-                self._template.close()
+                self._template.stop_requests()
         # A self-hardening runner runs its environment's site start-up only once hardened (-S, then site.main()).
         flags = ["-I", "-S", "-u"] if harden else ["-I", "-u"]
         argv = [self._python, *flags, "-c", runner_source(), *self._options, *(harden.argv() if harden else [])]
@@ -120,7 +122,8 @@ class Interpreter(PersistentChild):
     async def _worker_from_template(self, template: TemplateChannel, harden: SelfHardening) -> Worker:
         """A runner forked by the zygote's template: it says its pid, the agent moves it into the
         code cgroup, and only then sends it its set-up (it hardens itself with `harden` as an exec'd
-        runner does, and is verified the same way)."""
+        runner does, and is verified the same way, and its cgroups against the agent's). Any
+        failure closes it and raises TemplateUnavailable: the caller starts one with exec instead."""
         worker = Worker("interpreter", [], cwd=self._workspace, env=self._env, preexec=None,
                         child_reaper=self._child_reaper, parse_event=parse_frame)
         try:
@@ -128,24 +131,21 @@ class Interpreter(PersistentChild):
         except OSError as exc:
             raise TemplateUnavailable(str(exc)) from None
         try:
-            event = json.loads(await worker.next_event(START_TIMEOUT_SECONDS))
+            event = json.loads(await worker.next_event(TEMPLATE_TIMEOUT_SECONDS))
             if event.get("event") != "spawned":
                 raise ValueError("no spawned event")
-            pid = int(event["pid"])
-        except (TimeoutError, WorkerDied, ValueError, KeyError, TypeError) as exc:
-            await worker.close()
-            raise TemplateUnavailable(type(exc).__name__) from None
-        worker.adopt(pid)
-        if self.cap is not None:
-            self.cap.adopt(pid)  # before it reads its set-up: it runs nothing of the sandbox's yet
-        setup = json.dumps({"env": self._env, "cwd": self._workspace,
-                            "argv": [*self._options, *harden.argv()]}).encode()
-        try:
+            worker.adopt(int(event["pid"]), own_child=False)
+            if self.cap is not None:
+                self.cap.adopt(worker.pid)  # before it reads its set-up: it runs nothing of the sandbox's yet
+            hardening.check_cgroups(worker.pid)
+            setup = json.dumps({"env": self._env, "cwd": self._workspace,
+                                "argv": [*self._options, *harden.argv()]}).encode()
             await worker.send(_HEADER.pack(len(setup)) + setup)
-        except (WorkerDied, OSError):
+            return await self._until_ready(worker, harden)
+        except (TimeoutError, WorkerDied, ValueError, KeyError, TypeError, OSError, HardeningFailed,
+                ChildStartFailed) as exc:
             await worker.close()
-            raise ChildStartFailed("the Python interpreter failed to start") from None
-        return await self._until_ready(worker, harden)
+            raise TemplateUnavailable(f"{type(exc).__name__}: {exc}") from None
 
     async def _until_ready(self, worker: Worker, harden: SelfHardening | None) -> Worker:
         try:

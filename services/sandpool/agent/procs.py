@@ -182,6 +182,10 @@ class ChildReaper:
             self.watched.discard(pid)
             self.statuses[pid] = status
 
+    def forget(self, pid: int) -> None:
+        """Stop watching `pid`, whose status will not come (so no later process with it is kept)."""
+        self.watched.discard(pid)
+
     def exit_code(self, pid: int) -> int | None:
         """The shell-style code (128+N for a signal) once the process was reaped, else None."""
         self.reap()

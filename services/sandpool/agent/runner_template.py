@@ -2,13 +2,15 @@
 
 Starting a runner as a new interpreter costs ~25 ms of CPU per sandbox: the interpreter's own
 start, the runner's imports, compiling its source. The zygote instead keeps one template per
-sandbox Python (`python -I -S -u -c <runner.py + this file> --template ...`), started once,
+sandbox Python (`python -I -S -u -c <runner.py + this file> --template FD`), started once,
 outside every sandbox, holding nothing of any sandbox. For a runner it forks twice: the first
-child joins the sandbox's agent cgroup and, through the sandbox's PID file descriptor, every
-namespace of its agent (mount, PID, network, IPC, UTS, cgroup), keeps only the five descriptors
-the agent sent, and forks the runner, which is then inside the sandbox's PID namespace.
+child enters, through the sandbox's PID file descriptor, the namespaces of its agent (mount,
+PID, network, IPC, UTS), keeps only the descriptors the runner needs and forks the runner,
+which is then inside the sandbox's PID namespace; the runner says its pids, joins the agent's
+cgroups and the cgroup namespace itself, and closes the rest. Nothing the template waits for
+runs in a sandbox's cgroups, where sandboxed code could slow it down for everyone.
 
-The runner first confines itself exactly as the agent is confined (the agent's capability sets
+The runner then confines itself exactly as the agent is confined (the agent's capability sets
 and bounding set, no_new_privs, the agent's seccomp filter: what any child of the agent
 inherits), whatever the agent asks; then it tells the agent its pid, and only once the agent has
 moved it into the code cgroup does it read its set-up (environment, directory, `--harden` spec)
@@ -19,10 +21,12 @@ runner; the template knows only pids, descriptors and the fixed confinement.
 
 The template is the runners' subreaper (their first parent exits at once, and a process entered
 into a PID namespace from outside is parented outside it): it reaps them and reports each exit
-status to the agent on that sandbox's channel.
+status to the agent on that sandbox's channel. It never blocks on an agent: channels are
+non-blocking, a report that does not fit is dropped, and a sandbox has at most `_MAX_RUNNERS`.
 
-Protocol (SOCK_SEQPACKET): the zygote sends `A<flags>` with the channel, the sandbox's PID
-descriptor and its agent cgroup's `cgroup.procs` descriptors; the agent sends `S` with stdin,
+Protocol (SOCK_SEQPACKET): the zygote first sends `C<json>` (its pid, the agent's capabilities
+and seccomp program), then per sandbox `A<flags>,<n>` with the channel, the sandbox's PID
+descriptor and the n `cgroup.procs` descriptors of its agent; the agent sends `S` with stdin,
 stdout, stderr, the request pipe's read end and the event pipe's write end; the template sends
 the agent `X<pid> <wait status>` when a runner it forked exits.
 """
@@ -31,26 +35,35 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sandpool.agent.runner import _flush_all, _install_filter, _prctl, _recv, _send, _warm, main
 
-import builtins  # noqa: E402 - after the runner's source, whose names this file uses
+import atexit  # noqa: E402 - after the runner's source, whose names this file uses
+import builtins  # noqa: E402
 import ctypes  # noqa: E402
 import fcntl  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
+import resource  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 
-_ADD, _SPAWN, _EXITED = b"A", b"S", b"X"
+_CONFIGURE, _ADD, _SPAWN, _EXITED = b"C", b"A", b"S", b"X"
 _SPAWN_FDS = 5  # stdin, stdout, stderr, the request pipe's read end, the event pipe's write end
+_MAX_RUNNERS = 4  # live runners of one sandbox (the runner, its spare, one of each starting)
+_REPORT_SECONDS = 0.5  # for a new runner's pids, written before it does anything else
 _FAILED = 70
+_CLONE_NEWCGROUP = 0x02000000
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 24, 38, 36
 
 
 class _Sandbox:
-    """What the template holds of one sandbox: descriptors and namespace flags, nothing else."""
+    """What the template holds of one sandbox: descriptors, namespace flags, its runners' pids."""
 
     def __init__(self, channel: int, pidfd: int, procs: list[int], flags: int) -> None:
         self.channel, self.pidfd, self.procs, self.flags = channel, pidfd, procs, flags
+        self.runners: set[int] = set()  # host pids, until reaped
 
     def close(self) -> None:
         for fd in (self.channel, self.pidfd, *self.procs):
@@ -58,40 +71,21 @@ class _Sandbox:
 
 
 class _Confinement:
-    """The agent's own confinement, fixed by the zygote when it starts the template."""
+    """The agent's own confinement, fixed by the zygote."""
 
     def __init__(self, keep_caps: set[int], last_cap: int, program: bytes) -> None:
         self.keep_caps, self.last_cap, self.program = keep_caps, last_cap, program
 
 
-def _recv_fds(fd: int, max_fds: int) -> tuple[bytes, list[int]]:
-    """One message and its descriptors; a socket object only for the call (none stays in memory
-    that a forked runner could close by accident)."""
+def _recv_fds(fd: int, max_fds: int) -> tuple[bytes, list[int], bool]:
+    """One message, its descriptors, and whether any were cut off (MSG_CTRUNC). A socket object
+    only for the call: none stays in memory that a forked runner could close by accident."""
     sock = socket.socket(fileno=fd)
     try:
-        message, fds, _flags, _addr = socket.recv_fds(sock, 64, max_fds)
+        message, fds, flags, _addr = socket.recv_fds(sock, 4096, max_fds)
     finally:
         sock.detach()
-    return message, fds
-
-
-def _send_on(fd: int, data: bytes) -> None:
-    try:
-        os.write(fd, data)
-    except OSError:
-        pass  # the agent is gone; its channel is dropped when the template sees the hang-up
-
-
-def _ns_pid(host_pid: int) -> int | None:
-    """The pid of `host_pid` in its innermost PID namespace (the sandbox's)."""
-    try:
-        with open(f"/proc/{host_pid}/status") as status:
-            for line in status:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        pass
-    return None
+    return message, fds, bool(flags & socket.MSG_CTRUNC)
 
 
 def _capset(libc: ctypes.CDLL, keep: set[int]) -> None:
@@ -110,10 +104,9 @@ def _capset(libc: ctypes.CDLL, keep: set[int]) -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
-def _confine(confinement: _Confinement) -> None:
+def _confine(libc: ctypes.CDLL, confinement: _Confinement) -> None:
     """Become exactly as confined as a child of the agent: its bounding set, capabilities,
     no_new_privs and seccomp filter (zygote_child.prepare did the same to the agent)."""
-    libc = ctypes.CDLL(None, use_errno=True)
     prctl = _prctl(libc)
     for cap in range(confinement.last_cap + 1):
         if cap not in confinement.keep_caps and prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
@@ -125,10 +118,19 @@ def _confine(confinement: _Confinement) -> None:
         _install_filter(libc, confinement.program)
 
 
-def _runner(confinement: _Confinement) -> int:
-    """In the sandbox, on fds 0-4: confine, say which pid this is, wait for the set-up, serve."""
+def _runner(flags: int, procs: int, confinement: _Confinement) -> int:
+    """In the sandbox, on fds 0-4 (5: the report pipe, 6: the PID descriptor, 7-: cgroup.procs):
+    say which pids this is, join the agent's cgroups, confine, wait for the set-up, serve."""
+    os.write(5, b"n%d;" % os.getpid())
+    os.close(5)
+    libc = ctypes.CDLL(None, use_errno=True)
+    for fd in range(7, 7 + procs):
+        os.write(fd, b"0")
+    if flags & _CLONE_NEWCGROUP and libc.setns(6, _CLONE_NEWCGROUP) != 0:
+        raise OSError(ctypes.get_errno(), "setns of the cgroup namespace failed")
+    os.closerange(6, 7 + procs)
     os.setsid()
-    _confine(confinement)
+    _confine(libc, confinement)
     _send(4, {"event": "spawned", "pid": os.getpid()})
     setup = _recv(3)  # written by the agent once it has moved this process into the code cgroup
     if setup is None:
@@ -140,39 +142,62 @@ def _runner(confinement: _Confinement) -> int:
     return main(["", *argv, "3", "4"])
 
 
-def _enter(sandbox: _Sandbox, fds: list[int], report: int, confinement: _Confinement) -> None:
-    """The first child: into the sandbox's cgroup and namespaces, then fork the runner; never returns."""
+def _enter(sandbox: _Sandbox, fds: list[int], report: int, confinement: _Confinement,
+           tables: tuple[dict, ...]) -> None:
+    """The first child: into the sandbox's namespaces but the cgroup one, fork the runner; never returns."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for procs in sandbox.procs:  # before the cgroup namespace changes, from the host's view
-        os.write(procs, b"0")
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(sandbox.pidfd, sandbox.flags) != 0:
+    if libc.setns(sandbox.pidfd, sandbox.flags & ~_CLONE_NEWCGROUP) != 0:
         raise OSError(ctypes.get_errno(), "setns failed")
-    # The agent's five descriptors become 0-4 and the report pipe 5; nothing else of the template's.
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 16) for fd in (*fds, report)]
+    # The agent's five descriptors become 0-4, the report pipe 5, the PID descriptor 6 and the
+    # cgroup files 7 on; nothing else of the template's.
+    keep = (*fds, report, sandbox.pidfd, *sandbox.procs)
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64 + len(keep)) for fd in keep]
     for number, fd in enumerate(high):
         os.dup2(fd, number)
-    os.closerange(6, 1 << 20)
+    os.closerange(len(keep), 2**31 - 1)
+    for table in tables:  # the other sandboxes' descriptors (now closed) and their runners' pids
+        table.clear()
     pid = os.fork()
     if pid == 0:
-        os.close(5)
         code = _FAILED
         try:
-            code = _runner(confinement)
+            code = _runner(sandbox.flags, len(sandbox.procs), confinement)
         except BaseException as exc:  # noqa: BLE001 - never serve half-confined; say why on stderr
             try:
                 os.write(2, f"sandpool runner: cannot start from the template: {exc}\n".encode())
             except OSError:
                 pass
-        _flush_all()
-        os._exit(code)
-    os.write(5, str(pid).encode())
+        try:
+            atexit._run_exitfuncs()  # what `sys.exit` would have run for the session's code
+        finally:
+            _flush_all()
+            os._exit(code)
+    os.write(5, b"h%d;" % pid)
     os._exit(0)
 
 
-def _spawn(sandbox: _Sandbox, fds: list[int], runners: dict[int, tuple[int, int]],
-           confinement: _Confinement) -> None:
+def _read_report(fd: int) -> dict[str, int]:
+    """`h<host pid>;` from the first child and `n<pid in the sandbox>;` from the runner, until both
+    closed the pipe or `_REPORT_SECONDS` passed; neither runs in the sandbox's cgroups yet."""
+    deadline = time.monotonic() + _REPORT_SECONDS
+    data = b""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not poller.poll(remaining * 1000):
+            break
+        chunk = os.read(fd, 64)
+        if not chunk:
+            break
+        data += chunk
+    return {part[:1].decode(): int(part[1:]) for part in data.split(b";") if part[1:].isdigit()}
+
+
+def _spawn(sandbox: _Sandbox, fds: list[int], runners: dict[int, tuple[_Sandbox, int]],
+           confinement: _Confinement, sandboxes: dict[int, _Sandbox]) -> None:
     report_r, report_w = os.pipe()
     try:
         pid = os.fork()
@@ -182,23 +207,21 @@ def _spawn(sandbox: _Sandbox, fds: list[int], runners: dict[int, tuple[int, int]
         return  # the agent sees its event pipe close and starts a runner itself
     if pid == 0:
         try:
-            _enter(sandbox, fds, report_w, confinement)
+            _enter(sandbox, fds, report_w, confinement, (sandboxes, runners))
         finally:
             os._exit(_FAILED)
     os.close(report_w)
     try:
-        reported = os.read(report_r, 32)
+        report = _read_report(report_r)
     finally:
         os.close(report_r)
-    os.waitpid(pid, 0)
-    if reported:
-        host_pid = int(reported)
-        ns_pid = _ns_pid(host_pid)
-        if ns_pid is not None:
-            runners[host_pid] = (sandbox.channel, ns_pid)
+    os.waitpid(pid, 0)  # it only entered namespaces and forked, in the template's own cgroups
+    if "h" in report:
+        sandbox.runners.add(report["h"])
+        runners[report["h"]] = (sandbox, report.get("n", 0))
 
 
-def _reap_runners(runners: dict[int, tuple[int, int]], sandboxes: dict[int, _Sandbox]) -> None:
+def _reap_runners(runners: dict[int, tuple[_Sandbox, int]], sandboxes: dict[int, _Sandbox]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -206,26 +229,81 @@ def _reap_runners(runners: dict[int, tuple[int, int]], sandboxes: dict[int, _San
             return
         if pid == 0:
             return
-        channel, ns_pid = runners.pop(pid, (-1, 0))
-        if channel in sandboxes:
-            _send_on(channel, _EXITED + f"{ns_pid} {status}".encode())
+        sandbox, ns_pid = runners.pop(pid, (None, 0))
+        if sandbox is None:
+            continue
+        sandbox.runners.discard(pid)
+        if ns_pid and sandboxes.get(sandbox.channel) is sandbox:  # still its channel, not a successor's
+            try:
+                os.write(sandbox.channel, _EXITED + b"%d %d" % (ns_pid, status))
+            except OSError:
+                pass  # full or gone: the agent learns of the exit from its pidfd instead
+
+
+def _on_control(control: int, sandboxes: dict[int, _Sandbox], poller: select.poll) -> bool:
+    """One message of the zygote's; False at its end of stream."""
+    message, fds, truncated = _recv_fds(control, 16)
+    if not message:
+        return False
+    head, _, count = message[1:].partition(b",")
+    if message[:1] == _ADD and not truncated and head.isdigit() and count.isdigit() \
+            and len(fds) == 2 + int(count):
+        os.set_blocking(fds[0], False)
+        sandbox = _Sandbox(fds[0], fds[1], fds[2:], int(head))
+        sandboxes[sandbox.channel] = sandbox
+        poller.register(sandbox.channel, select.POLLIN)
+    else:  # a sandbox whose cgroup files did not all arrive gets no runner from here
+        for fd in fds:
+            os.close(fd)
+    return True
+
+
+def _on_channel(fd: int, events: int, sandboxes: dict[int, _Sandbox], runners: dict[int, tuple[_Sandbox, int]],
+                confinement: _Confinement, poller: select.poll) -> None:
+    sandbox = sandboxes[fd]
+    message, fds, truncated = b"", list[int](), False
+    try:
+        if events & select.POLLIN:
+            message, fds, truncated = _recv_fds(fd, _SPAWN_FDS)
+        if message == _SPAWN and len(fds) == _SPAWN_FDS and not truncated \
+                and len(sandbox.runners) < _MAX_RUNNERS:
+            _spawn(sandbox, fds, runners, confinement, sandboxes)
+    except BlockingIOError:
+        return
+    finally:
+        for extra in fds:
+            os.close(extra)
+    if not message:  # the agent is gone (its sandbox with it)
+        poller.unregister(fd)
+        del sandboxes[fd]
+        sandbox.close()
 
 
 def _template(argv: list[str]) -> int:
-    """`--template FD --parent PID --keep-caps 0,1,.. --seccomp HEX`: serve the zygote on FD."""
-    options = dict(zip(argv[1::2], argv[2::2], strict=True))
-    control, parent = int(options["--template"]), int(options["--parent"])
+    """`--template FD`: serve the zygote on FD (its first message configures the template)."""
+    control = int(dict(zip(argv[1::2], argv[2::2], strict=True))["--template"])
     libc = ctypes.CDLL(None, use_errno=True)
     prctl = _prctl(libc)
     prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
+    message, fds, _truncated = _recv_fds(control, 1)
+    for fd in fds:
+        os.close(fd)
+    if message[:1] != _CONFIGURE:
+        return 1
+    config = json.loads(message[1:])
+    if os.getppid() != config["parent"]:  # the zygote died before PDEATHSIG was armed
         return 1
     prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # one channel, pidfd and cgroup files per sandbox
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     with open("/proc/sys/kernel/cap_last_cap") as last:
         last_cap = int(last.read())
-    confinement = _Confinement({int(c) for c in options["--keep-caps"].split(",") if c}, last_cap,
-                               bytes.fromhex(options.get("--seccomp", "")))
+    confinement = _Confinement(set(config["keep_caps"]), last_cap, bytes.fromhex(config["seccomp"]))
+    del config, message
     _warm({"__name__": "__main__", "__builtins__": builtins})
+    # What exists now is never collected, so no runner's collector walks (and so copies) these pages.
+    gc.collect()
+    gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -235,42 +313,28 @@ def _template(argv: list[str]) -> int:
     poller.register(control, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     sandboxes: dict[int, _Sandbox] = {}  # by channel descriptor
-    runners: dict[int, tuple[int, int]] = {}  # host pid -> (channel, pid in the sandbox)
+    runners: dict[int, tuple[_Sandbox, int]] = {}  # host pid -> (its sandbox, its pid there)
     while True:
         for fd, events in poller.poll():
-            if fd == wake_r:
-                while True:
-                    try:
-                        if not os.read(wake_r, 512):
+            try:
+                if fd == wake_r:
+                    while True:
+                        try:
+                            if not os.read(wake_r, 512):
+                                break
+                        except BlockingIOError:
                             break
-                    except BlockingIOError:
-                        break
-                _reap_runners(runners, sandboxes)
-            elif fd == control:
-                message, fds = _recv_fds(control, 8)
-                if not message:
-                    return 0  # the zygote is gone
-                if message[:1] == _ADD and len(fds) >= 2 and message[1:].isdigit():
-                    sandbox = _Sandbox(fds[0], fds[1], fds[2:], int(message[1:]))
-                    sandboxes[sandbox.channel] = sandbox
-                    poller.register(sandbox.channel, select.POLLIN)
-                else:
-                    for extra in fds:
-                        os.close(extra)
-            elif fd in sandboxes:
-                sandbox = sandboxes[fd]
+                    _reap_runners(runners, sandboxes)
+                elif fd == control:
+                    if not _on_control(control, sandboxes, poller):
+                        return 0  # the zygote is gone
+                elif fd in sandboxes:
+                    _on_channel(fd, events, sandboxes, runners, confinement, poller)
+            except Exception as exc:  # noqa: BLE001 - one message must not take every sandbox's template down
                 try:
-                    message, fds = _recv_fds(fd, _SPAWN_FDS) if events & select.POLLIN else (b"", [])
+                    os.write(2, f"sandpool runner template: {type(exc).__name__}: {exc}\n".encode())
                 except OSError:
-                    message, fds = b"", []
-                if message == _SPAWN and len(fds) == _SPAWN_FDS:
-                    _spawn(sandbox, fds, runners, confinement)
-                for extra in fds:
-                    os.close(extra)
-                if not message:  # the agent is gone (its sandbox with it)
-                    poller.unregister(fd)
-                    del sandboxes[fd]
-                    sandbox.close()
+                    pass
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--template"]:

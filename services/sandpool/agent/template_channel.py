@@ -3,7 +3,8 @@
 The zygote hands it over at the fork; the template at the other end can make runners only in
 this sandbox. The agent asks for one with the five descriptors its runner gets, and learns here
 the exit status of each runner the template forked (the template, not the agent, is their
-parent). Once the channel fails the agent starts runners with exec for the rest of its life.
+parent). Once a runner fails to come from it the agent starts runners with exec for the rest of
+its life, and still reads the exit statuses of the runners the template had made.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class TemplateChannel:
         self._child_reaper = child_reaper
         self._watching = False
         self.usable = True
+        """Runners may be asked of it (False after a failure, or once its end is gone)."""
 
     def request(self, fds: list[int]) -> None:
         """Ask for a runner on stdin, stdout, stderr, the request pipe and the event pipe.
@@ -46,7 +48,7 @@ class TemplateChannel:
         except OSError:
             data = b""
         if not data:
-            self.close()
+            self._close()
             return
         if data[:1] == _EXITED:
             try:
@@ -55,8 +57,11 @@ class TemplateChannel:
                 return
             self._child_reaper.record(pid, status)
 
-    def close(self) -> None:
-        """Stop using the template (its end is gone, or the agent is closing)."""
+    def stop_requests(self) -> None:
+        """Ask it for no more runners; exit statuses of the ones it made still come in."""
+        self.usable = False
+
+    def _close(self) -> None:
         self.usable = False
         if self._watching:
             with contextlib.suppress(RuntimeError):

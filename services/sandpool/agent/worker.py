@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import signal
 import subprocess
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from sandpool.agent.template_channel import TemplateChannel
 log = logging.getLogger("sandpool.agent.worker")
 
 _READ_CHUNK = 65536
+STATUS_GRACE_SECONDS = 0.2
+"""How long after a template's runner exited its status may take to come from the template."""
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -69,6 +72,7 @@ class Worker:
         self._extra_fds_in_argv = extra_fds_in_argv
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
+        self._pidfd: int | None = None
         self._fds: dict[str, int] = {}
         self._events = bytearray()
         self._pending: list[bytes] = []
@@ -124,10 +128,23 @@ class Worker:
                 os.close(fd)
         self._attach(out_r, err_r, req_w, ev_r)
 
-    def adopt(self, pid: int) -> None:
-        """The child's pid (in this sandbox's PID namespace), which its exit status is reported for."""
+    def adopt(self, pid: int, *, own_child: bool = True) -> None:
+        """The child's pid (in this sandbox's PID namespace), which its exit status is reported for.
+
+        Not `own_child`: a runner the zygote's template forked, whose parent (the template) reaps
+        it and reports its status. A pidfd then tells whether it still lives, so no signal meant
+        for it can reach a later process given the same pid, and a status that never comes (the
+        template died) does not keep the pid watched for good."""
         self.pid = pid
         self._child_reaper.watch(pid)
+        if not own_child:
+            self._pidfd = os.pidfd_open(pid)
+
+    def _gone(self) -> bool:
+        """Whether a child not our own has exited (its pidfd is readable); False for our own."""
+        if self._pidfd is None:
+            return False
+        return bool(select.select([self._pidfd], [], [], 0)[0])
 
     def _attach(self, out_r: int, err_r: int, req_w: int, ev_r: int) -> None:
         loop = asyncio.get_running_loop()
@@ -273,19 +290,19 @@ class Worker:
 
     def interrupt(self) -> None:
         """SIGINT to the child's process group (its foreground work)."""
-        if self.pid:
+        if self.pid and not self._gone():
             procs.kill_group(self.pid, signal.SIGINT)
 
     def kill(self) -> None:
         """SIGKILL the child and everything below it."""
-        if self.pid:
+        if self.pid and not self._gone():
             procs.kill_group(self.pid, signal.SIGKILL)
             procs.kill_trees({self.pid}, keep=self._child_reaper.watched - {self.pid}, include_roots=True)
         self._mark_dead()
 
     def kill_descendants(self) -> None:
         """SIGKILL everything this child started (and the agent's orphans), keeping the child itself."""
-        if self.pid and not self.dead:
+        if self.pid and not self.dead and not self._gone():
             procs.kill_trees({self.pid}, keep=set(self._child_reaper.watched), include_roots=False)
 
     async def wait_exit(self, timeout: float = 2.0) -> int | None:
@@ -294,8 +311,14 @@ class Worker:
             return self.return_code
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        gone_at: float | None = None
         while True:
             code = self._child_reaper.exit_code(self.pid)
+            if code is None and self._gone():
+                gone_at = gone_at if gone_at is not None else loop.time()
+                if loop.time() - gone_at > STATUS_GRACE_SECONDS:  # its status is not coming
+                    self._child_reaper.forget(self.pid)
+                    return None
             if code is not None:
                 self.return_code = code
                 if self.proc is not None:
@@ -312,3 +335,6 @@ class Worker:
         self.drain_output()
         for name in list(self._fds):
             self._close_fd(name)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None

@@ -10,6 +10,7 @@ with exec, as before, so a template is a speed-up and never a dependency.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -24,6 +25,8 @@ from sandpool.agent.interpreter import template_source
 log = logging.getLogger("sandpool.zygote")
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+MAX_DEATHS = 3
+"""A template that died this often is not started again (its sandboxes start runners with exec)."""
 
 
 @dataclass
@@ -40,6 +43,7 @@ class RunnerTemplates:
         self._keep_caps = keep_caps
         self._templates: dict[str, _Template] = {}
         self._failed: set[str] = set()
+        self._deaths: dict[str, int] = {}
         arch = seccomp.native_arch()
         self._program = seccomp.program_bytes(arch) if arch is not None else b""
 
@@ -47,7 +51,11 @@ class RunnerTemplates:
         """(the agent's end, the template's end) of a new channel, or None without a template."""
         if self._start(python) is None:
             return None
-        return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as exc:
+            log.warning("no channel to the runner template: %s", exc)
+            return None
 
     def attach(self, python: str, theirs: socket.socket, pid: int, procs_files: list[Path]) -> None:
         """Hand the template its end of a channel for the sandbox whose agent is `pid` (just forked
@@ -60,7 +68,8 @@ class RunnerTemplates:
                 return
             fds.append(os.pidfd_open(pid))
             fds.extend(os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in procs_files)
-            socket.send_fds(template.control, [b"A%d" % self._flags], [theirs.fileno(), *fds])
+            message = b"A%d,%d" % (self._flags, len(fds) - 1)
+            socket.send_fds(template.control, [message], [theirs.fileno(), *fds])
         except OSError as exc:
             log.warning("could not hand a sandbox to its runner template: %s", exc)
         finally:
@@ -73,9 +82,7 @@ class RunnerTemplates:
         for python, template in list(self._templates.items()):
             if template.process.pid == pid:
                 template.process.returncode = os.waitstatus_to_exitcode(status)
-                template.control.close()
-                del self._templates[python]
-                log.warning("the runner template for %s exited (%s)", python, template.process.returncode)
+                self._forget(python, template)
                 return True
         return False
 
@@ -91,9 +98,8 @@ class RunnerTemplates:
     def _start(self, python: str) -> _Template | None:
         template = self._templates.get(python)
         if template is not None and template.process.poll() is not None:  # exited; reaped just now
-            log.warning("the runner template for %s exited (%s)", python, template.process.returncode)
-            template.control.close()
-            template = self._templates.pop(python) and None
+            self._forget(python, template)
+            template = None
         if template is not None or python in self._failed:
             return template
         if not is_binary(python):
@@ -101,9 +107,9 @@ class RunnerTemplates:
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         source = template_source()
-        argv = [python, "-I", "-S", "-u", "-c", source, "--template", str(theirs.fileno()),
-                "--parent", str(os.getpid()), "--keep-caps", ",".join(map(str, sorted(self._keep_caps))),
-                "--seccomp", self._program.hex()]
+        # Its configuration in its first message, not in argv, which every runner's /proc shows.
+        argv = [python, "-I", "-S", "-u", "-c", source, "--template", str(theirs.fileno())]
+        config = {"parent": os.getpid(), "keep_caps": sorted(self._keep_caps), "seccomp": self._program.hex()}
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=ENV,
                                        cwd="/")
@@ -114,6 +120,28 @@ class RunnerTemplates:
             return None
         finally:
             theirs.close()
+        ours.send(b"C" + json.dumps(config).encode())
         ours.setblocking(False)
         template = self._templates[python] = _Template(process, ours)
         return template
+
+    def _forget(self, python: str, template: _Template) -> None:
+        template.control.close()
+        self._templates.pop(python, None)
+        self._deaths[python] = self._deaths.get(python, 0) + 1
+        if self._deaths[python] >= MAX_DEATHS:
+            self._failed.add(python)
+        log.warning("the runner template for %s exited (%s)%s", python, template.process.returncode,
+                    "; runners start with exec from now on" if python in self._failed else "")
+
+    def cpu_seconds(self) -> float:
+        """The live templates' own CPU (the runners' own is their sandboxes')."""
+        total = 0.0
+        for template in self._templates.values():
+            try:
+                with open(f"/proc/{template.process.pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total

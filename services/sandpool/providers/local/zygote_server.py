@@ -216,6 +216,7 @@ class Zygote:
                            "cpu_self_seconds": own.ru_utime + own.ru_stime,
                            "cpu_children_seconds": children.ru_utime + children.ru_stime,
                            "cpu_killed_sandboxes_seconds": self.cpu_killed,
+                           "cpu_runner_templates_seconds": self.templates.cpu_seconds() if self.templates else 0.0,
                            "netns": self.netns.stats() if self.netns is not None else None})
             elif op == "list":
                 self.send({"id": rid, "ok": True, "sandboxes": [
@@ -285,6 +286,7 @@ class Zygote:
                 workspace_bytes=workspace_bytes or 256 * MIB,
                 tmp_bytes=min(workspace_bytes or 64 * MIB, 64 * MIB), shm_bytes=min(memory_bytes or 64 * MIB, 64 * MIB),
                 agent_dir=os.path.dirname(host_socket), egress_socket=egress_socket)
+        status_r, status_w = os.pipe()
         python = agent.get("python_executable") or sys.executable
         channel = self.templates.channel(python) if self.templates is not None and uid is not None else None
         template_fd = channel[0].detach() if channel is not None else None
@@ -293,7 +295,6 @@ class Zygote:
             host_workspace=host_workspace, host_socket=host_socket, agent=agent,
             log_path=log_path if isinstance(log_path, str) and os.path.isabs(log_path) else None,
             network_ready=self.netns is not None, template_fd=template_fd)
-        status_r, status_w = os.pipe()
         netns = None
         try:
             # The child is forked inside its network namespace (as it is inside its PID namespace):
@@ -321,13 +322,13 @@ class Zygote:
             finally:
                 os._exit(zygote_child.FAILED)
         os.close(status_w)
-        if channel is not None and template_fd is not None and self.templates is not None:
-            os.close(template_fd)
-            self.templates.attach(python, channel[1], pid, cgroup.agent_procs_files() if cgroup is not None else [])
         sandbox = Sandbox(sandbox_id, pid, uid, cgroup, time.monotonic(), status_r, netns, rid)
         self.sandboxes[sandbox_id] = sandbox
         self.by_pid[pid] = sandbox
         self.selector.register(status_r, selectors.EVENT_READ, sandbox)
+        if channel is not None and template_fd is not None and self.templates is not None:
+            os.close(template_fd)
+            self.templates.attach(python, channel[1], pid, cgroup.agent_procs_files() if cgroup is not None else [])
 
     def _fork_into(self, netns: NetNamespace | None) -> int:
         """Fork with the child in `netns` (when given); the zygote itself is back in its own after."""
