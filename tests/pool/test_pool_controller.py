@@ -281,7 +281,12 @@ async def test_a_killed_leader_is_replaced_within_seconds(redis_url, redis, keys
             listed = sorted(s.sandbox_id for s in await provider.list() if s.ready)
             return len(ready) == 2 and ready == members == listed and standby.ticks >= 3
 
-        await eventually(consistent, what="a warm pool that Redis and the provider agree on")
+        async def described() -> str:
+            return (f"ready {sorted(await ready_ids(redis, keys))}, members "
+                    f"{sorted(await redis.smembers(keys.pool_members('default')))}, provider "
+                    f"{[(s.sandbox_id, s.ready) for s in await provider.list()]}, ticks {standby.ticks}")
+
+        await eventually(consistent, what="a warm pool that Redis and the provider agree on", state=described)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -54,8 +54,9 @@ _SPAWN_FDS = 5  # stdin, stdout, stderr, the request pipe's read end, the event 
 _MAX_RUNNERS = 4  # live runners of one sandbox (the runner, its spare, one of each starting)
 _REPORT_SECONDS = 0.5  # for a new runner's pids, written before it does anything else
 _FAILED = 70
+_DRAIN_SECONDS = 10.0  # the longest it outlives the zygote, reaping its runners
 _CLONE_NEWCGROUP = 0x02000000
-_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 24, 38, 36
+_PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 24, 38, 36
 
 
 class _Sandbox:
@@ -282,16 +283,17 @@ def _on_channel(fd: int, events: int, sandboxes: dict[int, _Sandbox], runners: d
 def _template(argv: list[str]) -> int:
     """`--template FD`: serve the zygote on FD (its first message configures the template)."""
     control = int(dict(zip(argv[1::2], argv[2::2], strict=True))["--template"])
+    # No PDEATHSIG: its runners' sandboxes cannot finish dying until their runners are reaped,
+    # and only their parent, this template, reaps them. It outlives the zygote until it has.
     libc = ctypes.CDLL(None, use_errno=True)
     prctl = _prctl(libc)
-    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     message, fds, _truncated = _recv_fds(control, 1)
     for fd in fds:
         os.close(fd)
     if message[:1] != _CONFIGURE:
         return 1
     config = json.loads(message[1:])
-    if os.getppid() != config["parent"]:  # the zygote died before PDEATHSIG was armed
+    if os.getppid() != config["parent"]:  # the zygote is gone already
         return 1
     prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # one channel, pidfd and cgroup files per sandbox
@@ -314,8 +316,11 @@ def _template(argv: list[str]) -> int:
     poller.register(wake_r, select.POLLIN)
     sandboxes: dict[int, _Sandbox] = {}  # by channel descriptor
     runners: dict[int, tuple[_Sandbox, int]] = {}  # host pid -> (its sandbox, its pid there)
+    draining_until = 0.0
     while True:
-        for fd, events in poller.poll():
+        if draining_until and (not runners or time.monotonic() > draining_until):
+            return 0
+        for fd, events in poller.poll(500 if draining_until else None):
             try:
                 if fd == wake_r:
                     while True:
@@ -327,7 +332,10 @@ def _template(argv: list[str]) -> int:
                     _reap_runners(runners, sandboxes)
                 elif fd == control:
                     if not _on_control(control, sandboxes, poller):
-                        return 0  # the zygote is gone
+                        # The zygote is gone, and with it every agent: their runners die with their
+                        # PID namespaces. Reap them (a bounded while), then go.
+                        poller.unregister(control)
+                        draining_until = time.monotonic() + _DRAIN_SECONDS
                 elif fd in sandboxes:
                     _on_channel(fd, events, sandboxes, runners, confinement, poller)
             except Exception as exc:  # noqa: BLE001 - one message must not take every sandbox's template down
