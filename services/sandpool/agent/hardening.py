@@ -159,18 +159,18 @@ class SelfHardening:
             raise HardeningFailed("; ".join(differs))
 
 
-def check_cgroups(pid: int) -> None:
-    """Raise HardeningFailed unless process `pid` is in this agent's own groups in every cgroup
-    hierarchy but those where sandboxed code has its own (v1 `pids`, the v2 unified one: the
-    code cgroup, which `CodeCgroup.adopt` checks by moving it there). For a runner the zygote's
-    template forked in from outside: one that missed joining the agent's memory or cpu group
-    would run outside the sandbox's limits."""
+def check_cgroups(pid: int, *, code_cgroup: bool) -> None:
+    """Raise HardeningFailed unless process `pid` is in this agent's own groups in every v1
+    hierarchy but `pids`, and inside the agent's cgroup namespace in the v2 one (the code cgroup
+    there and in v1 `pids` when there is one, which `CodeCgroup.adopt` checks by moving it; the
+    agent's own group when there is none). For a runner the zygote's template forked in from
+    outside: one that missed joining the agent's groups would run outside the sandbox's limits."""
     def groups(who: str) -> dict[str, str]:
         found = {}
         with open(f"/proc/{who}/cgroup") as lines:
             for line in lines:
-                number, controllers, path = line.rstrip("\n").split(":", 2)
-                if number != "0" and "pids" not in controllers.split(","):
+                _number, controllers, path = line.rstrip("\n").split(":", 2)
+                if not code_cgroup or "pids" not in controllers.split(","):
                     found[controllers] = path
         return found
 
@@ -178,6 +178,11 @@ def check_cgroups(pid: int) -> None:
         theirs, ours = groups(str(pid)), groups("self")
     except (OSError, ValueError) as exc:
         raise HardeningFailed(f"cannot read the cgroups of {pid}: {exc}") from None
+    if code_cgroup:
+        unified = theirs.pop("", "/")
+        ours.pop("", None)
+        if unified.startswith("/.."):  # shown relative to the agent's cgroup namespace
+            raise HardeningFailed(f"in cgroup {unified}, outside the sandbox")
     if theirs != ours:
         raise HardeningFailed(f"in cgroups {theirs}, not the agent's {ours}")
 

@@ -137,13 +137,15 @@ class Interpreter(PersistentChild):
             worker.adopt(int(event["pid"]), own_child=False)
             if self.cap is not None:
                 self.cap.adopt(worker.pid)  # before it reads its set-up: it runs nothing of the sandbox's yet
-            hardening.check_cgroups(worker.pid)
+            hardening.check_cgroups(worker.pid, code_cgroup=self.cap is not None)
             setup = json.dumps({"env": self._env, "cwd": self._workspace,
                                 "argv": [*self._options, *harden.argv()]}).encode()
             await worker.send(_HEADER.pack(len(setup)) + setup)
             return await self._until_ready(worker, harden)
-        except (TimeoutError, WorkerDied, ValueError, KeyError, TypeError, OSError, HardeningFailed,
-                ChildStartFailed) as exc:
+        except ChildStartFailed as exc:  # `_until_ready` closed it already
+            raise TemplateUnavailable(str(exc)) from None
+        except (TimeoutError, WorkerDied, ValueError, KeyError, TypeError, AttributeError, OSError,
+                HardeningFailed) as exc:
             await worker.close()
             raise TemplateUnavailable(f"{type(exc).__name__}: {exc}") from None
 

@@ -5,10 +5,11 @@ start, the runner's imports, compiling its source. The zygote instead keeps one 
 sandbox Python (`python -I -S -u -c <runner.py + this file> --template FD`), started once,
 outside every sandbox, holding nothing of any sandbox. For a runner it forks twice: the first
 child enters, through the sandbox's PID file descriptor, the namespaces of its agent (mount,
-PID, network, IPC, UTS), keeps only the descriptors the runner needs and forks the runner,
-which is then inside the sandbox's PID namespace; the runner says its pids, joins the agent's
-cgroups and the cgroup namespace itself, and closes the rest. Nothing the template waits for
-runs in a sandbox's cgroups, where sandboxed code could slow it down for everyone.
+PID, network, IPC, UTS), keeps only the descriptors the runner needs, forks the runner (which
+is then inside the sandbox's PID namespace), reports its host pid and exits; the runner joins
+the agent's cgroups and the cgroup namespace itself. The template waits only for that first
+child, which runs in the template's own cgroups: nothing in a sandbox can hold it up for everyone
+(and it takes only pipes and /dev/null from an agent, nothing whose close could block).
 
 The runner then confines itself exactly as the agent is confined (the agent's capability sets
 and bounding set, no_new_privs, the agent's seccomp filter: what any child of the agent
@@ -46,13 +47,14 @@ import resource  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
+import stat  # noqa: E402
+import struct  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 _CONFIGURE, _ADD, _SPAWN, _EXITED = b"C", b"A", b"S", b"X"
 _SPAWN_FDS = 5  # stdin, stdout, stderr, the request pipe's read end, the event pipe's write end
 _MAX_RUNNERS = 4  # live runners of one sandbox (the runner, its spare, one of each starting)
-_REPORT_SECONDS = 0.5  # for a new runner's pids, written before it does anything else
 _FAILED = 70
 _DRAIN_SECONDS = 10.0  # the longest it outlives the zygote, reaping its runners
 _CLONE_NEWCGROUP = 0x02000000
@@ -72,10 +74,10 @@ class _Sandbox:
 
 
 class _Confinement:
-    """The agent's own confinement, fixed by the zygote."""
+    """The agent's own confinement, fixed by the zygote, and the descriptor limit it had."""
 
-    def __init__(self, keep_caps: set[int], last_cap: int, program: bytes) -> None:
-        self.keep_caps, self.last_cap, self.program = keep_caps, last_cap, program
+    def __init__(self, keep_caps: set[int], last_cap: int, program: bytes, nofile: tuple[int, int]) -> None:
+        self.keep_caps, self.last_cap, self.program, self.nofile = keep_caps, last_cap, program, nofile
 
 
 def _recv_fds(fd: int, max_fds: int) -> tuple[bytes, list[int], bool]:
@@ -119,17 +121,19 @@ def _confine(libc: ctypes.CDLL, confinement: _Confinement) -> None:
         _install_filter(libc, confinement.program)
 
 
+class _Serving:
+    started = False  # the runner reached `main`: only then are atexit handlers the session's own
+
+
 def _runner(flags: int, procs: int, confinement: _Confinement) -> int:
-    """In the sandbox, on fds 0-4 (5: the report pipe, 6: the PID descriptor, 7-: cgroup.procs):
-    say which pids this is, join the agent's cgroups, confine, wait for the set-up, serve."""
-    os.write(5, b"n%d;" % os.getpid())
-    os.close(5)
+    """In the sandbox, on fds 0-4 (5: the PID descriptor, 6-: the agent's cgroup.procs): join the
+    agent's cgroups and cgroup namespace, confine, say its pid, wait for the set-up, serve."""
     libc = ctypes.CDLL(None, use_errno=True)
-    for fd in range(7, 7 + procs):
+    for fd in range(6, 6 + procs):
         os.write(fd, b"0")
-    if flags & _CLONE_NEWCGROUP and libc.setns(6, _CLONE_NEWCGROUP) != 0:
+    if flags & _CLONE_NEWCGROUP and libc.setns(5, _CLONE_NEWCGROUP) != 0:
         raise OSError(ctypes.get_errno(), "setns of the cgroup namespace failed")
-    os.closerange(6, 7 + procs)
+    os.closerange(5, 6 + procs)
     os.setsid()
     _confine(libc, confinement)
     _send(4, {"event": "spawned", "pid": os.getpid()})
@@ -140,28 +144,34 @@ def _runner(flags: int, procs: int, confinement: _Confinement) -> int:
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    _Serving.started = True
     return main(["", *argv, "3", "4"])
 
 
 def _enter(sandbox: _Sandbox, fds: list[int], report: int, confinement: _Confinement,
            tables: tuple[dict, ...]) -> None:
-    """The first child: into the sandbox's namespaces but the cgroup one, fork the runner; never returns."""
+    """The first child: into the sandbox's namespaces but the cgroup one, fork the runner, report
+    its host pid; never returns. It runs in the template's own cgroups, and nothing it does can be
+    held up by the sandbox."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_NOFILE, confinement.nofile)  # the zygote's, as an agent has
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.setns(sandbox.pidfd, sandbox.flags & ~_CLONE_NEWCGROUP) != 0:
         raise OSError(ctypes.get_errno(), "setns failed")
-    # The agent's five descriptors become 0-4, the report pipe 5, the PID descriptor 6 and the
-    # cgroup files 7 on; nothing else of the template's.
-    keep = (*fds, report, sandbox.pidfd, *sandbox.procs)
+    # The agent's five descriptors become 0-4, the PID descriptor 5, the cgroup files 6 on, and
+    # the report pipe the next one (closed in the runner); nothing else of the template's.
+    keep = (*fds, sandbox.pidfd, *sandbox.procs, report)
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64 + len(keep)) for fd in keep]
     for number, fd in enumerate(high):
         os.dup2(fd, number)
     os.closerange(len(keep), 2**31 - 1)
+    report = len(keep) - 1
     for table in tables:  # the other sandboxes' descriptors (now closed) and their runners' pids
         table.clear()
     pid = os.fork()
     if pid == 0:
+        os.close(report)
         code = _FAILED
         try:
             code = _runner(sandbox.flags, len(sandbox.procs), confinement)
@@ -171,30 +181,30 @@ def _enter(sandbox: _Sandbox, fds: list[int], report: int, confinement: _Confine
             except OSError:
                 pass
         try:
-            atexit._run_exitfuncs()  # what `sys.exit` would have run for the session's code
+            if _Serving.started:
+                atexit._run_exitfuncs()  # what `sys.exit` would have run for the session's code
         finally:
             _flush_all()
             os._exit(code)
-    os.write(5, b"h%d;" % pid)
+    os.write(report, b"%d" % pid)
     os._exit(0)
 
 
-def _read_report(fd: int) -> dict[str, int]:
-    """`h<host pid>;` from the first child and `n<pid in the sandbox>;` from the runner, until both
-    closed the pipe or `_REPORT_SECONDS` passed; neither runs in the sandbox's cgroups yet."""
-    deadline = time.monotonic() + _REPORT_SECONDS
-    data = b""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not poller.poll(remaining * 1000):
-            break
-        chunk = os.read(fd, 64)
-        if not chunk:
-            break
-        data += chunk
-    return {part[:1].decode(): int(part[1:]) for part in data.split(b";") if part[1:].isdigit()}
+def _ns_pid(host_pid: int) -> int:
+    """The pid of `host_pid` in its innermost PID namespace (the sandbox's); 0 if unknown."""
+    try:
+        fd = os.open(f"/proc/{host_pid}/status", os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        status = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    for line in status.split(b"\n"):
+        if line.startswith(b"NSpid:"):
+            last = line.split()[-1]
+            return int(last) if last.isdigit() else 0
+    return 0
 
 
 def _spawn(sandbox: _Sandbox, fds: list[int], runners: dict[int, tuple[_Sandbox, int]],
@@ -213,13 +223,14 @@ def _spawn(sandbox: _Sandbox, fds: list[int], runners: dict[int, tuple[_Sandbox,
             os._exit(_FAILED)
     os.close(report_w)
     try:
-        report = _read_report(report_r)
+        os.waitpid(pid, 0)  # it only entered namespaces and forked, in the template's own cgroups
+        reported = os.read(report_r, 32)  # written before it exited: no wait
     finally:
         os.close(report_r)
-    os.waitpid(pid, 0)  # it only entered namespaces and forked, in the template's own cgroups
-    if "h" in report:
-        sandbox.runners.add(report["h"])
-        runners[report["h"]] = (sandbox, report.get("n", 0))
+    if reported.isdigit():
+        host_pid = int(reported)  # the runner: this template's child now, alive or a zombie till reaped
+        sandbox.runners.add(host_pid)
+        runners[host_pid] = (sandbox, _ns_pid(host_pid))
 
 
 def _reap_runners(runners: dict[int, tuple[_Sandbox, int]], sandboxes: dict[int, _Sandbox]) -> None:
@@ -259,6 +270,28 @@ def _on_control(control: int, sandboxes: dict[int, _Sandbox], poller: select.pol
     return True
 
 
+def _usable(fd: int) -> bool:
+    """Whether a descriptor an agent sent may become a runner's stdin, stdout, stderr or control
+    pipe: a pipe or a character device (/dev/null), nothing a close could block on."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def _close_received(fd: int) -> None:
+    """Close a descriptor an agent sent without waiting on it: a socket with SO_LINGER set could
+    hold a blocking close(2) (and so the template) for as long as it says."""
+    try:
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 0, 0))
+            finally:
+                sock.detach()
+    except OSError:
+        pass
+    os.close(fd)
+
+
 def _on_channel(fd: int, events: int, sandboxes: dict[int, _Sandbox], runners: dict[int, tuple[_Sandbox, int]],
                 confinement: _Confinement, poller: select.poll) -> None:
     sandbox = sandboxes[fd]
@@ -267,13 +300,13 @@ def _on_channel(fd: int, events: int, sandboxes: dict[int, _Sandbox], runners: d
         if events & select.POLLIN:
             message, fds, truncated = _recv_fds(fd, _SPAWN_FDS)
         if message == _SPAWN and len(fds) == _SPAWN_FDS and not truncated \
-                and len(sandbox.runners) < _MAX_RUNNERS:
+                and len(sandbox.runners) < _MAX_RUNNERS and all(_usable(received) for received in fds):
             _spawn(sandbox, fds, runners, confinement, sandboxes)
     except BlockingIOError:
         return
     finally:
         for extra in fds:
-            os.close(extra)
+            _close_received(extra)
     if not message:  # the agent is gone (its sandbox with it)
         poller.unregister(fd)
         del sandboxes[fd]
@@ -296,11 +329,11 @@ def _template(argv: list[str]) -> int:
     if os.getppid() != config["parent"]:  # the zygote is gone already
         return 1
     prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # one channel, pidfd and cgroup files per sandbox
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)  # one channel, pidfd and cgroup files per sandbox
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile[1], nofile[1]))
     with open("/proc/sys/kernel/cap_last_cap") as last:
         last_cap = int(last.read())
-    confinement = _Confinement(set(config["keep_caps"]), last_cap, bytes.fromhex(config["seccomp"]))
+    confinement = _Confinement(set(config["keep_caps"]), last_cap, bytes.fromhex(config["seccomp"]), nofile)
     del config, message
     _warm({"__name__": "__main__", "__builtins__": builtins})
     # What exists now is never collected, so no runner's collector walks (and so copies) these pages.
@@ -336,7 +369,7 @@ def _template(argv: list[str]) -> int:
                         # PID namespaces. Reap them (a bounded while), then go.
                         poller.unregister(control)
                         draining_until = time.monotonic() + _DRAIN_SECONDS
-                elif fd in sandboxes:
+                elif fd in sandboxes and not draining_until:
                     _on_channel(fd, events, sandboxes, runners, confinement, poller)
             except Exception as exc:  # noqa: BLE001 - one message must not take every sandbox's template down
                 try:

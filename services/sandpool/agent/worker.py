@@ -28,7 +28,7 @@ from sandpool.agent.template_channel import TemplateChannel
 log = logging.getLogger("sandpool.agent.worker")
 
 _READ_CHUNK = 65536
-STATUS_GRACE_SECONDS = 0.2
+STATUS_GRACE_SECONDS = 1.0
 """How long after a template's runner exited its status may take to come from the template."""
 
 
@@ -73,6 +73,7 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
         self._pidfd: int | None = None
+        self._own_child = True
         self._fds: dict[str, int] = {}
         self._events = bytearray()
         self._pending: list[bytes] = []
@@ -135,16 +136,18 @@ class Worker:
         it and reports its status. A pidfd then tells whether it still lives, so no signal meant
         for it can reach a later process given the same pid, and a status that never comes (the
         template died) does not keep the pid watched for good."""
+        if not own_child:
+            self._pidfd = os.pidfd_open(pid)  # first: a pid already gone is never watched
+            self._own_child = False
         self.pid = pid
         self._child_reaper.watch(pid)
-        if not own_child:
-            self._pidfd = os.pidfd_open(pid)
 
     def _gone(self) -> bool:
-        """Whether a child not our own has exited (its pidfd is readable); False for our own."""
-        if self._pidfd is None:
+        """Whether a child not our own has exited (its pidfd is readable, or closed with the
+        worker); False for our own, whose pid stays ours until we reap it."""
+        if self._own_child:
             return False
-        return bool(select.select([self._pidfd], [], [], 0)[0])
+        return self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
 
     def _attach(self, out_r: int, err_r: int, req_w: int, ev_r: int) -> None:
         loop = asyncio.get_running_loop()
