@@ -107,7 +107,16 @@ def assert_pool_refilled(stack: Stack, pool_size: int, timeout: float = 90) -> N
                     and not list(r.scan_iter(match=keys.session_prefix + "*", count=1000))
                     and len(stack.sandbox_dirs()) == pool_size)
 
-    wait_for(settled, timeout=timeout, what=f"the pool refilled to {pool_size} with no session left")
+    def state() -> dict[str, Any]:
+        with stack.rdb() as r:
+            return {"ready": r.llen(keys.pool_ready("default")), "members": r.scard(keys.pool_members("default")),
+                    "not ready": {sid: r.hgetall(keys.sandbox(sid)) for sid in r.smembers(keys.pool_members("default"))
+                                  if sid not in r.lrange(keys.pool_ready("default"), 0, -1)},
+                    "doomed": sorted(r.smembers(keys.doomed)), "deadlines": r.zrange(keys.deadlines, 0, -1),
+                    "sessions": sorted(r.scan_iter(match=keys.session_prefix + "*", count=1000)),
+                    "dirs": sorted(stack.sandbox_dirs()), "scheduler log": stack.schedulers[0].log_tail()}
+
+    wait_for(settled, timeout=timeout, what=f"the pool refilled to {pool_size} with no session left", state=state)
 
 
 def leader_id(stack: Stack) -> str:

@@ -304,6 +304,8 @@ def _on_channel(fd: int, events: int, sandboxes: dict[int, _Sandbox], runners: d
             _spawn(sandbox, fds, runners, confinement, sandboxes)
     except BlockingIOError:
         return
+    except ConnectionError:  # an agent that died with reports unread resets its channel: it is gone
+        message = b""
     finally:
         for extra in fds:
             _close_received(extra)
