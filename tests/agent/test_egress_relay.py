@@ -56,10 +56,10 @@ class StandIn:
                         break
                     got += data
                     conn.sendall(data.upper())
+                self.received.append(got)  # before "bye": once the client has it, the test may look
                 conn.sendall(b"bye\n")  # after the client's half-close: the relay must still carry it back
             except OSError:
                 return  # the relay went away (the bound test closes what it held)
-        self.received.append(got)
 
     def close(self) -> None:
         self.server.close()
