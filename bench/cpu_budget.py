@@ -4,7 +4,8 @@
     python bench/cpu_budget.py --sessions 600 --json bench/results/cpu.json --profile bench/results/profiles
 
 One churned session is the contract's typical use: CreateSession, five `print(1)`
-Execute calls, DestroySession. `--clients` clients churn `--sessions` sessions
+Execute calls, DestroySession. `--clients` clients (each with its own connections, as
+independent callers have) churn `--sessions` sessions
 through the proxy (auth on: the printed dev token). CPU is read before and after
 from the kernel's own accounting, the stack settled both times (no sandbox
 starting or doomed), so the warm-ups a session causes are counted:
@@ -47,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from load import PRINT_1, Client, Counters, StartedUp, http_client, ms, pct
+from load import PRINT_1, Client, Counters, StartedUp, callers, ms, pct
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -234,9 +235,9 @@ async def churn(url: str, token: str, clients: int, sessions: int, calls: int = 
             await client.destroy(session)
             counters.sessions += 1
 
-    async with http_client(url, token, clients * 2) as http:
+    async with callers(url, token, clients) as https:
         started = time.perf_counter()
-        await asyncio.gather(*(one(http) for _ in range(clients)))
+        await asyncio.gather(*(one(http) for http in https))
         elapsed = time.perf_counter() - started
     return {"clients": clients, "sessions": counters.sessions, "seconds": round(elapsed, 2),
             "sessions_per_s": round(counters.sessions / elapsed, 2), "execs_per_s": round(counters.execs / elapsed, 1),

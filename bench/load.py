@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,6 +127,16 @@ def http_client(url: str, token: str | None, connections: int) -> httpx.AsyncCli
                              limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
 
 
+@contextlib.asynccontextmanager
+async def callers(url: str, token: str | None, count: int) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """One HTTP client per simulated caller: independent callers share no connection pool, and
+    one shared pool measures httpx more than the service (its pool's cost grows with the
+    connections it holds: 64 callers on one pool spent 48.7 ms of client CPU per churned
+    session, 21.7 ms with a client each)."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(http_client(url, token, 2)) for _ in range(count)]
+
+
 async def latencies(url: str, token: str | None, sessions: int, calls: int) -> dict[str, object]:
     counters = Counters()
     async with http_client(url, token, 4) as http:
@@ -165,9 +177,9 @@ async def concurrent(url: str, token: str | None, clients: int, duration: float,
             await client.destroy(session)
             counters.sessions += 1
 
-    async with http_client(url, token, clients * 2) as http:
+    async with callers(url, token, clients) as https:
         started = time.perf_counter()
-        await asyncio.gather(*(one(http) for _ in range(clients)))
+        await asyncio.gather(*(one(http) for http in https))
         elapsed = time.perf_counter() - started
     return {"clients": clients, "seconds": round(elapsed, 2),
             "sessions_per_s": round(counters.sessions / elapsed, 1),
