@@ -16,7 +16,7 @@ from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
 from sandpool.providers.local import procs
 from sandpool.state.keys import Keys
-from sandpool.state.sessions import Leased, SessionLimits, SessionStore
+from sandpool.state.sessions import Leased, SessionLimits, SessionStore, Waiting
 
 HERE = Path(__file__).resolve().parent
 LIMITS = SessionLimits(idle_timeout_seconds=300, max_lifetime_seconds=3600, exec_timeout_seconds=30,
@@ -95,6 +95,42 @@ async def test_never_exceeds_the_ceiling(redis, keys, provider, tasks):
     await eventually(more_ticks, what="five more controller ticks")
     assert max(seen) <= 2
     assert len(await provider.list()) == 2
+
+
+async def test_a_lease_nudge_settles_but_a_queued_caller_and_a_release_are_served_at_once(
+        redis, keys, provider, tasks):
+    """The refill a lease sets off waits `nudge_settle_seconds` (the new session's first call goes
+    first); a caller queued for a sandbox and a release wake the controller at once. Settle and
+    tick are both longer than the test: only those two nudges can make the controller act here."""
+    c = controller(redis, keys, provider, [pool(warm=1, ceiling=3)], tick_seconds=600, nudge_settle_seconds=600)
+    start(tasks, c)
+
+    async def one_ready() -> bool:
+        return len(await ready_ids(redis, keys)) == 1
+
+    await eventually(one_ready, what="the warm sandbox ready")
+    store = SessionStore(redis, keys)
+    leased = await store.lease(session_id="sess-1", workspace="ws", pool="default", image="python",
+                               now=time.time(), limits=LIMITS, workspace_limits={}, ceiling=3)
+    assert isinstance(leased, Leased)
+    await asyncio.sleep(1.0)  # an unsettled nudge would have registered the refill by now (~ms)
+    assert await redis.smembers(keys.pool_members("default")) == {leased.sandbox}
+
+    queued = await store.lease(session_id="sess-2", workspace="ws", pool="default", image="python",
+                               now=time.time(), limits=LIMITS, workspace_limits={}, ceiling=3, wait_seconds=30)
+    assert isinstance(queued, Waiting)
+
+    async def promised() -> bool:
+        return await redis.hget(keys.waiter("sess-2"), "state") == "promised"
+
+    await eventually(promised, timeout=20, what="a sandbox started for the queued caller and promised to it")
+
+    assert await store.release(session_id="sess-1", workspace="ws", now=time.time(), mode="destroy") is not None
+
+    async def destroyed() -> bool:
+        return not await redis.sismember(keys.pool_members("default"), leased.sandbox)
+
+    await eventually(destroyed, timeout=20, what="the released sandbox destroyed on the release's nudge")
 
 
 async def test_replaces_released_sandboxes_promptly_on_the_nudge(redis, keys, provider, tasks):

@@ -50,6 +50,8 @@ class ControllerTiming:
     leadership_ms: int = 5000  # the leadership term: a dead leader is replaced within about this long
     tick_seconds: float = 0.1  # top-up/drain cadence when nothing on the nudge channel (a lease, claim,
     # release, lost sandbox or new waiter) wakes it sooner: a few cheap Redis calls per pool and tick
+    nudge_settle_seconds: float = 0.03  # a lease's nudge wakes the loop this much later (any other at
+    # once): a new session's first call is not made to share the CPU with the refill its lease set off
     reconcile_seconds: float = 30.0
     start_timeout_seconds: float = 60.0  # a create slower than this is abandoned and destroyed
     destroy_timeout_seconds: float = 30.0
@@ -242,8 +244,16 @@ class PoolController:
     async def _listen_for_nudges(self) -> None:
         """Wake the loop on everything published on the nudge channel, while leading: every lease,
         claim and release (the scheduler's scripts), a lost sandbox, a caller queued as a waiter."""
-        await channels.listen(self.redis, self.keys.pool_events, lambda _: self._wake.set(),
-                              while_=lambda: self._leader)
+        loop = asyncio.get_running_loop()
+        settle = self.timing.nudge_settle_seconds
+
+        def on_nudge(message: str) -> None:
+            if settle > 0 and message.startswith(channels.LEASE_NUDGE_PREFIX):
+                loop.call_later(settle, self._wake.set)
+            else:  # a release frees a slot, a queued caller waits for a start: at once
+                self._wake.set()
+
+        await channels.listen(self.redis, self.keys.pool_events, on_nudge, while_=lambda: self._leader)
 
     # --- keeping pools warm --------------------------------------------------------------
     async def top_up(self) -> None:

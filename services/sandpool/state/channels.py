@@ -19,6 +19,10 @@ from sandpool.state.client import Client
 
 log = logging.getLogger(__name__)
 
+LEASE_NUDGE_PREFIX = "leased:"
+"""How the nudge a lease or claim publishes begins (then the sandbox id; state/scripts.py): the only
+nudge the controller may act on a little later, since nobody waits for the refill it asks for."""
+
 
 async def listen(client: Client, channel: str, on_message: Callable[[str], None], *,
                  while_: Callable[[], bool] = lambda: True, poll_seconds: float = 1.0) -> None:

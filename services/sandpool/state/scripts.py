@@ -115,7 +115,7 @@ local function grant(a, sandbox, sandbox_key, address, secret, egress, k)
   meter(k.usage_total, k.usage_day, k.usage_workspaces, a.workspace, a.retention, 'sessions_created', 1)
   event(k.events, a.maxlen, {'type', 'session_created', 'workspace', a.workspace, 'ts', tostring(a.now),
     'session', a.session, 'pool', a.pool, 'image', a.image, 'sandbox', sandbox})
-  redis.call('PUBLISH', a.nudge, sandbox)
+  redis.call('PUBLISH', a.nudge, 'leased:' .. sandbox)  -- channels.LEASE_NUDGE_PREFIX
 end
 """
 
