@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from testkit import eventually
 
@@ -16,7 +17,7 @@ from sandpool.pool.controller import PoolController
 from sandpool.pool.provider import PoolSpec
 from sandpool.providers.local import procs
 from sandpool.state.keys import Keys
-from sandpool.state.sessions import Leased, SessionLimits, SessionStore, Waiting
+from sandpool.state.sessions import Leased, Refused, SessionLimits, SessionStore, Waiting
 
 HERE = Path(__file__).resolve().parent
 LIMITS = SessionLimits(idle_timeout_seconds=300, max_lifetime_seconds=3600, exec_timeout_seconds=30,
@@ -37,6 +38,12 @@ def start(tasks: list, c: PoolController) -> asyncio.Task:
     task = asyncio.create_task(c.run())
     tasks.append(task)
     return task
+
+
+async def lease(store: SessionStore, session_id: str, **options: Any) -> Leased | Waiting | Refused:
+    """A session of workspace "ws" from the default pool, with the suite's limits."""
+    return await store.lease(session_id=session_id, workspace="ws", pool="default", image="python",
+                             now=time.time(), limits=LIMITS, workspace_limits={}, **options)
 
 
 async def ready_ids(redis, keys: Keys, name: str = "default") -> list[str]:
@@ -110,14 +117,12 @@ async def test_a_lease_nudge_settles_but_a_queued_caller_and_a_release_are_serve
 
     await eventually(one_ready, what="the warm sandbox ready")
     store = SessionStore(redis, keys)
-    leased = await store.lease(session_id="sess-1", workspace="ws", pool="default", image="python",
-                               now=time.time(), limits=LIMITS, workspace_limits={}, ceiling=3)
+    leased = await lease(store, "sess-1", ceiling=3)
     assert isinstance(leased, Leased)
     await asyncio.sleep(1.0)  # an unsettled nudge would have registered the refill by now (~ms)
     assert await redis.smembers(keys.pool_members("default")) == {leased.sandbox}
 
-    queued = await store.lease(session_id="sess-2", workspace="ws", pool="default", image="python",
-                               now=time.time(), limits=LIMITS, workspace_limits={}, ceiling=3, wait_seconds=30)
+    queued = await lease(store, "sess-2", ceiling=3, wait_seconds=30)
     assert isinstance(queued, Waiting)
 
     async def promised() -> bool:
@@ -143,8 +148,7 @@ async def test_replaces_released_sandboxes_promptly_on_the_nudge(redis, keys, pr
 
     await eventually(two_ready, what="two ready sandboxes")
     store = SessionStore(redis, keys)
-    leased = await store.lease(session_id="sess-1", workspace="ws", pool="default", image="python",
-                               now=time.time(), limits=LIMITS, workspace_limits={})
+    leased = await lease(store, "sess-1")
     assert isinstance(leased, Leased)
     handle = procs.ProcessHandle.from_line(
         (provider.root / leased.sandbox / "agent.pid").read_text())
@@ -197,8 +201,7 @@ async def test_reconciles_orphans_stale_records_and_stuck_starts_after_a_restart
     await redis.rpush(keys.pool_ready("default"), "sb-stale")
     await redis.lpush(keys.pool_ready("default"), "sb-lost")
     store = SessionStore(redis, keys)
-    leased = await store.lease(session_id="sess-lost", workspace="ws", pool="default", image="python",
-                               now=time.time(), limits=LIMITS, workspace_limits={})
+    leased = await lease(store, "sess-lost")
     assert isinstance(leased, Leased) and leased.sandbox == "sb-lost"
     assert orphan.ready
 
@@ -237,8 +240,7 @@ async def test_a_dead_agent_under_a_session_is_released_and_replaced(redis, keys
 
     await eventually(one_ready, what="a ready sandbox")
     store = SessionStore(redis, keys)
-    leased = await store.lease(session_id="sess-d", workspace="ws", pool="default", image="python",
-                               now=time.time(), limits=LIMITS, workspace_limits={})
+    leased = await lease(store, "sess-d")
     assert isinstance(leased, Leased)
     handle = procs.ProcessHandle.from_line((provider.root / leased.sandbox / "agent.pid").read_text())
     os.killpg(handle.pgid, signal.SIGKILL)
