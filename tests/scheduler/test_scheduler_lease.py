@@ -16,6 +16,7 @@ from sched_harness import INTERNAL_TOKEN, publish, tenant_headers
 from testkit import free_port, wait_for
 
 from sandpool.contract import tenancy
+from sandpool.state.channels import LEASE_NUDGE_PREFIX
 from sandpool.state.keys import Keys, utc_day
 
 
@@ -140,7 +141,7 @@ def test_destroy_releases_meters_and_dooms(scheduler, r, keys) -> None:
     assert r.hget(keys.sandbox(sandbox), "state") == "doomed" and r.sismember(keys.doomed, sandbox)
     assert not r.sismember(keys.workspace_sessions(tenancy.STANDALONE_WORKSPACE), sid)
     lease_nudge = wait_for(lambda: pubsub.get_message(timeout=0.1), timeout=10, what="the lease's nudge")
-    assert lease_nudge["data"] == "leased:" + sandbox  # the controller may act on it a little later
+    assert lease_nudge["data"] == LEASE_NUDGE_PREFIX + sandbox  # the controller may act on it a little later
     release_nudge = wait_for(lambda: pubsub.get_message(timeout=0.1), timeout=10, what="the release's nudge")
     assert release_nudge["data"] == sandbox  # acted on at once: a slot is free
     seconds = float(usage_total(r, keys)["session_seconds"])
@@ -373,7 +374,7 @@ def test_a_lease_nudges_the_pool_controller(scheduler, r, keys) -> None:
         assert nudges.get_message(timeout=1.0) is None  # the subscribe confirmation is ignored
         assert create(app.url).status_code == 201
         message = nudges.get_message(timeout=5.0)
-        assert message is not None and message["data"] == "leased:" + sandbox
+        assert message is not None and message["data"] == LEASE_NUDGE_PREFIX + sandbox
         assert create(app.url).status_code == 503  # a refusal leases nothing and nudges no one
         assert nudges.get_message(timeout=0.5) is None
     finally:

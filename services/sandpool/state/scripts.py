@@ -18,6 +18,8 @@ ceiling checks count); a `doomed` one in the doomed set the controller drains.
 
 from __future__ import annotations
 
+from sandpool.state.channels import LEASE_NUDGE_PREFIX
+
 # Shared Lua helpers: counters into the workspace's total and UTC-day hashes, and the
 # usage event. Fields ending in "seconds" are floats; the others are integer counts.
 _METER = r"""
@@ -115,7 +117,7 @@ local function grant(a, sandbox, sandbox_key, address, secret, egress, k)
   meter(k.usage_total, k.usage_day, k.usage_workspaces, a.workspace, a.retention, 'sessions_created', 1)
   event(k.events, a.maxlen, {'type', 'session_created', 'workspace', a.workspace, 'ts', tostring(a.now),
     'session', a.session, 'pool', a.pool, 'image', a.image, 'sandbox', sandbox})
-  redis.call('PUBLISH', a.nudge, 'leased:' .. sandbox)  -- channels.LEASE_NUDGE_PREFIX
+  redis.call('PUBLISH', a.nudge, '""" + LEASE_NUDGE_PREFIX + r"""' .. sandbox)
 end
 """
 
