@@ -109,9 +109,10 @@ def assert_pool_refilled(stack: Stack, pool_size: int, timeout: float = 90) -> N
 
     def state() -> dict[str, Any]:
         with stack.rdb() as r:
-            return {"ready": r.llen(keys.pool_ready("default")), "members": r.scard(keys.pool_members("default")),
-                    "not ready": {sid: r.hgetall(keys.sandbox(sid)) for sid in r.smembers(keys.pool_members("default"))
-                                  if sid not in r.lrange(keys.pool_ready("default"), 0, -1)},
+            ready, members = r.lrange(keys.pool_ready("default"), 0, -1), r.smembers(keys.pool_members("default"))
+            return {"ready": len(ready), "members": len(members),
+                    "not ready (state, session, ready_at)": {sid: r.hmget(keys.sandbox(sid), "state", "session",
+                                                                          "ready_at") for sid in members - set(ready)},
                     "doomed": sorted(r.smembers(keys.doomed)), "deadlines": r.zrange(keys.deadlines, 0, -1),
                     "sessions": sorted(r.scan_iter(match=keys.session_prefix + "*", count=1000)),
                     "dirs": sorted(stack.sandbox_dirs()), "scheduler log": stack.schedulers[0].log_tail()}
