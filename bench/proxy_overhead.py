@@ -1,6 +1,6 @@
 """What the proxy adds per request: the same calls sent straight to an upstream and through `sandpool proxy`.
 
-    python bench/proxy_overhead.py [--requests 3000] [--concurrency 1] [--scheduler]
+    python bench/proxy_overhead.py [--requests 3000] [--concurrency 1] [--scheduler] [--gap SECONDS]
 
 Starts its own redis-server, an upstream, and a real `sandpool proxy` process
 with a key of its own, then sends the same Execute calls straight to the
@@ -10,7 +10,9 @@ multi-tenant `sandpool scheduler` with the local provider, calling `print(1)` in
 one leased session (the hop as users see it). Prints p50/p90/p99 of both paths
 and the difference at p50: token check from cache, one Redis round trip, the forward;
 and the CPU each process spent per request (proxy, upstream, Redis; from /proc)
-while the calls went through the proxy.
+while the calls went through the proxy. `--gap` pauses before each call, as a
+client that thinks between calls does: every process on the path then starts
+the call idle (on a VM, with cold caches), which back-to-back calls never see.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
     raise SystemExit(f"{url} did not come up")
 
 
-async def measure(url: str, path: str, headers: dict[str, str], requests: int, concurrency: int) -> list[float]:
+async def measure(url: str, path: str, headers: dict[str, str], requests: int, concurrency: int,
+                  gap: float) -> list[float]:
     samples: list[float] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=30) as client:
@@ -85,6 +88,8 @@ async def measure(url: str, path: str, headers: dict[str, str], requests: int, c
 
         async def worker(n: int) -> None:
             for _ in range(n):
+                if gap:
+                    await asyncio.sleep(gap)
                 started = time.perf_counter()
                 response = await client.post(path, json=EXEC)
                 samples.append(time.perf_counter() - started)
@@ -128,6 +133,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--scheduler", action="store_true",
                         help="a real multi-tenant scheduler with the local provider (default: a stub upstream)")
+    parser.add_argument("--gap", type=float, default=0.0,
+                        help="seconds each caller pauses before each call (default 0: back to back)")
     args = parser.parse_args()
 
     from sandpool.proxy.keys_cli import generate_keypair, mint_token
@@ -176,16 +183,17 @@ def main() -> int:
             created.raise_for_status()
             path = f"/sessions/{created.json()['session_id']}/exec"
         direct = asyncio.run(measure(upstream_url, path, injected(internal, "bench"), args.requests,
-                                     args.concurrency))
+                                     args.concurrency, args.gap))
         watched = {"proxy": procs[2].pid, "upstream": procs[1].pid, "redis": procs[0].pid}
         before = {name: cpu_seconds(pid) for name, pid in watched.items()}
         proxied = asyncio.run(measure(proxy_url, path, {"Authorization": f"Bearer {token}"}, args.requests,
-                                      args.concurrency))
+                                      args.concurrency, args.gap))
         after = {name: cpu_seconds(pid) for name, pid in watched.items()}
         calls = args.requests + 50
         spent = {name: [(after[name][i] - before[name][i]) / calls * 1e6 for i in (0, 1)] for name in watched}
         what = "print(1) in a real session" if args.scheduler else "Execute-shaped POST to a stub"
-        print(f"{what}, {args.requests} requests, concurrency {args.concurrency}")
+        paced = f", {args.gap * 1000:g} ms pause before each" if args.gap else ", back to back"
+        print(f"{what}, {args.requests} requests, concurrency {args.concurrency}{paced}")
         a = summary("direct", direct)
         b = summary("through proxy", proxied)
         print(f"{'proxy adds':>14}: {b - a:6.3f} ms at p50")
