@@ -170,6 +170,51 @@ async def test_workspace_size_is_capped(data_dir: Path) -> None:
     assert not (data_dir / "sandboxes" / "sb-cap").exists()
 
 
+def mounts_below(directory: Path) -> list[str]:
+    """Mount points under `directory` as the kernel lists them (by their real path)."""
+    real = str(directory.resolve())
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(real + "/")]
+
+
+FILL = "for i in $(seq 300); do echo $i > f$i; done; mkdir -p d/e; echo x > d/e/g; ls | wc -l"
+
+
+@pytest.mark.skipif(not ROOT, reason="the workspace cap is a tmpfs, which needs root")
+async def test_a_host_tmpfs_workspace_under_a_symlinked_data_dir_is_unmounted_and_removed(data_dir: Path) -> None:
+    # The kernel lists a mount by its real path: a data dir reached through a symlink must still
+    # find (and detach) the workspace's tmpfs, or the sandbox's directory cannot be removed.
+    real = data_dir / "real"
+    real.mkdir(mode=0o711)
+    linked = data_dir / "linked"
+    linked.symlink_to(real)
+    provider = await started(linked, launcher="subprocess")  # this launcher mounts the tmpfs on the host
+    info = await provider.create(POOL, "sb-link")
+    stdout, _, _ = output(await run(info.address, info.secret, "bash_code_execution", command=FILL))
+    assert stdout.split() == ["301"]
+    assert mounts_below(real) == [str(real / "sandboxes" / "sb-link" / "workspace")]
+    await provider.destroy("sb-link")
+    assert mounts_below(real) == []
+    assert not (real / "sandboxes" / "sb-link").exists()
+
+
+@pytest.mark.parametrize("tmpfs", [True, False], ids=["tmpfs", "plain"])
+async def test_destroy_removes_a_full_workspace_and_everything_beside_it(data_dir: Path, tmpfs: bool) -> None:
+    provider = await started(data_dir, workspace_tmpfs=tmpfs)
+    info = await provider.create(POOL, "sb-full")
+    stdout, _, _ = output(await run(info.address, info.secret, "bash_code_execution", command=FILL))
+    assert stdout.split() == ["301"]
+    on_host = len(list((data_dir / "sandboxes" / "sb-full" / "workspace").iterdir()))
+    # The zygote mounts a tmpfs workspace in the sandbox's own mount namespace: the host's directory
+    # stays empty. A tmpfs on the host, or no tmpfs, shows the session's files here.
+    in_sandbox_namespace = tmpfs and ROOT and not mounts_below(data_dir)
+    assert on_host == (0 if in_sandbox_namespace else 301)
+    await provider.destroy("sb-full")
+    assert not (data_dir / "sandboxes" / "sb-full").exists()
+    assert mounts_below(data_dir) == []
+    assert await provider.list() == []
+
+
 async def test_a_restarted_provider_finds_and_destroys_earlier_sandboxes(data_dir: Path) -> None:
     first = await started(data_dir)
     info = await first.create(POOL, "sb-keep")

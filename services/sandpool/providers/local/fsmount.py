@@ -27,8 +27,9 @@ def _unescape(field: str) -> str:
 
 
 def mounts_under(directory: Path) -> list[Path]:
-    """Mount points at or below `directory`, deepest first."""
-    base = str(directory.absolute())
+    """Mount points at or below `directory`, deepest first. The kernel lists a mount by its real
+    path, so a `directory` reached through a symlink is resolved first."""
+    base = str(directory.resolve())
     found = []
     try:
         text = MOUNTINFO.read_text()
