@@ -298,7 +298,8 @@ class AgentProcess:
     """What `python` runs, before `agent` and its flags (a test may run a script that adds to the agent)."""
 
     def __init__(self, workspace: Path, log_path: Path, *args: str, socket_path: Path | None = None,
-                 secret: str | None = None, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+                 secret: str | None = None, env: dict[str, str] | None = None, cwd: Path | None = None,
+                 pass_fds: tuple[int, ...] = ()) -> None:
         self.workspace = workspace
         self.log_path = log_path
         self.args = args
@@ -307,6 +308,7 @@ class AgentProcess:
         self.secret = secret or secrets.token_urlsafe(24)
         self.env = env or {}
         self.cwd = cwd
+        self.pass_fds = pass_fds
         self.proc: subprocess.Popen[bytes]
 
     @property
@@ -334,7 +336,8 @@ class AgentProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, *self.launcher, "agent", *where, "--workspace", str(self.workspace), *self.args],
                 env=scrubbed_env(SANDPOOL_AGENT_SECRET=self.secret, **self.env), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, cwd=str(self.cwd) if self.cwd else None, start_new_session=True)
+                stdin=subprocess.DEVNULL, cwd=str(self.cwd) if self.cwd else None, start_new_session=True,
+                pass_fds=self.pass_fds)
         return self
 
     def logs(self) -> str:

@@ -49,9 +49,10 @@ class Agent(AgentProcess):
 
 
 def start_agent(tmp: Path, *args: str, uds: bool = True, env: dict[str, str] | None = None,
-                secret: str | None = None, wait: bool = True, kind: type[Agent] = Agent) -> Agent:
+                secret: str | None = None, wait: bool = True, kind: type[Agent] = Agent,
+                pass_fds: tuple[int, ...] = ()) -> Agent:
     agent = kind(tmp / "workspace", tmp / "agent.log", *args, socket_path=tmp / "agent.sock" if uds else None,
-                 secret=secret, env=env, cwd=REPO).start()
+                 secret=secret, env=env, cwd=REPO, pass_fds=pass_fds).start()
     agent.client = agent.new_client(agent.secret)
     if wait:
         try:

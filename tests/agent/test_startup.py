@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,47 @@ def test_a_shell_that_cannot_run_stops_the_start(tmp_path: Path) -> None:
         assert agent.proc.wait(timeout=30) != 0
         assert "is not an executable file" in agent.logs()
     finally:
+        agent.stop()
+
+
+def read_to_end(fd: int, timeout: float = 30.0) -> bytes:
+    """All a pipe gives until every writer closed it; fails the test when one holds it past `timeout`."""
+    data = b""
+    while True:
+        readable, _, _ = select.select([fd], [], [], timeout)
+        assert readable, f"the pipe stayed open {timeout:g}s after {data!r}: a process still holds its write end"
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def test_the_agent_says_ok_on_its_ready_fd_once_it_serves_and_keeps_no_copy(tmp_path: Path) -> None:
+    ready_r, ready_w = os.pipe()
+    agent = start_agent(tmp_path, "--ready-fd", str(ready_w), wait=False, pass_fds=(ready_w,))
+    os.close(ready_w)
+    try:
+        # "ok", then end-of-file: neither the agent nor its interpreter (started before) holds it open.
+        assert read_to_end(ready_r) == b"ok"
+        with agent.new_client(None) as client:  # no retry: the moment it said ok, it serves
+            assert client.get("/healthz").status_code == 200
+        assert content(agent.py("print(1)"))["stdout"] == "1\n"
+    finally:
+        os.close(ready_r)
+        agent.stop()
+
+
+def test_an_agent_that_cannot_start_closes_its_ready_fd_without_ok(tmp_path: Path) -> None:
+    ready_r, ready_w = os.pipe()
+    agent = start_agent(tmp_path, "--shell", str(tmp_path / "no-bash"), "--ready-fd", str(ready_w), wait=False,
+                        pass_fds=(ready_w,))
+    os.close(ready_w)
+    try:
+        assert read_to_end(ready_r) == b""
+        assert agent.proc.wait(timeout=30) != 0
+        assert "is not an executable file" in agent.logs()
+    finally:
+        os.close(ready_r)
         agent.stop()
 
 

@@ -268,6 +268,47 @@ async def test_an_agent_that_cannot_start_is_a_provider_error_and_leaves_nothing
     assert not (data_dir / "sandboxes" / "sb-fail").exists()
 
 
+def open_fds() -> list[str]:
+    return sorted(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("launcher", ["subprocess", "zygote"])
+async def test_a_sandbox_serves_the_moment_create_returns_and_no_descriptor_is_left(
+        data_dir: Path, launcher: str) -> None:
+    provider = await started(data_dir, launcher=launcher)
+    before = open_fds()
+    info = await provider.create(POOL, "sb-ready")
+    assert info.address is not None and info.ready
+    # The agent's own word (its readiness pipe), not a poll: one request, no retry, answers.
+    stdout, _, _ = output(await run(info.address, info.secret, "code_execution", code="print(3)"))
+    assert stdout == "3\n"
+    await provider.destroy("sb-ready")
+    assert open_fds() == before
+
+
+@pytest.mark.parametrize("launcher", ["subprocess", "zygote"])
+async def test_an_agent_that_dies_while_starting_is_reported_with_its_log_and_leaves_nothing(
+        data_dir: Path, tmp_path: Path, launcher: str) -> None:
+    if launcher == "subprocess":  # a "Python" that says why it cannot start the agent, and exits
+        fake = tmp_path / "python"
+        fake.write_text("#!/bin/sh\necho 'agent boom: cannot start' >&2\nexit 3\n")
+        fake.chmod(0o755)
+        provider = await started(data_dir, launcher=launcher, agent_python=str(fake))
+        why = "agent boom: cannot start"
+    else:  # the zygote's agent checks its shell at start, and stops
+        provider = await started(data_dir, launcher=launcher)
+        provider.launcher.agent_options["shell"] = str(tmp_path / "no-bash")  # type: ignore[attr-defined]
+        why = "is not an executable file"
+    before = open_fds()
+    # End-of-file on its readiness pipe, long before the start timeout: the error says it died, and why.
+    with pytest.raises(ProviderError, match="exited while starting") as raised:
+        await provider.create(POOL, "sb-dies")
+    assert why in str(raised.value)
+    assert await provider.list() == []
+    assert not (data_dir / "sandboxes" / "sb-dies").exists()
+    assert open_fds() == before
+
+
 async def test_a_data_dir_of_any_length_works_and_its_socket_directory_goes_with_the_sandboxes(
         data_dir: Path) -> None:
     long_dir = data_dir / ("d" * 100) / ("e" * 100)

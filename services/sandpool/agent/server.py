@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import stat
 import threading
 from collections.abc import Iterator
@@ -41,7 +42,30 @@ def _clear_stale_socket(path: str) -> None:
 
 
 class _AgentServer(uvicorn.Server):
-    """uvicorn's server that kills the children first on SIGTERM/SIGINT and returns instead of re-raising."""
+    """uvicorn's server that kills the children first on SIGTERM/SIGINT and returns instead of re-raising,
+    and says `ok` on its launcher's descriptor once it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config, ready_fd: int | None = None) -> None:
+        super().__init__(config)
+        self.ready_fd = ready_fd
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.report_ready()
+
+    def report_ready(self) -> None:
+        """`ok` when serving, then close: the launcher learns the agent is up without polling it, and
+        reads end-of-file instead when the start failed (this is also called on the way out)."""
+        fd, self.ready_fd = self.ready_fd, None
+        if fd is None:
+            return
+        try:
+            if self.started and not self.should_exit:
+                os.write(fd, b"ok")
+        except OSError:
+            pass  # the launcher stopped waiting; its own timeout reports that
+        finally:
+            os.close(fd)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -67,6 +91,8 @@ def serve(settings: AgentSettings) -> None:
     workspace = str(settings.workspace_dir())
     procs.become_subreaper()
     procs.make_undumpable()
+    if settings.ready_fd is not None:
+        os.set_inheritable(settings.ready_fd, False)  # the agent's to close: no child may hold it open
     app = create_app(settings, secret, workspace=workspace)
     if settings.uds is not None:
         _clear_stale_socket(str(settings.uds))
@@ -76,10 +102,11 @@ def serve(settings: AgentSettings) -> None:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
                                 lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False)
     log.info("agent starting", extra={"settings": dump_settings(settings)})
-    server = _AgentServer(config)
+    server = _AgentServer(config, ready_fd=settings.ready_fd)
     try:
         server.run()
     finally:
+        server.report_ready()
         if settings.uds is not None:
             try:
                 os.unlink(settings.uds)

@@ -85,6 +85,9 @@ class AgentSettings(ServiceSettings):
     runner_template_fd: int | None = Field(default=None, ge=3, description=(
         "Inherited socket to the zygote's runner template, which forks pre-imported runners into this "
         "sandbox (the local provider's zygote passes it; see docs/agent.md)"))
+    ready_fd: int | None = Field(default=None, ge=3, description=(
+        "Inherited descriptor the agent writes `ok` to, then closes, once it accepts connections with "
+        "its interpreter warm (the local provider's launchers pass one: nobody polls /healthz)"))
     code_cgroup_version: int = Field(default=2, ge=1, le=2, description="cgroup version of --code-cgroup-fd")
     process_cap: int | None = Field(default=None, ge=1, description=(
         "The pids.max of --code-cgroup-fd: processes sandboxed code may run at once"))

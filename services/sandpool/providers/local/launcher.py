@@ -59,9 +59,10 @@ class AgentSecret:
 @runtime_checkable
 class Launcher(Protocol):
     async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
-                     limits: SandboxLimits, *, log_path: Path) -> ProcessHandle:
+                     limits: SandboxLimits, *, log_path: Path, ready_fd: int | None = None) -> ProcessHandle:
         """Start the agent listening on `socket_path`, its output appended to `log_path` (0600);
-        return as soon as it runs (not when healthy)."""
+        return as soon as it runs (not when it serves). The agent inherits `ready_fd` (the
+        write end of the caller's pipe) as `--ready-fd` and says `ok` on it once it serves."""
 
     async def kill(self, handle: ProcessHandle) -> bool:
         """Kill the agent and every process it started. Idempotent. True when the kernel vouches that
@@ -122,15 +123,16 @@ class SubprocessLauncher:
         self.stop_grace_seconds = stop_grace_seconds
 
     async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
-                     limits: SandboxLimits, *, log_path: Path) -> ProcessHandle:
+                     limits: SandboxLimits, *, log_path: Path, ready_fd: int | None = None) -> ProcessHandle:
         # 0600: the agent's log is the control plane's, not the sandboxed code's, to read.
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        ready = ["--ready-fd", str(ready_fd)] if ready_fd is not None else []
         try:
             proc = await asyncio.create_subprocess_exec(
-                self.python, "-m", "sandpool", *agent_arguments(workspace, socket_path, secret, limits),
+                self.python, "-m", "sandpool", *agent_arguments(workspace, socket_path, secret, limits), *ready,
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                 cwd=str(log_path.parent), env=agent_environment(workspace, limits.egress),
-                start_new_session=True, close_fds=True)
+                start_new_session=True, close_fds=True, pass_fds=(ready_fd,) if ready_fd is not None else ())
         finally:
             os.close(log_fd)
         return ProcessHandle(pid=proc.pid, pgid=proc.pid, start_time=start_time(proc.pid))

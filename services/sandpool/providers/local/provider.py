@@ -42,7 +42,6 @@ import sys
 import time
 from pathlib import Path
 
-from sandpool.core.hop import HopError, HopPool, Peer
 from sandpool.core.settings import ConfigurationError
 from sandpool.pool.provider import SANDBOX_ID_LENGTH, LostListener, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.local import environments, fsmount
@@ -70,6 +69,11 @@ def data_dir_need(path: Path) -> str:
         return (f"uid {uid} must own it, and uid {owner} does: chown {uid} it, or name a directory "
                 f"inside it that uid {uid} can create")
     return f"uid {uid} owns it but cannot set its mode or write in it"
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class LocalProvider:
@@ -329,10 +333,17 @@ class LocalProvider:
         workspace = sandbox_dir / "workspace"
         workspace.mkdir(mode=0o700)
         self._prepare_workspace(workspace, limits)
-        handle = await self.launcher.launch(sandbox_id, workspace, socket_path, secret, limits,
-                                            log_path=sandbox_dir / "agent.log")
-        (sandbox_dir / "agent.pid").write_text(handle.to_line())
-        await self._wait_healthy(sandbox_id, socket_path, handle)
+        ready_r, ready_w = os.pipe()
+        try:
+            try:
+                handle = await self.launcher.launch(sandbox_id, workspace, socket_path, secret, limits,
+                                                    log_path=sandbox_dir / "agent.log", ready_fd=ready_w)
+            finally:
+                os.close(ready_w)  # the agent holds the only write end now: end-of-file if it dies
+            (sandbox_dir / "agent.pid").write_text(handle.to_line())
+            await self._wait_serving(sandbox_id, socket_path, ready_r)
+        finally:
+            os.close(ready_r)
         return SandboxInfo(sandbox_id=sandbox_id, pool=pool.name, address=f"unix://{socket_path}",
                            secret=secret.value, ready=True,
                            egress_digest=egress_digest(egress.credential) if egress is not None else None)
@@ -473,30 +484,26 @@ class LocalProvider:
             os.chown(workspace, limits.uid, limits.gid if limits.gid is not None else limits.uid)
         os.chmod(workspace, 0o700)
 
-    async def _wait_healthy(self, sandbox_id: str, socket_path: Path, handle: ProcessHandle) -> None:
+    async def _wait_serving(self, sandbox_id: str, socket_path: Path, ready_r: int) -> None:
+        """Until the agent says `ok` on its readiness pipe, which it does once it accepts
+        connections with its interpreter warm (what `/healthz` would answer): no polling and no
+        request, which cost the scheduler ~0.45 ms of CPU per sandbox. End-of-file: it died first."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.start_timeout_seconds
-        agent = HopPool(Peer(path=str(socket_path)), max_connections=1, connect_timeout=2.0)
+        readable: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(ready_r, _settle, readable)
         try:
-            while True:
-                if socket_path.exists():
-                    try:
-                        answer = await agent.request("GET", "/healthz", timeout=2.0)
-                        await answer.read()
-                        await answer.close()
-                        if answer.status == 200:
-                            return
-                    except HopError:
-                        pass
-                if not is_alive(handle):
-                    raise ProviderError(f"agent of sandbox {sandbox_id} exited while starting: "
-                                        f"{self._log_tail(self._dir(sandbox_id))}")
-                if loop.time() > deadline:
-                    raise ProviderError(f"agent of sandbox {sandbox_id} did not answer its health check "
-                                        f"within {self.settings.start_timeout_seconds:g}s")
-                await asyncio.sleep(0.01)
+            async with asyncio.timeout(self.settings.start_timeout_seconds):
+                await readable
+        except TimeoutError:
+            raise ProviderError(f"agent of sandbox {sandbox_id} did not report serving "
+                                f"within {self.settings.start_timeout_seconds:g}s") from None
         finally:
-            await agent.aclose()
+            loop.remove_reader(ready_r)
+        if os.read(ready_r, 16) != b"ok":
+            raise ProviderError(f"agent of sandbox {sandbox_id} exited while starting: "
+                                f"{self._log_tail(self._dir(sandbox_id))}")
+        if not socket_path.exists():  # serving, but not where the scheduler will call it
+            raise ProviderError(f"agent of sandbox {sandbox_id} serves, but its socket is not at the host path")
 
     @staticmethod
     def _log_tail(sandbox_dir: Path) -> str:

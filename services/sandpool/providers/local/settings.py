@@ -52,7 +52,7 @@ class LocalProviderSettings(ServiceSettings):
         "Log level of each sandbox's agent (JSON lines in its sandbox directory's agent.log; "
         "info: one line per call, with the caller's request id)"))
     start_timeout_seconds: float = Field(default=30.0, gt=0, description=(
-        "How long a new sandbox's agent may take to answer its health check"))
+        "How long a new sandbox's agent may take to report that it serves (its readiness pipe)"))
     stop_grace_seconds: float = Field(default=2.0, ge=0, description=(
         "Between SIGTERM and SIGKILL when a sandbox is destroyed"))
     agent_python: str | None = Field(default=None, description=(

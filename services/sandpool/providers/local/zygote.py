@@ -240,14 +240,15 @@ class ZygoteClient:
 
     async def launch(self, sandbox_id: str, *, socket_path: str, workspace: str | None, uid: int | None,
                      secret: str, limits: dict[str, int | None], agent: dict[str, Any],
-                     log_path: str | None = None, egress_socket: str | None = None) -> dict[str, Any]:
+                     log_path: str | None = None, egress_socket: str | None = None,
+                     ready_fd: int | None = None) -> dict[str, Any]:
         fd = zygote_protocol.secret_fd(secret)
         message = {"op": "launch", "sandbox_id": sandbox_id, "socket_path": socket_path, "workspace": workspace,
                    "uid": uid, "limits": limits, "agent": agent, "log_path": log_path}
         if egress_socket is not None:
             message["egress_socket"] = egress_socket  # host path, bound read-only into the sandbox root
         try:
-            reply = await self.request(message, (fd,))
+            reply = await self.request(message, (fd,) if ready_fd is None else (fd, ready_fd))
         finally:
             os.close(fd)
         if not reply.get("ok"):
@@ -399,12 +400,12 @@ class ZygoteLauncher:
         await self.client.close()
 
     async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
-                     limits: SandboxLimits, *, log_path: Path) -> ProcessHandle:
+                     limits: SandboxLimits, *, log_path: Path, ready_fd: int | None = None) -> ProcessHandle:
+        if not self.using_fallback:
+            await self._ensure_running()  # may find that only the fallback can start sandboxes
         if self.using_fallback and self.fallback is not None:
-            return await self.fallback.launch(sandbox_id, workspace, socket_path, secret, limits, log_path=log_path)
-        await self._ensure_running()
-        if self.using_fallback and self.fallback is not None:
-            return await self.fallback.launch(sandbox_id, workspace, socket_path, secret, limits, log_path=log_path)
+            return await self.fallback.launch(sandbox_id, workspace, socket_path, secret, limits, log_path=log_path,
+                                              ready_fd=ready_fd)
         assert self.report is not None
         # With the filesystem layer, the socket's directory (holding nothing but the socket) is the
         # one host directory the sandbox sees.
@@ -439,7 +440,8 @@ class ZygoteLauncher:
                     "code_pids_max": limits.max_processes or None,
                     "cpu_millis": getattr(limits, "cpu_millis", None),
                     "workspace_bytes": limits.workspace_bytes},
-            agent=agent, log_path=str(log_path), egress_socket=egress.socket if egress is not None else None)
+            agent=agent, log_path=str(log_path), egress_socket=egress.socket if egress is not None else None,
+            ready_fd=ready_fd)
         pid = int(reply["pid"])
         return ProcessHandle(pid=pid, pgid=pid, start_time=start_time(pid))
 

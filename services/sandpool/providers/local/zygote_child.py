@@ -16,7 +16,8 @@ namespaces layer is active). The order matters:
    start children as the sandbox uid, chown workspace files and kill its
    children), for good, via the bounding set;
 6. install the seccomp filter on the agent itself (its children inherit it);
-7. clear the environment, report "ok" to the zygote, and serve.
+7. clear the environment, report "ok" to the zygote, and serve (the agent tells the
+   provider itself, on a pipe the provider passed through, once it accepts connections).
 
 Any failure is written to the status pipe and the child exits: a sandbox is
 never served half-isolated.
@@ -64,6 +65,8 @@ class ChildSpec:
     """The zygote forked the child inside a network namespace of its own, loopback up."""
     template_fd: int | None = None
     """The agent's end of its channel to the zygote's runner template (runner_templates.py)."""
+    ready_fd: int | None = None
+    """The provider's pipe, passed through: the agent says `ok` on it once it serves (agent/server.py)."""
 
 
 def _reset_signals() -> None:
@@ -136,6 +139,8 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
         settings.update(sandbox_uid=spec.uid, sandbox_gid=spec.uid)
     if spec.template_fd is not None:
         settings.update(runner_template_fd=spec.template_fd)
+    if spec.ready_fd is not None:
+        settings.update(ready_fd=spec.ready_fd)
     if code_cgroup_fd is not None and cgroup is not None:
         settings.update(code_cgroup_fd=code_cgroup_fd, code_cgroup_version=cgroup.version,
                         process_cap=cgroup.code_pids_max)

@@ -234,11 +234,11 @@ class Zygote:
     def launch(self, message: dict[str, Any], fds: list[int]) -> None:
         rid = message.get("id")
         sandbox_id = message.get("sandbox_id")
-        if len(fds) != 1:
+        if len(fds) not in (1, 2):
             for fd in fds:
                 os.close(fd)
-            raise ValueError("launch needs exactly one descriptor (the secret)")
-        secret_fd = fds[0]
+            raise ValueError("launch needs the secret's descriptor and at most one more (the readiness pipe)")
+        secret_fd, ready_fd = fds[0], fds[1] if len(fds) == 2 else None
         try:
             if not isinstance(sandbox_id, str) or not SANDBOX_ID.match(sandbox_id):
                 raise ValueError("bad sandbox id")
@@ -258,12 +258,14 @@ class Zygote:
             if egress_socket is not None and (not isinstance(egress_socket, str) or not os.path.isabs(egress_socket)):
                 raise ValueError("egress_socket must be an absolute path")
             self._launch(rid, sandbox_id, uid, limits, agent, host_socket, message.get("workspace"),
-                         message.get("log_path"), secret_fd, egress_socket=egress_socket)
+                         message.get("log_path"), secret_fd, ready_fd, egress_socket=egress_socket)
         finally:
             os.close(secret_fd)
+            if ready_fd is not None:
+                os.close(ready_fd)  # the agent's alone now: end-of-file reaches the provider when it dies
 
     def _launch(self, rid: Any, sandbox_id: str, uid: int | None, limits: dict[str, Any], agent: dict[str, Any],
-                host_socket: str, host_workspace: Any, log_path: Any, secret_fd: int, *,
+                host_socket: str, host_workspace: Any, log_path: Any, secret_fd: int, ready_fd: int | None, *,
                 egress_socket: str | None = None) -> None:
         if not isinstance(host_workspace, str) or not os.path.isabs(host_workspace):
             raise ValueError("workspace must be an absolute path")
@@ -294,7 +296,7 @@ class Zygote:
             sandbox_id=sandbox_id, layers=self.layers, uid=uid, plan=self.plan, fs=fs, new_root=self.new_root,
             host_workspace=host_workspace, host_socket=host_socket, agent=agent,
             log_path=log_path if isinstance(log_path, str) and os.path.isabs(log_path) else None,
-            network_ready=self.netns is not None, template_fd=template_fd)
+            network_ready=self.netns is not None, template_fd=template_fd, ready_fd=ready_fd)
         netns = None
         try:
             # The child is forked inside its network namespace (as it is inside its PID namespace):
@@ -316,8 +318,8 @@ class Zygote:
             try:
                 if channel is not None:
                     channel[1].close()  # the template's end: held here, the agent would never see it close
-                self._forget_in_child(keep=(status_w, secret_fd) if template_fd is None
-                                      else (status_w, secret_fd, template_fd))
+                self._forget_in_child(keep=tuple(fd for fd in (status_w, secret_fd, template_fd, ready_fd)
+                                                 if fd is not None))
                 zygote_child.run(spec, cgroup, secret_fd, status_w)
             finally:
                 os._exit(zygote_child.FAILED)
