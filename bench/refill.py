@@ -1,13 +1,13 @@
 """How fast the local provider makes isolated sandboxes ready: refill rate, start latency, CPU.
 
 Drives the real `LocalProvider` (directory, secret, workspace tmpfs, launch,
-health check) with a chosen launcher, keeping `--concurrency` creates in flight
+readiness) with a chosen launcher, keeping `--concurrency` creates in flight
 and destroying each sandbox as soon as it is ready, the way a pool refills while
 clients release sessions (released sandboxes are destroyed in the background, as
 the pool controller does). Reports:
 
 - refill rate: sandboxes made ready per second (wall clock), sustained;
-- start latency: create() call to agent healthy, p50/p90/p99;
+- start latency: create() call to the agent serving (its readiness pipe), p50/p90/p99;
 - CPU per sandbox: the launcher's own CPU plus everything the sandboxes ran
   (for the zygote: its RUSAGE_SELF + RUSAGE_CHILDREN, which include the agents
   and their interpreter workers once reaped; for the subprocess launcher: this

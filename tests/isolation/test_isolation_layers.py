@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+import select
 import signal
 import socket
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from testkit import survivors
 
+from sandpool.providers.local import zygote_protocol
 from sandpool.providers.local.isolation import detect
 from sandpool.providers.local.zygote import ZygoteClient, ZygoteError
 
@@ -153,6 +155,21 @@ async def test_malformed_requests_are_refused_and_leave_nothing(tmp_path: Path) 
         reply = await client.request({"op": "launch", "sandbox_id": "ok6", **{k: v for k, v in good.items()
                                                                             if k != "secret"}})
         assert reply["ok"] is False and "descriptor" in reply["error"]
+        # Three descriptors (one more than the secret and the readiness pipe): refused, and a
+        # refused launch keeps no copy of a readiness pipe either: end-of-file once ours is closed.
+        without_secret = {k: v for k, v in good.items() if k != "secret"}
+        for sandbox_id, extra, fds in (("ok6", {}, 3), ("ok3", {"uid": "root"}, 2)):
+            ready_r, ready_w = os.pipe()
+            secret_fd = zygote_protocol.secret_fd("s" * 20)
+            try:
+                reply = await client.request({"op": "launch", "sandbox_id": sandbox_id, **without_secret, **extra},
+                                             (secret_fd, ready_w, ready_w)[:fds])
+            finally:
+                os.close(secret_fd)
+                os.close(ready_w)
+            assert reply["ok"] is False and ("descriptor" if fds == 3 else "uid") in reply["error"]
+            assert select.select([ready_r], [], [], 30)[0] and os.read(ready_r, 8) == b""
+            os.close(ready_r)
         reply = await client.request({"op": "format-disk"})
         assert reply["ok"] is False and "unknown op" in reply["error"]
         # Nothing was left behind, and the zygote still works.
