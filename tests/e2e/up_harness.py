@@ -74,6 +74,11 @@ class Up:
             sockets = Path((self.data_dir / "run" / "sockets-dir").read_text().strip())
             if sockets.name.startswith("sandpool-up-"):
                 shutil.rmtree(sockets, ignore_errors=True)
+        # Nor its sandboxes' socket directory (providers/local/sockets.py), which the data dir names too.
+        with contextlib.suppress(OSError):
+            agent_sockets = Path((self.data_dir / "sockets").read_text().strip())
+            if agent_sockets.is_absolute() and agent_sockets.name.startswith("sp-"):
+                shutil.rmtree(agent_sockets, ignore_errors=True)
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 

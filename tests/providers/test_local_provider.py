@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -11,11 +12,12 @@ import pytest
 from local_helpers import agent_client, output, run
 
 from sandpool.core.settings import ConfigurationError
-from sandpool.pool.provider import PoolSpec, Provider, ProviderError
+from sandpool.pool.provider import SANDBOX_ID_LENGTH, PoolSpec, Provider, ProviderError
 from sandpool.providers import build_provider
 from sandpool.providers.local import procs
 from sandpool.providers.local.provider import LocalProvider, data_dir_need
 from sandpool.providers.local.settings import LocalProviderSettings
+from sandpool.providers.local.sockets import SocketDir
 
 POOL = PoolSpec(name="default", image="python")
 ROOT = os.geteuid() == 0
@@ -307,6 +309,25 @@ async def test_an_agent_that_dies_while_starting_is_reported_with_its_log_and_le
     assert await provider.list() == []
     assert not (data_dir / "sandboxes" / "sb-dies").exists()
     assert open_fds() == before
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this host")
+def test_the_socket_directory_is_on_a_memory_filesystem_and_a_base_it_cannot_use_is_skipped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/proc")  # a directory, but nobody can make one in it
+    sockets = SocketDir(tmp_path)
+    root = sockets.open(longest_id=SANDBOX_ID_LENGTH)
+    try:
+        assert root.parent == Path("/dev/shm")
+        assert stat.S_IMODE(root.stat().st_mode) == 0o700
+        assert (tmp_path / "sockets").read_text().strip() == str(root)  # a restarted provider finds it
+        socket_path = sockets.path_for("sb-shm")
+        assert socket_path.parent.parent == root
+        SocketDir.remove(socket_path)
+        sockets.close_if_empty()
+        assert not root.exists() and not (tmp_path / "sockets").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_a_data_dir_of_any_length_works_and_its_socket_directory_goes_with_the_sandboxes(

@@ -2,9 +2,13 @@
 
 A socket path must fit in `sun_path` (107 bytes), so sockets cannot live in the
 data dir, which may be anywhere. They go to a directory of their own with a
-short random name under `$XDG_RUNTIME_DIR` (or the temporary directory), mode
-0700, one subdirectory per sandbox (the only host directory a namespaced
-sandbox sees). Its path is recorded in the data dir, so a restarted provider,
+short random name under `$XDG_RUNTIME_DIR`, else `/dev/shm`, else the temporary
+directory, mode 0700, one subdirectory per sandbox (the only host directory a
+namespaced sandbox sees). A memory filesystem first: a sandbox's socket
+directory is made and removed on the scheduler's event loop, and on a
+journalled disk (ext4 here) that cost ~0.3 ms of CPU per sandbox, and its
+`rmdir` blocked the loop for 0.45 ms at p50 and 2.8 ms at p90 under the churn
+(waiting on the journal), against 0.02 ms on tmpfs. Its path is recorded in the data dir, so a restarted provider,
 another scheduler replica on the same data dir and `sandpool up`'s clean-up find
 the same sockets; it is removed once no sandbox uses it.
 """
@@ -38,7 +42,7 @@ def _private_dir(path: Path) -> bool:
 
 
 def _bases() -> list[str]:
-    candidates = [os.environ.get("XDG_RUNTIME_DIR") or "", tempfile.gettempdir(), "/tmp"]
+    candidates = [os.environ.get("XDG_RUNTIME_DIR") or "", "/dev/shm", tempfile.gettempdir(), "/tmp"]
     return [c for c in dict.fromkeys(candidates) if c and os.path.isabs(c) and os.path.isdir(c)]
 
 
@@ -56,7 +60,10 @@ class SocketDir:
             self.root = recorded
             return recorded
         for base in _bases():
-            root = Path(tempfile.mkdtemp(prefix="sp-", dir=base))
+            try:
+                root = Path(tempfile.mkdtemp(prefix="sp-", dir=base))
+            except OSError:
+                continue  # not writable here (a read-only /dev/shm): the next base
             if self._fits(root, longest_id):
                 os.chmod(root, 0o700)
                 tmp = self.record.with_name(RECORD + ".tmp")
