@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import stat
@@ -145,6 +146,29 @@ async def test_sandboxed_code_runs_unprivileged_and_cannot_read_the_secret(data_
 
 
 @pytest.mark.skipif(not ROOT, reason="uid separation needs root")
+@pytest.mark.skipif(not ROOT, reason="uids per sandbox need root")
+async def test_sandbox_uids_stay_unique_when_two_providers_share_a_data_dir(data_dir: Path) -> None:
+    """Each provider remembers the uids it has read; the other's sandboxes, and freed uids, still count."""
+    first = await started(data_dir, sandbox_uid_range="1700100-1700103")
+    second = await started(data_dir, sandbox_uid_range="1700100-1700103")
+
+    def uid_of(sandbox_id: str) -> int:
+        return json.loads((data_dir / "sandboxes" / sandbox_id / "meta.json").read_text())["uid"]
+
+    for provider, sandbox_id in ((first, "sb-u1"), (second, "sb-u2"), (first, "sb-u3"), (second, "sb-u4")):
+        await provider.create(POOL, sandbox_id)
+    assert sorted(uid_of(f"sb-u{n}") for n in range(1, 5)) == [1700100, 1700101, 1700102, 1700103]
+    with pytest.raises(ProviderError, match="no free sandbox uid"):
+        await first.create(POOL, "sb-u5")
+    assert not (data_dir / "sandboxes" / "sb-u5").exists()
+    freed = uid_of("sb-u2")
+    await second.destroy("sb-u2")
+    await first.create(POOL, "sb-u6")  # the uid the other provider freed, and only that one
+    assert uid_of("sb-u6") == freed
+    for provider, sandbox_id in ((first, "sb-u1"), (first, "sb-u3"), (second, "sb-u4"), (first, "sb-u6")):
+        await provider.destroy(sandbox_id)
+
+
 async def test_sandboxes_cannot_touch_each_other(data_dir: Path) -> None:
     provider = await started(data_dir)
     a, b = await asyncio.gather(provider.create(POOL, "sb-a"), provider.create(POOL, "sb-b"))
