@@ -111,11 +111,14 @@ def assert_pool_refilled(stack: Stack, pool_size: int, timeout: float = 90) -> N
         with stack.rdb() as r:
             ready, members = r.lrange(keys.pool_ready("default"), 0, -1), r.smembers(keys.pool_members("default"))
             return {"ready": len(ready), "members": len(members),
-                    "not ready (state, session, ready_at)": {sid: r.hmget(keys.sandbox(sid), "state", "session",
-                                                                          "ready_at") for sid in members - set(ready)},
+                    "not ready (state, session, ready_at, owner, created_at)": {
+                        sid: r.hmget(keys.sandbox(sid), "state", "session", "ready_at", "owner", "created_at")
+                        for sid in members - set(ready)},
                     "doomed": sorted(r.smembers(keys.doomed)), "deadlines": r.zrange(keys.deadlines, 0, -1),
                     "sessions": sorted(r.scan_iter(match=keys.session_prefix + "*", count=1000)),
-                    "dirs": sorted(stack.sandbox_dirs()), "scheduler log": stack.schedulers[0].log_tail()}
+                    "dirs": sorted(stack.sandbox_dirs()),
+                    # Every replica's: the first may be one a test killed, the leader's says why.
+                    "scheduler logs": [s.log_tail() for s in stack.schedulers]}
 
     wait_for(settled, timeout=timeout, what=f"the pool refilled to {pool_size} with no session left", state=state)
 
