@@ -145,7 +145,6 @@ async def test_sandboxed_code_runs_unprivileged_and_cannot_read_the_secret(data_
     await provider.destroy("sb-uid")
 
 
-@pytest.mark.skipif(not ROOT, reason="uid separation needs root")
 @pytest.mark.skipif(not ROOT, reason="uids per sandbox need root")
 async def test_sandbox_uids_stay_unique_when_two_providers_share_a_data_dir(data_dir: Path) -> None:
     """Each provider remembers the uids it has read; the other's sandboxes, and freed uids, still count."""
@@ -169,6 +168,7 @@ async def test_sandbox_uids_stay_unique_when_two_providers_share_a_data_dir(data
         await provider.destroy(sandbox_id)
 
 
+@pytest.mark.skipif(not ROOT, reason="uid separation needs root")
 async def test_sandboxes_cannot_touch_each_other(data_dir: Path) -> None:
     provider = await started(data_dir)
     a, b = await asyncio.gather(provider.create(POOL, "sb-a"), provider.create(POOL, "sb-b"))
