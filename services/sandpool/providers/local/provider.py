@@ -50,7 +50,7 @@ from sandpool.providers.local.launcher import AgentSecret, EgressAccess, Launche
 from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
 from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, cpu_millis, default_sandbox_python
 from sandpool.providers.local.sockets import SOCKET_PATH_MAX, SocketDir
-from sandpool.providers.local.zygote import ZygoteError, make_launcher
+from sandpool.providers.local.zygote import ZygoteError, make_launcher, wake
 from sandpool.state.keys import egress_digest
 
 log = logging.getLogger("sandpool.providers.local")
@@ -69,11 +69,6 @@ def data_dir_need(path: Path) -> str:
         return (f"uid {uid} must own it, and uid {owner} does: chown {uid} it, or name a directory "
                 f"inside it that uid {uid} can create")
     return f"uid {uid} owns it but cannot set its mode or write in it"
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class LocalProvider:
@@ -508,7 +503,7 @@ class LocalProvider:
         request, which cost the scheduler ~0.45 ms of CPU per sandbox. End-of-file: it died first."""
         loop = asyncio.get_running_loop()
         readable: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(ready_r, _settle, readable)
+        loop.add_reader(ready_r, wake, readable)
         try:
             async with asyncio.timeout(self.settings.start_timeout_seconds):
                 await readable

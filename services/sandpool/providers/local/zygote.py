@@ -51,8 +51,9 @@ KillOutcome = Literal["unknown", "killed", "contained"]
 (its PID namespace or cgroup emptied by the kernel, so no /proc scan for leftovers is needed)."""
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
-    """The writer callback: wake the one send waiting for the fd to take more."""
+def wake(waiter: asyncio.Future[None]) -> None:
+    """A reader or writer callback of the event loop: wake the one coroutine waiting on the fd
+    (the loop calls it again until the callback is removed)."""
     if not waiter.done():
         waiter.set_result(None)
 
@@ -229,7 +230,7 @@ class ZygoteClient:
                 return
             except BlockingIOError:
                 ready: asyncio.Future[None] = loop.create_future()
-                loop.add_writer(self.sock.fileno(), _wake, ready)
+                loop.add_writer(self.sock.fileno(), wake, ready)
                 try:
                     await ready
                 finally:
