@@ -447,3 +447,31 @@ async def test_a_former_leaders_starts_are_forgotten_after_one_term_not_the_star
     # Its own record (a restart with the same replica id) still gets the whole start timeout.
     assert (await redis.hgetall(keys.sandbox("sb-of-mine")))["state"] == "starting"
     assert c.metrics.reconciled.labels(kind="stuck_starting")._value.get() == 1
+
+
+async def test_a_stray_cancellation_in_the_leader_loop_does_not_end_the_controller(redis, keys, provider, tasks):
+    """A step ended by a CancelledError nobody asked for (the recheck reconciliation here) must not end
+    `run()`: it would release leadership with no replica left to take it, and a former leader's
+    `starting` records (and pool slots, and directories) would stay for good."""
+    now = f"{time.time():.3f}"
+    await redis.hset(keys.sandbox("sb-of-the-dead"), mapping={"state": "starting", "pool": "default",
+                                                               "image": "python", "created_at": now,
+                                                               "owner": "dead-replica"})
+    await redis.sadd(keys.pool_members("default"), "sb-of-the-dead")
+    c = controller(redis, keys, provider, [pool(warm=1, ceiling=4)], leadership_ms=1000)
+    real_list, calls = provider.list, []
+
+    async def list_once_cancelled() -> list:
+        calls.append(1)
+        if len(calls) == 2:  # the reconciliation booked for the former leader's start
+            raise asyncio.CancelledError
+        return await real_list()
+
+    provider.list = list_once_cancelled
+    task = start(tasks, c)
+
+    async def dead_ones_gone() -> bool:
+        return not await redis.sismember(keys.pool_members("default"), "sb-of-the-dead")
+
+    await eventually(dead_ones_gone, timeout=15, what="the former leader's start forgotten")
+    assert not task.done() and c.running

@@ -91,6 +91,13 @@ def assert_sessions_work_or_are_gone(clients: list[httpx.Client], record: Record
     return dict(outcome)
 
 
+def readyz(service: Any) -> object:
+    try:
+        return httpx.get(service.url + "/readyz", timeout=5).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return repr(exc)
+
+
 def assert_pool_refilled(stack: Stack, pool_size: int, timeout: float = 90) -> None:
     """After every session is ended (or reaped): the warm target, on disk and in Redis, and no session key.
 
@@ -117,6 +124,10 @@ def assert_pool_refilled(stack: Stack, pool_size: int, timeout: float = 90) -> N
                     "doomed": sorted(r.smembers(keys.doomed)), "deadlines": r.zrange(keys.deadlines, 0, -1),
                     "sessions": sorted(r.scan_iter(match=keys.session_prefix + "*", count=1000)),
                     "dirs": sorted(stack.sandbox_dirs()),
+                    # Who leads, and whether each live replica's controller still runs (one that
+                    # stopped leading would say "not running").
+                    "leader": r.get(keys.controller_leader),
+                    "readyz": {s.name: readyz(s) for s in stack.schedulers if s.running()},
                     # Every replica's: the first may be one a test killed, the leader's says why.
                     "scheduler logs": [s.log_tail() for s in stack.schedulers]}
 

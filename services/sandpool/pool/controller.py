@@ -153,7 +153,17 @@ class PoolController:
                     log.warning("controller cannot reach redis", extra={"error": str(exc)})
                     acquired = False
                 if acquired:
-                    await self._lead()
+                    try:
+                        await self._lead()
+                    except asyncio.CancelledError:
+                        task = asyncio.current_task()
+                        if task is not None and task.cancelling():
+                            raise  # our own shutdown
+                        # A step ended by a cancellation nobody asked for: without this the task
+                        # would end here, silently, and no replica would ever lead (or reconcile) again.
+                        log.error("pool controller leadership ended by a stray cancellation; standing by")
+                    except Exception:
+                        log.exception("pool controller leadership failed; standing by")
                 await asyncio.sleep(follow)
         finally:
             self._running = False
@@ -180,6 +190,9 @@ class PoolController:
         while not work.done():
             done, _ = await asyncio.wait({work}, timeout=interval)
             if done:
+                if work.cancelled():
+                    log.error("pool controller leader loop was cancelled")
+                    return
                 exc = work.exception()
                 if exc is not None:
                     log.error("pool controller leader loop failed", exc_info=exc)
@@ -203,6 +216,9 @@ class PoolController:
         fast path, reconciliation by the next leader the safety net.
         """
         await _cancel_all(list(self._start_tasks) + list(self._destroy_tasks))
+        # A destroy cancelled before it ran never reached its `finally`: its id would stay here and
+        # every later reconciliation of ours would skip that sandbox for good.
+        self._destroying.clear()
         leftovers = list(self._starting.items())
         self._starting.clear()
         if leftovers:
@@ -500,38 +516,48 @@ class PoolController:
         for sandbox_id, pool in checked:
             if sandbox_id in self._starting or sandbox_id in self._destroying:
                 continue
-            record = records[sandbox_id]
-            state = record.state
-            if sandbox_id in running:
-                if state == "starting":
-                    if self._start_abandoned(record, now):
-                        log.warning("destroying sandbox stuck starting", extra={"sandbox": sandbox_id})
-                        self.metrics.reconciled.labels(kind="stuck_starting").inc()
-                        await self._destroy_and_forget(sandbox_id, pool)
-                elif state == "doomed":
-                    await self.sandboxes.doom_again(sandbox_id)
-                elif state in ("ready", "leased") and not running[sandbox_id].ready:
-                    # Its agent is gone for good: the session on it is lost, replace it.
-                    log.warning("sandbox agent is gone; releasing and destroying",
-                                extra={"sandbox": sandbox_id, "state": state})
-                    self.metrics.reconciled.labels(kind="stale_record").inc()
-                    if await self._destroy_quietly(sandbox_id):
-                        await self._forget_and_release(sandbox_id, pool, record.session)
-                elif not state:
-                    # Its record expired or vanished: nobody can lease it any more.
-                    self.metrics.reconciled.labels(kind="orphan_sandbox").inc()
-                    await self._destroy_and_forget(sandbox_id, pool)
-                continue
-            # Redis knows it, the provider does not run it.
+            try:
+                await self._reconcile_record(records[sandbox_id], pool, running, now)
+            except (StateError, OSError, TimeoutError, ProviderError) as exc:
+                log.warning("reconciling a sandbox failed", extra={"sandbox": sandbox_id, "error": str(exc)})
+            except Exception:  # one sandbox's bug must not keep every later one from being reconciled
+                log.exception("reconciling a sandbox crashed", extra={"sandbox": sandbox_id})
+
+    async def _reconcile_record(self, record: SandboxRecord, pool: str, running: dict[str, SandboxInfo],
+                                now: float) -> None:
+        """One member of a pool against what the provider runs (see `reconcile`)."""
+        sandbox_id = record.sandbox_id
+        state = record.state
+        if sandbox_id in running:
             if state == "starting":
-                if not self._start_abandoned(record, now):
-                    continue  # another (old) leader may still be creating it
-                self.metrics.reconciled.labels(kind="stuck_starting").inc()
-            elif state != "doomed":
+                if self._start_abandoned(record, now):
+                    log.warning("destroying sandbox stuck starting", extra={"sandbox": sandbox_id})
+                    self.metrics.reconciled.labels(kind="stuck_starting").inc()
+                    await self._destroy_and_forget(sandbox_id, pool)
+            elif state == "doomed":
+                await self.sandboxes.doom_again(sandbox_id)
+            elif state in ("ready", "leased") and not running[sandbox_id].ready:
+                # Its agent is gone for good: the session on it is lost, replace it.
+                log.warning("sandbox agent is gone; releasing and destroying",
+                            extra={"sandbox": sandbox_id, "state": state})
                 self.metrics.reconciled.labels(kind="stale_record").inc()
-            log.info("forgetting sandbox the provider does not run",
-                     extra={"sandbox": sandbox_id, "pool": pool, "state": state or "missing"})
-            await self._forget_and_release(sandbox_id, pool, record.session)
+                if await self._destroy_quietly(sandbox_id):
+                    await self._forget_and_release(sandbox_id, pool, record.session)
+            elif not state:
+                # Its record expired or vanished: nobody can lease it any more.
+                self.metrics.reconciled.labels(kind="orphan_sandbox").inc()
+                await self._destroy_and_forget(sandbox_id, pool)
+            return
+        # Redis knows it, the provider does not run it.
+        if state == "starting":
+            if not self._start_abandoned(record, now):
+                return  # another (old) leader may still be creating it
+            self.metrics.reconciled.labels(kind="stuck_starting").inc()
+        elif state != "doomed":
+            self.metrics.reconciled.labels(kind="stale_record").inc()
+        log.info("forgetting sandbox the provider does not run",
+                 extra={"sandbox": sandbox_id, "pool": pool, "state": state or "missing"})
+        await self._forget_and_release(sandbox_id, pool, record.session)
 
     def _start_abandoned(self, record: SandboxRecord, now: float) -> bool:
         """Whether a `starting` record will never be published: past the start timeout, or made
