@@ -85,6 +85,90 @@ def test_at_the_ceiling_503_at_capacity_comes_at_once(pool, r, keys) -> None:
     assert no_waiters_left(r, keys)
 
 
+def churn(url: str, sessions: int) -> None:
+    """Sessions created and destroyed one after another: the pool's release rate."""
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for _ in range(sessions):
+            created = client.post("/sessions", json={})
+            assert created.status_code == 201, created.text
+            assert client.delete(f"/sessions/{created.json()['session_id']}").status_code == 204
+
+
+def seed_releases(r, keys, releases: int, pool: str = "default") -> None:  # type: ignore[no-untyped-def]
+    """As if `releases` sessions of the pool had been released in the current 10-second bucket (what
+    the release script counts), for a release rate no test could churn through in its time."""
+    from sandpool.state.sessions import rate_bucket
+
+    key = keys.pool_rate_prefix(pool, "releases") + str(rate_bucket(time.time()))
+    r.set(key, releases, ex=120)
+
+
+def test_at_the_ceiling_a_churning_pool_queues_the_caller_for_the_next_release(pool, r, keys) -> None:
+    app = pool(pool_size=1, max_sandboxes=2)
+    churn(app.url, 8)  # 8 releases in the last minute: one slot frees every 7.5 s, within half the wait
+    with httpx.Client(base_url=app.url, timeout=60) as client:
+        held = [client.post("/sessions", json={}) for _ in range(2)]
+        assert [h.status_code for h in held] == [201, 201]
+
+        async def third() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=app.url, timeout=60) as other:
+                return await other.post("/sessions", json={})
+
+        async def scenario() -> httpx.Response:
+            waiting = asyncio.ensure_future(third())
+            deadline = time.monotonic() + 30
+            while r.scard(keys.pool_waiters("default")) == 0:  # queued past the ceiling, not refused
+                assert not waiting.done(), waiting.result().text
+                assert time.monotonic() < deadline, "the third caller never queued"
+                await asyncio.sleep(0.01)
+            assert not waiting.done()
+            freed = held[0].json()["session_id"]
+            assert (await asyncio.to_thread(client.delete, f"/sessions/{freed}")).status_code == 204
+            return await waiting
+
+        answer = asyncio.run(scenario())
+    assert answer.status_code == 201, answer.text
+    sandboxes = {r.hget(keys.session(h.json()["session_id"]), "sandbox") for h in (held[1], answer)}
+    assert len(sandboxes) == 2 and None not in sandboxes  # a fresh sandbox, not the released one's
+    assert "capacity_refusals" not in r.hgetall(keys.usage_total("_standalone"))
+    assert no_waiters_left(r, keys)
+
+
+def test_at_the_ceiling_a_pool_releasing_too_slowly_for_the_wait_refuses_at_once(pool, r, keys) -> None:
+    app = pool(pool_size=1, max_sandboxes=1)  # the wait is 30 s: one release every 15 s would do
+    with httpx.Client(base_url=app.url, timeout=60) as client:
+        held = client.post("/sessions", json={})
+        assert held.status_code == 201
+        seed_releases(r, keys, 3)  # one release every 20 s
+        started = time.monotonic()
+        refused = client.post("/sessions", json={})
+        assert time.monotonic() - started < 15, "refused at once, not after a wait"
+    assert refused.status_code == 503 and refused.json()["reason"] == "at_capacity", refused.text
+    assert refused.headers["retry-after"] == "20"  # one release for it, at 3 a minute
+    assert r.hgetall(keys.usage_total("_standalone"))["capacity_refusals"] == "1"
+    assert no_waiters_left(r, keys)
+
+
+def test_a_wait_past_the_ceiling_that_no_release_ends_is_503_at_capacity_soon(pool, r, keys) -> None:
+    app = pool(pool_size=1, max_sandboxes=1)  # a capacity wait of 30 s
+    with httpx.Client(base_url=app.url, timeout=60) as client:
+        held = client.post("/sessions", json={})
+        assert held.status_code == 201
+        seed_releases(r, keys, 120)  # two a second: a slot should free in 0.5 s, but none does
+        started = time.monotonic()
+        answer = client.post("/sessions", json={})
+        waited = time.monotonic() - started
+        assert client.post(f"/sessions/{held.json()['session_id']}/exec", json=PRINT_1).status_code == 200
+    assert answer.status_code == 503 and answer.json()["reason"] == "at_capacity", answer.text
+    assert "retry-after" in answer.headers
+    # It waited for a release (twice the expected 0.5 s), and gave up long before the capacity wait.
+    assert 1 <= waited < 15, waited
+    assert no_waiters_left(r, keys)
+    refusals = [e for _, e in r.xrange(keys.usage_events) if e["type"] == "capacity_refusal"]
+    assert [e["limit"] for e in refusals] == ["at_capacity"]
+    assert r.hgetall(keys.usage_total("_standalone"))["capacity_refusals"] == "1"
+
+
 def test_a_provider_that_cannot_start_gives_start_timeout_after_the_wait(redis_url, redis_prefix, r, keys,
                                                                          data_dir) -> None:
     from sandpool.providers.local.provider import LocalProvider

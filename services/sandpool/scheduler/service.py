@@ -83,6 +83,9 @@ ABANDON_RETRY_SECONDS = 60.0
 """How long an abandoned lease's release is retried; past it, the session's idle timeout reaps it."""
 MAX_RETRY_AFTER_SECONDS = 60
 """The longest Retry-After a capacity refusal estimates."""
+PAST_CEILING_MIN_WAIT_SECONDS = 1.0
+"""The shortest wait of a caller queued at a full pool (its releases may be due in milliseconds, and
+its sandbox still has to start)."""
 
 
 class SandboxUnavailable(Unavailable):
@@ -124,6 +127,16 @@ def retry_after(refused: Refused) -> int:
     if per_second <= 0:
         return MAX_RETRY_AFTER_SECONDS
     return max(1, min(MAX_RETRY_AFTER_SECONDS, math.ceil((refused.waiters + 1) / per_second)))
+
+
+def patience(waiting: Waiting, wait: float) -> float:
+    """How long a queued caller waits. Below the ceiling, the whole capacity wait for the start made
+    for it. Past it, twice the time its releases are expected to take at the pool's recent rate (the
+    lease script queued it only if that fits in the wait): long enough for the pool's pace, and a
+    pool whose sessions stop ending answers `at_capacity` soon rather than at the end of the wait."""
+    if not waiting.past_ceiling:
+        return wait
+    return min(wait, max(PAST_CEILING_MIN_WAIT_SECONDS, 2 * waiting.expected_seconds()))
 
 
 def new_session_id() -> str:
@@ -195,8 +208,10 @@ class Scheduler:
 
     async def create_session(self, caller: Caller, body: bytes, *,
                              client_gone: Callable[[], Awaitable[None]] | None = None) -> SessionDetails:
-        """Lease a sandbox; with none ready below the ceiling, wait (up to the capacity wait) while the
-        controller starts one. `client_gone` returns when the caller disconnects: it stops waiting."""
+        """Lease a sandbox; with none ready, wait (up to the capacity wait) while the controller starts
+        one: below the ceiling at once, at it once a release frees a slot (only when the pool's recent
+        releases say one comes in time: else 503 at once). `client_gone` returns when the caller
+        disconnects: it stops waiting."""
         hints = self._parse_create(body)
         pool = self.pools.for_image(hints.image)
         policy = limits.in_force(self.ceilings, caller.policy)
@@ -216,7 +231,8 @@ class Scheduler:
             self._spawn(self._abandon(caller, session_id, pool.name), cancel_on_drain=True)
             raise
         if isinstance(result, Waiting):
-            result = await self._wait_for_sandbox(caller, session_id, pool.name, wait, client_gone)
+            result = await self._wait_for_sandbox(caller, session_id, pool.name, patience(result, wait),
+                                                  client_gone, past_ceiling=result.past_ceiling)
             now = time.time()
         if isinstance(result, Refused):
             raise self._refusal(result, pool.name, now)
@@ -241,8 +257,10 @@ class Scheduler:
                           retry_after=retry_after(refused), pool=pool)
 
     async def _wait_for_sandbox(self, caller: Caller, session_id: str, pool: str, wait: float,
-                                client_gone: Callable[[], Awaitable[None]] | None) -> Leased:
-        """Wait, queued in Redis, until a sandbox is promised to this caller, then claim it."""
+                                client_gone: Callable[[], Awaitable[None]] | None, *,
+                                past_ceiling: bool = False) -> Leased:
+        """Wait, queued in Redis, until a sandbox is promised to this caller, then claim it.
+        `past_ceiling`: queued at a full pool, for a slot a release frees (not only for a start)."""
         assert self.waiters is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -268,14 +286,20 @@ class Scheduler:
         except BaseException:
             # The caller left (or this task was cancelled): hand on whatever was promised to it.
             self._spawn(self.store.cancel_wait(waiter=session_id, workspace=caller.workspace, pool=pool,
-                                               now=time.time(), timed_out=False))
+                                               now=time.time()))
             raise
         finally:
             self.waiters.forget(session_id)
             if gone is not None:
                 gone.cancel()
+        if past_ceiling:  # no release freed a slot in time (the pool's release rate fell meanwhile)
+            await self.store.cancel_wait(waiter=session_id, workspace=caller.workspace, pool=pool,
+                                         now=time.time(), refusal="at_capacity")
+            self.metrics.leases.labels(outcome="capacity").inc()
+            raise AtCapacity(f"no sandbox of the pool was released for this caller within {wait:.3g}s; "
+                             "retry later", retry_after=self.settings.retry_after_seconds, pool=pool)
         await self.store.cancel_wait(waiter=session_id, workspace=caller.workspace, pool=pool, now=time.time(),
-                                     timed_out=True)
+                                     refusal="start_timeout")
         self.metrics.leases.labels(outcome="start_timeout").inc()
         cause = await self.store.last_error(pool)
         log.warning("no sandbox could be started in time", extra={"pool": pool, "wait_seconds": wait,
@@ -651,7 +675,7 @@ class Scheduler:
             await asyncio.sleep(pause)
             try:
                 await self.store.cancel_wait(waiter=session_id, workspace=caller.workspace, pool=pool,
-                                             now=time.time(), timed_out=False)
+                                             now=time.time())
                 released = await self.store.release(session_id=session_id, workspace=caller.workspace,
                                                     now=time.time(), mode="abandoned")
             except StateUnavailable:

@@ -80,8 +80,9 @@ class SchedulerSettings(ServiceSettings):
 
     # --- capacity and forwarding -------------------------------------------------------------
     capacity_wait_seconds: float = Field(default=30.0, ge=0, le=600, description=(
-        "How long CreateSession waits, below the ceiling, for a sandbox started for it when none is ready "
-        "(0: fail fast with 503 at once)"))
+        "How long CreateSession waits for a sandbox when none is ready: below the ceiling, for one started "
+        "for it; at the ceiling, for a slot a release frees, when the pool's releases of the last minute say "
+        "one comes within half this wait (0: fail fast with 503 at once)"))
     retry_after_seconds: int = Field(default=1, ge=1, description=(
         "Retry-After of a 503 other than a capacity refusal (whose Retry-After follows the pool's release rate)"))
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description=(

@@ -122,9 +122,10 @@ end
 """
 
 LEASE = _METER + _WAITING + _GRANT + r"""
--- Lease a ready sandbox for a new session, within the workspace's lease limits; with none ready and
--- the pool below its ceiling, queue the caller as a waiter instead (the controller starts a sandbox
--- for each waiter at once, and promises it to the waiters in order, round-robin across workspaces).
+-- Lease a ready sandbox for a new session, within the workspace's lease limits; with none ready,
+-- queue the caller as a waiter instead (the controller starts a sandbox for each waiter at once, or
+-- as soon as a release frees a slot under the ceiling, and promises them to the waiters in order,
+-- round-robin across workspaces).
 -- KEYS[1] pool ready list        KEYS[2] the new session's hash   KEYS[3] deadlines zset
 -- KEYS[4] workspace sessions set KEYS[5] usage total hash          KEYS[6] usage day hash
 -- KEYS[7] usage workspaces set   KEYS[8] usage event stream       KEYS[9] doomed set
@@ -137,8 +138,8 @@ LEASE = _METER + _WAITING + _GRANT + r"""
 --         expiry_margin, nudge (channel), sandbox_prefix, session_prefix, waiter_prefix,
 --         egress_allow (the workspace's egress allow-list as a JSON list, in a string),
 --         egress_prefix (key prefix of egress credential bindings)}
--- Returns {'ok', sandbox, address, secret} | {'wait'} | {'quota', limit} |
---         {'capacity', waiters, releases in the last minute}.
+-- Returns {'ok', sandbox, address, secret} | {'wait', releases it waits for past the ceiling (0: a start),
+--         releases in the last minute} | {'quota', limit} | {'capacity', waiters, releases in the last minute}.
 local a = cjson.decode(ARGV[1])
 local ws_key, ws_waiting, ws, now = KEYS[4], KEYS[16], a.workspace, tonumber(a.now)
 local limits = a.limits or {}
@@ -197,11 +198,24 @@ for _ = 1, 64 do
   end
 end
 
--- None ready. Full when every slot up to the ceiling is leased or promised to an earlier waiter.
-local waiting = redis.call('SCARD', KEYS[11])
-if tonumber(a.wait) <= 0 or redis.call('SCARD', KEYS[10]) + waiting >= tonumber(a.ceiling) then
+-- None ready. Full when every slot up to the ceiling is leased or promised to an earlier waiter:
+-- then the caller waits only if the pool's releases over the last minute free a slot for it (one
+-- release for each caller ahead of it past the ceiling, and its own) within half the wait.
+local waiting, wait = redis.call('SCARD', KEYS[11]), tonumber(a.wait)
+local behind = redis.call('SCARD', KEYS[10]) + waiting + 1 - tonumber(a.ceiling)
+local releases = 0
+if wait <= 0 then
   refuse('capacity_refusals', 'capacity_refusal', 'at_capacity')
   return {'capacity', waiting, rate(a.release_rate_prefix, a.bucket)}
+end
+if behind > 0 then
+  releases = rate(a.release_rate_prefix, a.bucket)
+  if releases <= 0 or behind * 60 / releases > wait / 2 then
+    refuse('capacity_refusals', 'capacity_refusal', 'at_capacity')
+    return {'capacity', waiting, releases}
+  end
+else
+  behind = 0
 end
 bump(a.lease_rate_prefix, a.bucket)  -- demand too, served by a start (the claim does not count it again)
 local waiter = KEYS[15]
@@ -216,7 +230,7 @@ if redis.call('TTL', ws_waiting) < ttl then redis.call('EXPIRE', ws_waiting, ttl
 if redis.call('RPUSH', KEYS[14], a.session) == 1 then redis.call('RPUSH', KEYS[13], ws) end
 redis.call('EXPIRE', KEYS[14], ttl)
 redis.call('PUBLISH', a.nudge, 'wait')
-return {'wait'}
+return {'wait', behind, releases}
 """
 
 CLAIM = _METER + _WAITING + _GRANT + r"""
@@ -261,7 +275,8 @@ CANCEL_WAIT = _METER + _WAITING + r"""
 -- KEYS[6] workspace waiters set  KEYS[7] pool ready list
 -- KEYS[8] usage total hash       KEYS[9] usage day hash    KEYS[10] usage workspaces set
 -- KEYS[11] usage event stream
--- ARGV[1] {waiter, workspace, pool, now, timed_out (meter a `start_timeout` refusal), retention,
+-- ARGV[1] {waiter, workspace, pool, now, refusal (the wait ran out: meter a capacity refusal with this
+--          limit; '' for none), retention,
 --          maxlen, sandbox_prefix, queue_prefix, waiter_prefix, promised (channel)}, JSON
 -- Returns 1.
 local a = cjson.decode(ARGV[1])
@@ -278,10 +293,10 @@ if f[1] == 'promised' and f[2] and f[2] ~= '' then
     hand_on(f[2], key, KEYS[7], true, KEYS[4], a.queue_prefix, a.waiter_prefix, KEYS[3], a.promised)
   end
 end
-if a.timed_out then
+if a.refusal and a.refusal ~= '' then
   meter(KEYS[8], KEYS[9], KEYS[10], a.workspace, a.retention, 'capacity_refusals', 1)
   event(KEYS[11], a.maxlen, {'type', 'capacity_refusal', 'workspace', a.workspace, 'ts', tostring(a.now),
-    'pool', a.pool, 'limit', 'start_timeout'})
+    'pool', a.pool, 'limit', a.refusal})
 end
 return 1
 """

@@ -69,10 +69,22 @@ class Refused:
 
 @dataclass(frozen=True)
 class Waiting:
-    """No sandbox was ready, the pool is below its ceiling: the caller is queued as waiter
-    `waiter` (its session id) until one is promised to it (`claim`) or it gives up (`cancel_wait`)."""
+    """No sandbox was ready: the caller is queued as waiter `waiter` (its session id) until one is
+    promised to it (`claim`) or it gives up (`cancel_wait`). At a full pool it waits for `behind`
+    releases (its own slot's and those of the waiters past the ceiling ahead of it) rather than a
+    start, at the pool's recent `releases_per_minute`."""
 
     waiter: str
+    behind: int = 0
+    releases_per_minute: int = 0
+
+    @property
+    def past_ceiling(self) -> bool:
+        return self.behind > 0
+
+    def expected_seconds(self) -> float:
+        """How long its releases take at the recent rate (0 below the ceiling)."""
+        return self.behind * 60.0 / self.releases_per_minute if self.past_ceiling else 0.0
 
 
 @dataclass(frozen=True)
@@ -167,8 +179,9 @@ class SessionStore:
                     wait_seconds: float = 0.0, egress_allow: Sequence[str] = ()) -> Leased | Waiting | Refused:
         """Lease a ready sandbox of `pool` for a new session, within the workspace's lease limits.
 
-        With none ready, the pool below its `ceiling` and `wait_seconds` > 0, the caller is queued
-        (`Waiting`); a pool at its ceiling is a capacity refusal, metered. A sandbox with an egress
+        With none ready and `wait_seconds` > 0, the caller is queued (`Waiting`) below the pool's
+        `ceiling`, and at it when the pool's releases over the last minute would free a slot for
+        the caller within half the wait; otherwise a full pool is a capacity refusal, metered. A sandbox with an egress
         credential has it bound to the session and `egress_allow` in the same script (a waiter's
         binding is made when it claims its sandbox)."""
         k = self.keys
@@ -197,7 +210,7 @@ class SessionStore:
         if result[0] == "ok":
             return Leased(sandbox=result[1], address=result[2], secret=result[3])
         if result[0] == "wait":
-            return Waiting(waiter=session_id)
+            return Waiting(waiter=session_id, behind=int(result[1]), releases_per_minute=int(result[2]))
         if result[0] == "capacity":
             return Refused(kind="capacity", limit="at_capacity", waiters=int(result[1]),
                            releases_per_minute=int(result[2]))
@@ -220,10 +233,12 @@ class SessionStore:
         return Waiting(waiter=waiter) if result[0] == "waiting" else None
 
     @translated
-    async def cancel_wait(self, *, waiter: str, workspace: str, pool: str, now: float, timed_out: bool) -> None:
-        """Stop waiting; a sandbox already promised goes to the next waiter or back to the ready list."""
+    async def cancel_wait(self, *, waiter: str, workspace: str, pool: str, now: float, refusal: str = "") -> None:
+        """Stop waiting; a sandbox already promised goes to the next waiter or back to the ready list.
+        `refusal`: the wait ran out, metered as a capacity refusal with this limit (`start_timeout`,
+        or `at_capacity` for a caller that waited past the ceiling)."""
         k = self.keys
-        request = {"waiter": waiter, "workspace": workspace, "pool": pool, "now": repr(now), "timed_out": timed_out,
+        request = {"waiter": waiter, "workspace": workspace, "pool": pool, "now": repr(now), "refusal": refusal,
                    "retention": RETENTION_SECONDS, "maxlen": USAGE_STREAM_MAXLEN, "sandbox_prefix": k.sandbox_prefix,
                    "queue_prefix": k.pool_wait_queue_prefix(pool), "waiter_prefix": k.waiter_prefix,
                    "promised": k.promised}
