@@ -475,3 +475,31 @@ async def test_a_stray_cancellation_in_the_leader_loop_does_not_end_the_controll
 
     await eventually(dead_ones_gone, timeout=15, what="the former leader's start forgotten")
     assert not task.done() and c.running
+
+
+async def test_a_sandbox_leased_to_a_session_that_is_gone_is_destroyed_and_replaced(redis, keys, provider, tasks):
+    """Nothing releases a lease whose session key is gone (no deadline, no session to destroy): left
+    alone it would hold a slot of its pool for good. A live lease next to it is kept."""
+    c = controller(redis, keys, provider, [pool(warm=2, ceiling=4)])
+    start(tasks, c)
+
+    async def two_ready() -> bool:
+        return len(await ready_ids(redis, keys)) == 2
+
+    await eventually(two_ready, what="two ready sandboxes")
+    store = SessionStore(redis, keys)
+    lost, kept = await lease(store, "sess-lost"), await lease(store, "sess-kept")
+    assert isinstance(lost, Leased) and isinstance(kept, Leased)
+    await redis.delete(keys.session("sess-lost"))
+    await c.reconcile()
+
+    async def destroyed() -> bool:
+        return (not (provider.root / lost.sandbox).exists()
+                and not await redis.exists(keys.sandbox(lost.sandbox))
+                and not await redis.sismember(keys.pool_members("default"), lost.sandbox))
+
+    await eventually(destroyed, timeout=20, what="the sessionless sandbox destroyed and forgotten")
+    assert c.metrics.reconciled.labels(kind="sessionless_lease")._value.get() == 1
+    assert (await redis.hgetall(keys.sandbox(kept.sandbox)))["state"] == "leased"
+    assert (provider.root / kept.sandbox).exists()
+    await eventually(two_ready, what="the pool refilled")

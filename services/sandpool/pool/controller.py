@@ -513,19 +513,24 @@ class PoolController:
         checked = [(sid, pool) for sid, pool in members.items()
                    if sid not in in_flight and sid not in self._starting and sid not in self._destroying]
         records = await self.sandboxes.records([sid for sid, _ in checked])
+        leased = [sid for sid, _ in checked if records[sid].state == "leased"]
+        holders = await self.sandboxes.sessions_on([records[sid].session for sid in leased])
+        sessionless = {sid for sid, on in zip(leased, holders, strict=True) if on != sid}
         for sandbox_id, pool in checked:
             if sandbox_id in self._starting or sandbox_id in self._destroying:
                 continue
             try:
-                await self._reconcile_record(records[sandbox_id], pool, running, now)
+                await self._reconcile_record(records[sandbox_id], pool, running, now,
+                                             sessionless=sandbox_id in sessionless)
             except (StateError, OSError, TimeoutError, ProviderError) as exc:
                 log.warning("reconciling a sandbox failed", extra={"sandbox": sandbox_id, "error": str(exc)})
             except Exception:  # one sandbox's bug must not keep every later one from being reconciled
                 log.exception("reconciling a sandbox crashed", extra={"sandbox": sandbox_id})
 
     async def _reconcile_record(self, record: SandboxRecord, pool: str, running: dict[str, SandboxInfo],
-                                now: float) -> None:
-        """One member of a pool against what the provider runs (see `reconcile`)."""
+                                now: float, *, sessionless: bool = False) -> None:
+        """One member of a pool against what the provider runs (see `reconcile`). `sessionless`: a
+        `leased` record whose session does not name it (gone): nothing would ever release it."""
         sandbox_id = record.sandbox_id
         state = record.state
         if sandbox_id in running:
@@ -547,6 +552,17 @@ class PoolController:
                 # Its record expired or vanished: nobody can lease it any more.
                 self.metrics.reconciled.labels(kind="orphan_sandbox").inc()
                 await self._destroy_and_forget(sandbox_id, pool)
+            elif state == "leased" and sessionless:
+                # A lease writes the session with the record, a release drops it while dooming the
+                # sandbox, both in one script: its session was lost some other way (its key's
+                # expiry, a restored or edited Redis). Unless it was released since the records
+                # were read, nothing would ever release it: it would hold a slot for good.
+                current = (await self.sandboxes.records([sandbox_id]))[sandbox_id]
+                if current.state == "leased" and current.session == record.session:
+                    log.warning("destroying sandbox leased to a session that is gone",
+                                extra={"sandbox": sandbox_id, "session": record.session})
+                    self.metrics.reconciled.labels(kind="sessionless_lease").inc()
+                    await self._destroy_and_forget(sandbox_id, pool)
             return
         # Redis knows it, the provider does not run it.
         if state == "starting":

@@ -180,6 +180,16 @@ class SandboxStore:
                 for sid, fields in zip(sandbox_ids, raw, strict=True)}
 
     @translated
+    async def sessions_on(self, session_ids: list[str]) -> list[str]:
+        """`session_on` of each, in one round trip."""
+        if not session_ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in session_ids:
+                pipe.hget(self.keys.session(session_id), "sandbox")
+            return [str(found or "") for found in await pipe.execute()]
+
+    @translated
     async def session_on(self, session_id: str) -> str:
         """The sandbox a session is leased on ('' when the session is gone)."""
         return str(await self.redis.hget(self.keys.session(session_id), "sandbox") or "")
