@@ -24,18 +24,13 @@ from dataclasses import dataclass, field
 from sandpool.agent import procs
 from sandpool.agent.capture import StreamCapture
 from sandpool.agent.template_channel import TemplateChannel
+from sandpool.core.fds import until_ready
 
 log = logging.getLogger("sandpool.agent.worker")
 
 _READ_CHUNK = 65536
 STATUS_GRACE_SECONDS = 1.0
 """How long after a template's runner exited its status may take to come from the template."""
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    """The writer callback: wake the one send waiting for the fd to take more."""
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 class WorkerDied(Exception):
@@ -177,7 +172,6 @@ class Worker:
 
     async def send(self, data: bytes) -> None:
         """Write a request without ever blocking the event loop (a stopped child may not be reading)."""
-        loop = asyncio.get_running_loop()
         view = memoryview(data)
         while view:
             fd = self._fds.get("req")
@@ -190,12 +184,7 @@ class Worker:
                 pass
             except OSError:
                 return  # the child died; the event channel reports it
-            writable: asyncio.Future[None] = loop.create_future()
-            loop.add_writer(fd, _wake, writable)
-            try:
-                await writable
-            finally:
-                loop.remove_writer(fd)
+            await until_ready(fd, write=True)
 
     # --- readers --------------------------------------------------------------------------
 

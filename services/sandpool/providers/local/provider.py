@@ -42,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+from sandpool.core.fds import until_ready
 from sandpool.core.settings import ConfigurationError
 from sandpool.pool.provider import SANDBOX_ID_LENGTH, LostListener, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.local import environments, fsmount
@@ -50,7 +51,7 @@ from sandpool.providers.local.launcher import AgentSecret, EgressAccess, Launche
 from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
 from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, cpu_millis, default_sandbox_python
 from sandpool.providers.local.sockets import SOCKET_PATH_MAX, SocketDir
-from sandpool.providers.local.zygote import ZygoteError, make_launcher, wake
+from sandpool.providers.local.zygote import ZygoteError, make_launcher
 from sandpool.state.keys import egress_digest
 
 log = logging.getLogger("sandpool.providers.local")
@@ -501,17 +502,12 @@ class LocalProvider:
         """Until the agent says `ok` on its readiness pipe, which it does once it accepts
         connections with its interpreter warm (what `/healthz` would answer): no polling and no
         request, which cost the scheduler ~0.45 ms of CPU per sandbox. End-of-file: it died first."""
-        loop = asyncio.get_running_loop()
-        readable: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(ready_r, wake, readable)
         try:
             async with asyncio.timeout(self.settings.start_timeout_seconds):
-                await readable
+                await until_ready(ready_r)
         except TimeoutError:
             raise ProviderError(f"agent of sandbox {sandbox_id} did not report serving "
                                 f"within {self.settings.start_timeout_seconds:g}s") from None
-        finally:
-            loop.remove_reader(ready_r)
         if os.read(ready_r, 16) != b"ok":
             raise ProviderError(f"agent of sandbox {sandbox_id} exited while starting: "
                                 f"{self._log_tail(self._dir(sandbox_id))}")

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import sandpool
+from sandpool.core.fds import until_ready
 from sandpool.core.settings import ConfigurationError
 from sandpool.providers.local import zygote_protocol
 from sandpool.providers.local.isolation import mounts
@@ -49,13 +50,6 @@ AGENT_TASKS = 64
 KillOutcome = Literal["unknown", "killed", "contained"]
 """What a kill found: no such sandbox, killed, or killed with everything it ran provably gone
 (its PID namespace or cgroup emptied by the kernel, so no /proc scan for leftovers is needed)."""
-
-
-def wake(waiter: asyncio.Future[None]) -> None:
-    """A reader or writer callback of the event loop: wake the one coroutine waiting on the fd
-    (the loop calls it again until the callback is removed)."""
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 class ZygoteError(Exception):
@@ -223,18 +217,12 @@ class ZygoteClient:
 
     async def _send(self, data: bytes, fds: tuple[int, ...]) -> None:
         assert self.sock is not None
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 zygote_protocol.send_raw(self.sock, data, fds)
                 return
             except BlockingIOError:
-                ready: asyncio.Future[None] = loop.create_future()
-                loop.add_writer(self.sock.fileno(), wake, ready)
-                try:
-                    await ready
-                finally:
-                    loop.remove_writer(self.sock.fileno())
+                await until_ready(self.sock.fileno(), write=True)
             except OSError as exc:
                 self._fail(f"cannot write to the zygote: {exc}")
                 raise ZygoteError("the zygote is not running") from None
