@@ -60,7 +60,9 @@ class CallerResolver:
 
     def __init__(self, internal_token: str | None) -> None:
         self._expected = None if internal_token is None else f"Bearer {internal_token}".encode()
-        self._counts = tuple(limit for limit in catalogue.counts(catalogue.forwarded()) if limit.header is not None)
+        self._counts = tuple((limit.name, limit.header) for limit in catalogue.counts(catalogue.forwarded())
+                             if limit.header is not None)
+        """(name, header) of each count the proxy injects: the header named once, not on every call."""
 
     @property
     def standalone(self) -> bool:
@@ -79,8 +81,7 @@ class CallerResolver:
             raise TenancyMissing(f"{tenancy.WORKSPACE} is required")
         if not tenancy.is_valid_workspace(workspace):
             raise TenancyInvalid(f"{tenancy.WORKSPACE} is not a valid workspace name")
-        values = {limit.name: _policy_value(headers, limit.header)  # type: ignore[arg-type]  # all have a header
-                  for limit in self._counts}
+        values = {name: _policy_value(headers, header) for name, header in self._counts}
         egress = _egress_allow(headers)
         return Caller(workspace=workspace, policy=WorkspacePolicy(values), egress_allow=egress)
 
