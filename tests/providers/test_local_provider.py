@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from local_helpers import agent_client, output, run
+from testkit import eventually
 
 from sandpool.core.settings import ConfigurationError
 from sandpool.pool.provider import SANDBOX_ID_LENGTH, PoolSpec, Provider, ProviderError
@@ -443,3 +444,36 @@ def test_cpu_limits_are_checked() -> None:
         cpu_millis(PoolSpec(name="p", image="i", cpu="lots"), 1.0)
     with pytest.raises(ValueError, match="cpu_limit"):
         LocalProviderSettings(cpu_limit=0.001)
+
+
+@pytest.mark.skipif(not ROOT, reason="uids per sandbox need root")
+def test_destroy_on_the_services_event_loop_kills_what_escaped_the_agents_tree(data_dir: Path) -> None:
+    """The scheduler runs the provider on uvloop, whose subprocess API lacks `user=`/`group=`; the
+    last resort of a destroy (every process of the sandbox's uid, killed as that uid) must work
+    there too: here for a process that left the agent's tree, after the agent died."""
+    import uvloop
+
+    async def scenario() -> tuple[int, set[int]]:
+        provider = provider_for(data_dir, launcher="subprocess")
+        await provider.start()
+        try:
+            info = await provider.create(POOL, "sb-uvloop")
+            # A double fork: the sleep's parent exits at once, so it is nobody's child in the tree.
+            escaped = "( setsid sleep 303 < /dev/null > /dev/null 2>&1 & ); sleep 0.2; id -u"
+            stdout, _, _ = output(await run(info.address, info.secret, "bash_code_execution", command=escaped))
+            uid = int(stdout.split()[-1])
+            assert procs.pids_of_uid(uid), "nothing of the sandbox's uid runs to be killed"
+            # The agent dies first (as in a crash), so it cleans up nothing of its own.
+            handle = procs.ProcessHandle.from_line((data_dir / "sandboxes" / "sb-uvloop" / "agent.pid").read_text())
+            assert handle is not None
+            os.kill(handle.pid, 9)
+            await eventually(lambda: not procs.is_alive(handle), what="the agent to die")
+            await provider.destroy("sb-uvloop")
+            return uid, procs.pids_of_uid(uid)
+        finally:
+            await provider.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        uid, left = runner.run(scenario())
+    assert not left, f"processes of uid {uid} survived destroy: {sorted(left)}"
+    assert not (data_dir / "sandboxes" / "sb-uvloop").exists()

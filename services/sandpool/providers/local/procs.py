@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,10 +165,13 @@ async def kill_uid(uid: int, gid: int, *, rounds: int = 20) -> bool:
     for _ in range(rounds):
         if not await asyncio.to_thread(pids_of_uid, uid):  # a /proc scan: off the event loop
             return True
-        proc = await asyncio.create_subprocess_exec(
-            "kill", "-9", "-1", user=uid, group=gid, extra_groups=[],
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
-        await proc.wait()
+        # In a thread with the standard library's subprocess: uvloop's (the services' loop) has no
+        # `user=`/`group=`, and a change of uid must happen in the child, never in this process.
+        await asyncio.to_thread(_kill_everything_as, uid, gid)
         await asyncio.sleep(0.01)
     return not await asyncio.to_thread(pids_of_uid, uid)
+
+
+def _kill_everything_as(uid: int, gid: int) -> None:
+    subprocess.run(["kill", "-9", "-1"], user=uid, group=gid, extra_groups=[], stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, check=False)
