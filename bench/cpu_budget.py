@@ -24,7 +24,9 @@ starting or doomed), so the warm-ups a session causes are counted:
 Then, with one client and the pool warm: `print(1)` through proxy and scheduler
 against the same call made straight to the session's agent (p50 overhead);
 CreateSession p50/p99 for one session every 100 ms (each destroyed after); and
-CreateSession to the first result. Then 64 clients: throughput against 16 and
+CreateSession to the first result, with that first call's share, and the same first
+call of a fresh session sent straight to its agent (what is left without the hops).
+Then 64 clients: throughput against 16 and
 dropped connections. `--profile DIR` records py-spy profiles (collapsed stacks)
 of the proxy, the scheduler and the sandboxes (the zygote and its forks) during
 the churn, and reports which share of the scheduler's samples the pool
@@ -294,10 +296,34 @@ async def latencies(stack: Stack, url: str, token: str, calls: int, creates: int
             first.append(time.perf_counter() - started)
             await http.delete(f"/sessions/{sid}")
             await asyncio.sleep(max(0.0, 0.1 - (time.perf_counter() - started)))  # one every 100 ms
+        first_direct = await first_calls_direct(stack, http, max(10, creates // 3))
     p50_through, p50_direct = pct(through, 50) * 1000, pct(direct, 50) * 1000
     return {"print_1_through_proxy_and_scheduler": ms(through), "print_1_direct_to_agent": ms(direct),
             "print_1_overhead_p50_ms": round(p50_through - p50_direct, 2),
-            "create_session_every_100ms": ms(create), "create_to_first_result": ms(first)}
+            "create_session_every_100ms": ms(create), "create_to_first_result": ms(first),
+            "first_print_1_through": ms([f - c for f, c in zip(first, create, strict=True)]),
+            "first_print_1_direct_to_agent": ms(first_direct)}
+
+
+async def first_calls_direct(stack: Stack, http: httpx.AsyncClient, sessions: int) -> list[float]:
+    """A fresh session's first `print(1)` sent straight to its agent (connection opened before), at the
+    same pace: the agent's and interpreter's share of the first call, without the hops."""
+    samples: list[float] = []
+    for _ in range(sessions):
+        started = time.perf_counter()
+        sid = (await http.post("/sessions", json={})).json()["session_id"]
+        address, secret = agent_of(stack, sid)
+        transport = httpx.AsyncHTTPTransport(uds=address.removeprefix("unix://"))
+        async with httpx.AsyncClient(transport=transport, base_url="http://agent", timeout=60,
+                                     headers={"Authorization": f"Bearer {secret}"}) as agent:
+            (await agent.get("/healthz")).raise_for_status()
+            called = time.perf_counter()
+            response = await agent.post(f"/sessions/{sid}/exec", json=PRINT_1)
+            samples.append(time.perf_counter() - called)
+            assert response.status_code == 200, response.text
+        await http.delete(f"/sessions/{sid}")
+        await asyncio.sleep(max(0.0, 0.1 - (time.perf_counter() - started)))
+    return samples
 
 
 # --- profiles -----------------------------------------------------------------------------------------
@@ -434,7 +460,9 @@ def main() -> int:
           f"direct {latency['print_1_direct_to_agent']['p50_ms']} ms (+{latency['print_1_overhead_p50_ms']} ms); "
           f"CreateSession every 100 ms p50/p99 {latency['create_session_every_100ms']['p50_ms']}/"
           f"{latency['create_session_every_100ms']['p99_ms']} ms; "
-          f"create to first result p50 {latency['create_to_first_result']['p50_ms']} ms")
+          f"create to first result p50 {latency['create_to_first_result']['p50_ms']} ms (its print(1) "
+          f"{latency['first_print_1_through']['p50_ms']} ms; a fresh agent's first print(1) direct "
+          f"{latency['first_print_1_direct_to_agent']['p50_ms']} ms)")
     c64 = report["concurrent_64"]
     print(f"64 clients: {c64['sessions_per_s']} sessions/s ({report['throughput_64_over_16']} x 16 clients), "
           f"dropped {c64['dropped_connections']}, errors {c64['errors']}")
