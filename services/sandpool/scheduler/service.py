@@ -225,15 +225,16 @@ class Scheduler:
                 session_id=session_id, workspace=caller.workspace, pool=pool.name, image=pool.image, now=now,
                 limits=in_force, workspace_limits=limits.lease_limits(self.ceilings, caller.policy),
                 ceiling=pool.ceiling, wait_seconds=wait, egress_allow=caller.egress_allow)
+            if isinstance(result, Waiting):
+                result = await self._wait_for_sandbox(caller, session_id, pool.name, patience(result, wait),
+                                                      client_gone, past_ceiling=result.past_ceiling)
+                now = time.time()
         except StateUnavailable:
-            # The script may already be on its way and run once a slow Redis catches up: a
-            # lease nobody was answered for. Release that id as soon as Redis answers again.
+            # The lease (or a waiter's claim) may already be on its way and run once a slow Redis
+            # catches up: a session nobody was answered for. Release that id as soon as Redis
+            # answers again.
             self._spawn(self._abandon(caller, session_id, pool.name), cancel_on_drain=True)
             raise
-        if isinstance(result, Waiting):
-            result = await self._wait_for_sandbox(caller, session_id, pool.name, patience(result, wait),
-                                                  client_gone, past_ceiling=result.past_ceiling)
-            now = time.time()
         if isinstance(result, Refused):
             raise self._refusal(result, pool.name, now)
         self.metrics.leases.labels(outcome="granted").inc()

@@ -22,8 +22,9 @@ def connect(url: str, *, timeout: float, max_connections: int = 256) -> aioredis
     A command whose connection fails is sent again, up to twice, on a fresh connection: after a
     Redis restart every pooled connection is dead, and without this each one costs a caller a 503
     (redis-py retries nothing unless told). Timeouts are not retried, so a stalled Redis still fails
-    within `timeout`. A script whose answer was lost with its connection may run twice, as it would
-    if the caller retried on the 503."""
+    within `timeout`. A script whose answer was lost with its connection may run twice: the lease
+    and a waiter's claim answer the repeat with what their first run did (a session id is theirs
+    alone); the others are no worse than a caller retrying on the 503."""
     return aioredis.Redis.from_url(
         url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout,
         max_connections=max_connections, health_check_interval=30,

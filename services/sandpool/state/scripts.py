@@ -144,6 +144,19 @@ local a = cjson.decode(ARGV[1])
 local ws_key, ws_waiting, ws, now = KEYS[4], KEYS[16], a.workspace, tonumber(a.now)
 local limits = a.limits or {}
 
+-- The same lease again (redis-py sends a script again when its connection died before the reply):
+-- answer what the first run did, and do nothing twice. Session ids are random per CreateSession.
+local earlier = redis.call('HMGET', KEYS[2], 'workspace', 'sandbox', 'address', 'secret')
+if earlier[1] then
+  if earlier[1] ~= ws then return redis.error_reply('session id in use by another workspace') end
+  return {'ok', earlier[2], earlier[3], earlier[4]}
+end
+local queued = redis.call('HMGET', KEYS[15], 'workspace', 'behind', 'releases')
+if queued[1] then
+  if queued[1] ~= ws then return redis.error_reply('session id in use by another workspace') end
+  return {'wait', tonumber(queued[2] or '0'), tonumber(queued[3] or '0')}
+end
+
 local function refuse(field, kind, extra)
   meter(KEYS[5], KEYS[6], KEYS[7], ws, a.retention, field, 1)
   event(KEYS[8], a.maxlen, {'type', kind, 'workspace', ws, 'ts', tostring(a.now), 'pool', a.pool, 'limit', extra})
@@ -220,7 +233,7 @@ end
 bump(a.lease_rate_prefix, a.bucket)  -- demand too, served by a start (the claim does not count it again)
 local waiter = KEYS[15]
 redis.call('HSET', waiter, 'session', a.session, 'workspace', ws, 'pool', a.pool, 'state', 'queued',
-  'queued_at', tostring(a.now), 'lease', ARGV[1])
+  'queued_at', tostring(a.now), 'lease', ARGV[1], 'behind', behind, 'releases', releases)
 local ttl = math.ceil(tonumber(a.wait)) + 60
 redis.call('EXPIRE', waiter, ttl)
 redis.call('SADD', KEYS[11], a.session)
@@ -240,10 +253,15 @@ CLAIM = _METER + _WAITING + _GRANT + r"""
 -- KEYS[7] usage workspaces set   KEYS[8] usage event stream       KEYS[9] pool leased set
 -- KEYS[10] pool waiters set      KEYS[11] workspace waiters set    KEYS[12] pool queued set
 -- KEYS[13] pool wait ring        KEYS[14] the workspace's wait queue in the pool
--- ARGV[1] {now, bucket}, JSON
+-- ARGV[1] {now, bucket, workspace}, JSON
 -- Returns {'ok', sandbox, address, secret} | {'waiting'} (nothing promised yet) | {'gone'} (no such waiter).
 local f = redis.call('HMGET', KEYS[1], 'state', 'sandbox', 'lease')
-if not f[1] then return {'gone'} end
+if not f[1] then
+  -- Claimed already, if sent again after its reply was lost: the session it made, not a refusal.
+  local made = redis.call('HMGET', KEYS[2], 'workspace', 'sandbox', 'address', 'secret')
+  if made[1] and made[1] == cjson.decode(ARGV[1]).workspace then return {'ok', made[2], made[3], made[4]} end
+  return {'gone'}
+end
 if f[1] ~= 'promised' then return {'waiting'} end
 local a = cjson.decode(f[3])
 local now = cjson.decode(ARGV[1])

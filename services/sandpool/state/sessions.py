@@ -226,7 +226,7 @@ class SessionStore:
                   k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
                   k.usage_events, k.pool_leased(pool), k.pool_waiters(pool), k.workspace_waiters(workspace),
                   k.pool_queued(pool), k.pool_wait_ring(pool), k.pool_wait_queue(pool, workspace)],
-            args=[json.dumps({"now": repr(now), "bucket": rate_bucket(now)})],
+            args=[json.dumps({"now": repr(now), "bucket": rate_bucket(now), "workspace": workspace})],
         )
         if result[0] == "ok":
             return Leased(sandbox=result[1], address=result[2], secret=result[3])
