@@ -6,7 +6,10 @@ sandbox to the same session (the first leaked) or refused a waiter whose session
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 from sandpool.state.client import close, connect
 from sandpool.state.keys import Keys
@@ -24,17 +27,24 @@ async def publish(sandboxes: SandboxStore, sandbox_id: str) -> None:
                                          secret=f"secret-{sandbox_id}", now=time.time())
 
 
-async def session_created(client, keys: Keys, session: str) -> int:  # type: ignore[no-untyped-def]
+@contextlib.asynccontextmanager
+async def stores(redis_url: str, prefix: str) -> AsyncIterator[tuple[Any, Keys, SessionStore, SandboxStore]]:
+    client = connect(redis_url, timeout=2)
+    keys = Keys(prefix)
+    try:
+        yield client, keys, SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
+    finally:
+        await close(client)
+
+
+async def session_created(client: Any, keys: Keys, session: str) -> int:
     entries = await client.xrange(keys.usage_events)
     return sum(1 for _, e in entries if e.get("type") == "session_created" and e.get("session") == session)
 
 
 def test_a_lease_sent_twice_grants_one_sandbox_once(redis_url: str, redis_prefix: str) -> None:
     async def main() -> None:
-        client = connect(redis_url, timeout=2)
-        keys = Keys(redis_prefix)
-        store, sandboxes = SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
-        try:
+        async with stores(redis_url, redis_prefix) as (client, keys, store, sandboxes):
             for sandbox_id in ("sb-one", "sb-two"):
                 await publish(sandboxes, sandbox_id)
             first, again = [await store.lease(session_id="s-direct", workspace="w", pool="default",
@@ -44,18 +54,13 @@ def test_a_lease_sent_twice_grants_one_sandbox_once(redis_url: str, redis_prefix
             assert await client.llen(keys.pool_ready("default")) == 1, "the repeat leased a second sandbox"
             assert await session_created(client, keys, "s-direct") == 1
             assert await client.scard(keys.pool_leased("default")) == 1
-        finally:
-            await close(client)
 
     asyncio.run(main())
 
 
 def test_a_queued_lease_and_a_claim_sent_twice_queue_once_and_claim_once(redis_url: str, redis_prefix: str) -> None:
     async def main() -> None:
-        client = connect(redis_url, timeout=2)
-        keys = Keys(redis_prefix)
-        store, sandboxes = SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
-        try:
+        async with stores(redis_url, redis_prefix) as (client, keys, store, sandboxes):
             first, again = [await store.lease(session_id="s-queued", workspace="w", pool="default",
                                               image="python", now=time.time(), limits=LIMITS,
                                               workspace_limits={}, wait_seconds=10) for _ in range(2)]
@@ -69,7 +74,5 @@ def test_a_queued_lease_and_a_claim_sent_twice_queue_once_and_claim_once(redis_u
             assert await session_created(client, keys, "s-queued") == 1
             # Not another workspace's: the repeat is answered only to the workspace that claimed.
             assert await store.claim(waiter="s-queued", workspace="other", pool="default", now=time.time()) is None
-        finally:
-            await close(client)
 
     asyncio.run(main())
