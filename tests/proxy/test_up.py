@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,6 +94,8 @@ def up(up_available: None, keys: Keys) -> Iterator[dict[str, str]]:
             os.killpg(proc.pid, signal.SIGKILL)  # anything of its group it left behind
         except (ProcessLookupError, PermissionError):
             pass
+        shutil.rmtree(data_dir, ignore_errors=True)  # its sandboxes were destroyed by the stop
+        stderr_path.unlink(missing_ok=True)
 
 
 def test_up_serves_authenticated_sessions_with_our_key(up: dict[str, str], keys: Keys, other_keys: Keys) -> None:
