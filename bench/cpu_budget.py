@@ -250,17 +250,19 @@ async def churn(url: str, token: str, clients: int, sessions: int, calls: int = 
 
 # --- latency with one client --------------------------------------------------------------------------
 
-def agent_of(stack: Stack, session: str) -> tuple[str, str]:
-    """The session's agent address and secret, read from Redis as the scheduler would."""
+def agent_client(stack: Stack, session: str) -> httpx.AsyncClient:
+    """A client straight to the session's agent, with its address and secret read from Redis as the
+    scheduler would."""
     from sandpool.state.keys import Keys
 
     client = redis_of(stack)
     try:
-        found = client.hmget(Keys().session(session), "address", "secret")
+        address, secret = client.hmget(Keys().session(session), "address", "secret")
     finally:
         client.close()
-    assert found[0] and found[1], "the session is not in Redis"
-    return found[0], found[1]
+    assert address and secret, "the session is not in Redis"
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=address.removeprefix("unix://")),
+                             base_url="http://agent", timeout=60, headers={"Authorization": f"Bearer {secret}"})
 
 
 async def latencies(stack: Stack, url: str, token: str, calls: int, creates: int) -> dict[str, Any]:
@@ -273,11 +275,8 @@ async def latencies(stack: Stack, url: str, token: str, calls: int, creates: int
             response = await http.post(f"/sessions/{session}/exec", json=PRINT_1)
             through.append(time.perf_counter() - started)
             assert response.status_code == 200, response.text
-        address, secret = agent_of(stack, session)
         direct: list[float] = []
-        transport = httpx.AsyncHTTPTransport(uds=address.removeprefix("unix://"))
-        async with httpx.AsyncClient(transport=transport, base_url="http://agent", timeout=60,
-                                     headers={"Authorization": f"Bearer {secret}"}) as agent:
+        async with agent_client(stack, session) as agent:
             for _ in range(calls):
                 started = time.perf_counter()
                 response = await agent.post(f"/sessions/{session}/exec", json=PRINT_1)
@@ -312,10 +311,7 @@ async def first_calls_direct(stack: Stack, http: httpx.AsyncClient, sessions: in
     for _ in range(sessions):
         started = time.perf_counter()
         sid = (await http.post("/sessions", json={})).json()["session_id"]
-        address, secret = agent_of(stack, sid)
-        transport = httpx.AsyncHTTPTransport(uds=address.removeprefix("unix://"))
-        async with httpx.AsyncClient(transport=transport, base_url="http://agent", timeout=60,
-                                     headers={"Authorization": f"Bearer {secret}"}) as agent:
+        async with agent_client(stack, sid) as agent:
             (await agent.get("/healthz")).raise_for_status()
             called = time.perf_counter()
             response = await agent.post(f"/sessions/{sid}/exec", json=PRINT_1)
