@@ -255,17 +255,17 @@ CLAIM = _METER + _WAITING + _GRANT + r"""
 -- KEYS[13] pool wait ring        KEYS[14] the workspace's wait queue in the pool
 -- ARGV[1] {now, bucket, workspace}, JSON
 -- Returns {'ok', sandbox, address, secret} | {'waiting'} (nothing promised yet) | {'gone'} (no such waiter).
+local given = cjson.decode(ARGV[1])
 local f = redis.call('HMGET', KEYS[1], 'state', 'sandbox', 'lease')
 if not f[1] then
   -- Claimed already, if sent again after its reply was lost: the session it made, not a refusal.
   local made = redis.call('HMGET', KEYS[2], 'workspace', 'sandbox', 'address', 'secret')
-  if made[1] and made[1] == cjson.decode(ARGV[1]).workspace then return {'ok', made[2], made[3], made[4]} end
+  if made[1] and made[1] == given.workspace then return {'ok', made[2], made[3], made[4]} end
   return {'gone'}
 end
 if f[1] ~= 'promised' then return {'waiting'} end
 local a = cjson.decode(f[3])
-local now = cjson.decode(ARGV[1])
-a.now, a.bucket = now.now, now.bucket
+a.now, a.bucket = given.now, given.bucket
 local sandbox = f[2]
 local sandbox_key = a.sandbox_prefix .. sandbox
 local s = redis.call('HMGET', sandbox_key, 'state', 'promised_to', 'address', 'secret', 'egress')
