@@ -1,4 +1,4 @@
-"""`sandpool up | proxy | scheduler | agent | egress | keygen | token | admin`.
+"""`sandpool up | api | controller | agent | egress | keygen | token | admin`.
 
 Each subcommand lives next to its service (`<service>/cli.py` exposes
 `register(subparsers)`); this module only wires them together, importing each
@@ -18,12 +18,12 @@ from sandpool.core.settings import ConfigurationError
 # subcommand -> module whose `register(subparsers)` adds it
 COMMANDS = {
     "up": "sandpool.up",
-    "proxy": "sandpool.proxy.cli",
-    "scheduler": "sandpool.scheduler.cli",
+    "api": "sandpool.api.cli",
+    "controller": "sandpool.controller.cli",
     "agent": "sandpool.agent.cli",
     "egress": "sandpool.egress.cli",
-    "keygen": "sandpool.proxy.keys_cli",
-    "token": "sandpool.proxy.keys_cli",
+    "keygen": "sandpool.edge.keys_cli",
+    "token": "sandpool.edge.keys_cli",
     "admin": "sandpool.client.admin_cli",
 }
 

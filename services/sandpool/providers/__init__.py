@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandpool.pool.provider import Provider
+from sandpool.controller.provider import Provider
 from sandpool.providers import registry
 
 

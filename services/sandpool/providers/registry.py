@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from sandpool.core.settings import ConfigurationError, ServiceSettings, describe_validation_error
 
 if TYPE_CHECKING:
-    from sandpool.pool.provider import Provider
+    from sandpool.controller.provider import Provider
 
 
 def _load(reference: str) -> Any:

@@ -5,9 +5,13 @@ Starts, each as a child process in its own process group:
   generated password, append-only persistence under `<data-dir>/redis`;
 - with `--egress-allow-ceiling`, the egress proxy (`sandpool egress`) on a Unix socket in the
   stack's short private socket directory, which the local sandboxes reach through their agents;
-- the scheduler with its pool controller and the local provider (sandboxes under
-  `<data-dir>/sandboxes`), standalone with `--no-auth`, else multi-tenant behind
-- the proxy, which verifies JWTs against a generated dev key (or `--auth-public-key`).
+- the controller with the local provider (sandboxes under `<data-dir>/sandboxes`), which
+  keeps the pool warm and reaps sessions;
+- the api, which verifies JWTs against a generated dev key (or `--auth-public-key`), or
+  serves one trusted client with `--no-auth`.
+
+A child that dies is started again (with backoff, saying so on stderr): the
+sandboxes outlive the controller and the api alike, so a restart ends no session.
 
 When the pool is warm it prints to stdout, and only there: `SANDPOOL_URL=...`, then
 (auth on) `SANDPOOL_TOKEN=...`, then a curl line that runs `print(1)` and releases its
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sandpool.core.settings import settings_from_args
-from sandpool.up.settings import UpSettings, add_arguments, handed_on
+from sandpool.up.settings import UpSettings, add_arguments, api_flags, controller_flags
 from sandpool.up.stack import Stack, curl_line
 
 __all__ = ["Stack", "UpSettings", "curl_line", "register", "run"]
@@ -32,18 +36,16 @@ __all__ = ["Stack", "UpSettings", "curl_line", "register", "run"]
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "up", help="run the whole stack on this machine (Redis, scheduler, proxy, local sandboxes)",
+        "up", help="run the whole stack on this machine (Redis, controller, api, local sandboxes)",
         description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def _pool_names(args: argparse.Namespace) -> list[str]:
-    from sandpool.scheduler.pools import pools_from_settings
-    from sandpool.scheduler.settings import SchedulerSettings
+    from sandpool.controller.pools import PoolSettings, pools_from_settings
 
-    scheduler = settings_from_args(SchedulerSettings, args, standalone=True)
-    return [pool.name for pool in pools_from_settings(scheduler)]
+    return [pool.name for pool in pools_from_settings(settings_from_args(PoolSettings, args))]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,11 +54,12 @@ def run(args: argparse.Namespace) -> int:
 
     settings: UpSettings = settings_from_args(UpSettings, args)
     # Everything that can be known to fail is found now: one line, nothing started, no log yet.
-    preflight.check_scheduler_settings(args)
+    preflight.check_service_settings(args)
     preflight.check_redis(settings)
     data_dir = Path(settings.data_dir).expanduser().absolute()
     preflight.check_data_dir(data_dir)
-    stack = Stack(settings, scheduler_flags=handed_on(args), pools=_pool_names(args))
+    stack = Stack(settings, api_flags=api_flags(args), controller_flags=controller_flags(args),
+                  pools=_pool_names(args))
     stack.lock_data_dir()
     try:
         preflight.check_key(settings, data_dir)
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         stack.unlock_data_dir()
         raise
-    stack.scheduler_flags = handed_on(args)
+    stack.controller_flags = controller_flags(args)  # with the sandboxes' Python just prepared
     configure_logging("up", settings.log_level)
     stopping = threading.Event()
 

@@ -3,7 +3,7 @@
 The `python` environment (the sandbox image's lock) and any the pools file declares
 are built into the shared cache once per lock (`providers/local/environments.py`),
 with progress on stderr: one updating line on a terminal, the milestones otherwise.
-The `python` one is handed to the scheduler as `--sandbox-python`. A build that
+The `python` one is handed to the controller as `--sandbox-python`. A build that
 cannot work stops `up` in one line, before any process of the stack starts;
 `--sandbox-python PATH` skips the build and runs sandboxed code on PATH instead.
 """
@@ -52,7 +52,7 @@ def specs(local: LocalProviderSettings) -> dict[str, environments.EnvironmentSpe
     try:
         found = environments.declared(local.pools_file) if local.pools_file is not None else {}
     except ConfigurationError as exc:
-        raise ConfigurationError(f"the scheduler could not start: {exc}") from None
+        raise ConfigurationError(f"the controller could not start: {exc}") from None
     if local.sandbox_python is not None:
         found.pop(environments.BUILTIN, None)
     elif environments.BUILTIN not in found:
@@ -71,7 +71,7 @@ def prepare(args: argparse.Namespace, progress: Progress | None = None) -> dict[
         try:
             environments.probe(local.sandbox_python)
         except environments.EnvironmentUnavailable as exc:
-            raise ConfigurationError(f"the scheduler could not start: --sandbox-python {exc}") from None
+            raise ConfigurationError(f"the controller could not start: --sandbox-python {exc}") from None
     wanted = specs(local)
     if not wanted:
         return {}

@@ -25,8 +25,8 @@ def _fail(what: str, why: str) -> ConfigurationError:
 
 
 def check_port(settings: UpSettings) -> None:
-    """The public port is free (the proxy binds it; the scheduler does with --no-auth)."""
-    who = "the proxy" if settings.auth else "the scheduler"
+    """The public port is free (the api binds it)."""
+    who = "the api"
     try:
         bind(settings.host, settings.port).close()
     except StartFailed as exc:
@@ -80,18 +80,18 @@ def check_data_dir(data_dir: Path) -> None:
 
 
 def check_key(settings: UpSettings, data_dir: Path) -> None:
-    """The key the proxy will trust (given, or the dev key kept in the data dir) reads as one."""
+    """The key the api will trust (given, or the dev key kept in the data dir) reads as one."""
     if not settings.auth:
         return
-    from sandpool.proxy.keys import load_pem_public_key
-    from sandpool.proxy.keys_cli import load_private_key
+    from sandpool.edge.keys import load_pem_public_key
+    from sandpool.edge.keys_cli import load_private_key
 
     if settings.auth_public_key is not None:
         path = Path(settings.auth_public_key).expanduser()
         try:
             load_pem_public_key(path)
         except ConfigurationError as exc:
-            raise _fail("the proxy", str(exc)) from None
+            raise _fail("the api", str(exc)) from None
         return
     private = data_dir / "auth" / "dev-key.pem"
     if not private.exists():
@@ -100,22 +100,28 @@ def check_key(settings: UpSettings, data_dir: Path) -> None:
         load_private_key(private)
     except (OSError, ValueError, TypeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a PEM private key"
-        raise _fail("the proxy", f"the dev key {private} is unreadable: {reason} (remove it to make a new one, "
+        raise _fail("the api", f"the dev key {private} is unreadable: {reason} (remove it to make a new one, "
                                  "or pass --auth-public-key)") from None
 
 
-def check_scheduler_settings(args: argparse.Namespace) -> None:
-    """The scheduler's and the local sandboxes' settings handed on are valid, and a pools file loads."""
+def check_service_settings(args: argparse.Namespace) -> None:
+    """The api's, the controller's and the local sandboxes' settings handed on are valid, and a pools
+    file loads."""
+    from sandpool.api.settings import ApiSettings
+    from sandpool.controller.pools import pools_from_settings
+    from sandpool.controller.settings import ControllerSettings
     from sandpool.providers.local.settings import LocalProviderSettings
-    from sandpool.scheduler.pools import pools_from_settings
-    from sandpool.scheduler.settings import SchedulerSettings
 
     try:
-        scheduler = settings_from_args(SchedulerSettings, args, standalone=True)
-        settings_from_args(LocalProviderSettings, args)
-        pools_from_settings(scheduler)
+        settings_from_args(ApiSettings, args, no_auth=True)
     except ConfigurationError as exc:
-        raise _fail("the scheduler", str(exc)) from None
+        raise _fail("the api", str(exc)) from None
+    try:
+        controller = settings_from_args(ControllerSettings, args)
+        settings_from_args(LocalProviderSettings, args)
+        pools_from_settings(controller)
+    except ConfigurationError as exc:
+        raise _fail("the controller", str(exc)) from None
 
 
 def check_isolation(args: argparse.Namespace) -> None:
@@ -127,14 +133,14 @@ def check_isolation(args: argparse.Namespace) -> None:
     if not local.isolation_required:
         return
     if local.launcher == "subprocess":
-        raise _fail("the scheduler", "isolation is required but --launcher subprocess starts plain processes "
+        raise _fail("the controller", "isolation is required but --launcher subprocess starts plain processes "
                                      "(use --launcher zygote or auto)")
     report, cgroups = detect(frozenset(local.isolation_disable))
     if cgroups is not None:
         cgroups.close()
     missing = required_missing(report, frozenset(local.isolation_disable))
     if missing:
-        raise _fail("the scheduler", "isolation is required but this host lacks " + "; ".join(missing)
+        raise _fail("the controller", "isolation is required but this host lacks " + "; ".join(missing)
                     + " (run as root on a host that offers them, or drop --isolation-required)")
 
 

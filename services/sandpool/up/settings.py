@@ -1,15 +1,17 @@
-"""What `sandpool up` takes: its own settings, plus the scheduler's and the local sandboxes' that matter on one machine.
+"""What `sandpool up` takes: its own settings, plus the api's and the local sandboxes' that matter on one machine.
 
 `up` is the one command a newcomer runs, so `up --help` lists every setting that
 matters on one machine: the stack's own (address, pool, Redis, auth), the local
 sandboxes' (limits, isolation, the Python they run), and the session ceilings
-of the scheduler. The ones given on `up`'s command line are handed on to the
-scheduler as flags; `SANDPOOL_*` variables reach it through the environment.
+of the api. The ones given on `up`'s command line are handed on as flags (the
+session settings to the api, the pools' to both, the sandboxes' to the
+controller); `SANDPOOL_*` variables reach both through the environment.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +22,17 @@ from sandpool.core.settings import CommaList, ServiceSettings, add_settings_argu
 MANAGED_FIELDS = ("egress_socket",)
 """Local sandbox settings `up` sets itself (the egress proxy's socket is the one it starts)."""
 
-SCHEDULER_FIELDS = (
-    "pools_file", "max_warm", "capacity_wait_seconds",
+POOL_FIELDS = ("pools_file", "max_warm")
+"""Pool settings `up` offers beyond its own and hands to both the api and the controller."""
+
+SESSION_FIELDS = (
+    *POOL_FIELDS, "capacity_wait_seconds",
     "default_idle_timeout_seconds", "max_idle_timeout_seconds",
     "default_lifetime_seconds", "max_lifetime_seconds",
     "default_exec_timeout_seconds", "max_exec_timeout_seconds", "max_body_bytes",
 )
-"""Scheduler settings `up` offers and hands on (the rest keep their defaults, or come by environment)."""
+"""Session-layer settings `up` offers and hands to the api (the rest keep their defaults, or come by
+environment)."""
 
 
 class UpSettings(ServiceSettings):
@@ -42,8 +48,8 @@ class UpSettings(ServiceSettings):
     data_dir: Path = Field(default=Path(".sandpool"), description=(
         "Directory for Redis data, keys and sandboxes (any path: agent sockets live elsewhere)"))
     auth: bool = Field(default=True, description=(
-        "Authenticate clients (proxy with JWTs in front); --no-auth is standalone mode: the scheduler "
-        "alone, no tokens, a single trusted client"))
+        "Authenticate clients (the api verifies JWTs); --no-auth is standalone mode: the api's session "
+        "layer alone, no tokens, a single trusted client"))
     auth_public_key: Path | None = Field(default=None, description=(
         "Trust this public key (PEM) instead of generating a dev key; no token is printed then"))
     token_workspace: str = Field(default="dev", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
@@ -74,26 +80,37 @@ class UpSettings(ServiceSettings):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`up`'s own flags, then the scheduler's and the local sandboxes' (each group titled)."""
+    """`up`'s own flags, then the api's and the local sandboxes' (each group titled)."""
+    from sandpool.api.settings import ApiSettings
     from sandpool.providers.local.settings import LocalProviderSettings
-    from sandpool.scheduler.settings import SchedulerSettings
 
     add_settings_arguments(parser, UpSettings)
-    sessions = parser.add_argument_group("sessions and pools (handed to the scheduler)")
-    add_settings_arguments(sessions, SchedulerSettings,
-                           exclude=set(SchedulerSettings.model_fields) - set(SCHEDULER_FIELDS))
-    sandboxes = parser.add_argument_group("local sandboxes (handed to the scheduler)")
-    add_settings_arguments(sandboxes, LocalProviderSettings,
-                           exclude=set(UpSettings.model_fields) | set(SCHEDULER_FIELDS) | set(MANAGED_FIELDS))
+    sessions = parser.add_argument_group("sessions and pools (handed to the api; pools also to the controller)")
+    add_settings_arguments(sessions, ApiSettings, exclude=set(ApiSettings.model_fields) - set(SESSION_FIELDS))
+    sandboxes = parser.add_argument_group("local sandboxes (handed to the controller)")
+    add_settings_arguments(sandboxes, LocalProviderSettings, exclude=set(UpSettings.model_fields)
+                           | set(SESSION_FIELDS) | set(MANAGED_FIELDS))
 
 
-def handed_on(args: argparse.Namespace) -> list[str]:
-    """The scheduler flags for what was given on `up`'s command line beyond its own settings."""
+def sandbox_fields() -> list[str]:
+    """The local sandboxes' settings `up` offers (handed to the controller)."""
     from sandpool.providers.local.settings import LocalProviderSettings
 
-    names = [*SCHEDULER_FIELDS, *(n for n in LocalProviderSettings.model_fields
-                                  if n not in UpSettings.model_fields and n not in SCHEDULER_FIELDS
-                                  and n not in MANAGED_FIELDS)]
+    return [n for n in LocalProviderSettings.model_fields
+            if n not in UpSettings.model_fields and n not in SESSION_FIELDS and n not in MANAGED_FIELDS]
+
+
+def api_flags(args: argparse.Namespace) -> list[str]:
+    """The api's flags for what was given on `up`'s command line beyond its own settings."""
+    return as_flags(args, SESSION_FIELDS)
+
+
+def controller_flags(args: argparse.Namespace) -> list[str]:
+    """The controller's flags for what was given on `up`'s command line beyond its own settings."""
+    return as_flags(args, [*POOL_FIELDS, *sandbox_fields()])
+
+
+def as_flags(args: argparse.Namespace, names: Iterable[str]) -> list[str]:
     argv: list[str] = []
     for name in names:
         value: Any = getattr(args, name, None)

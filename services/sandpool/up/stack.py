@@ -1,11 +1,13 @@
-"""The processes of one `sandpool up`: Redis, the egress proxy, the scheduler, the proxy; started in order,
+"""The processes of one `sandpool up`: Redis, the egress proxy, the controller, the api; started in order,
 stopped in reverse.
 
 Each child runs in its own process group, dies with `up` (PDEATHSIG) and writes
 the one-line reason of a failed start to a file in `<data-dir>/run/`, which `up`
-repeats as its own last word. SIGTERM or Ctrl-C stops everything it started
-(SIGTERM, then SIGKILL after a grace period), destroys every sandbox and forgets
-their Redis records.
+repeats as its own last word. Once the stack is up, a controller, api or egress
+proxy that dies is started again with backoff, saying so on stderr (a session
+outlives either); a Redis that dies stops the stack. SIGTERM or Ctrl-C stops
+everything it started (SIGTERM, then SIGKILL after a grace period), destroys
+every sandbox and forgets their Redis records.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import secrets
 import shlex
@@ -46,17 +49,19 @@ def _write_private(path: Path, text: str) -> None:
 class Stack:
     """The processes of one `sandpool up`, started in order and stopped in reverse."""
 
-    def __init__(self, settings: UpSettings, *, scheduler_flags: list[str] | None = None,
-                 pools: list[str] | None = None) -> None:
+    def __init__(self, settings: UpSettings, *, api_flags: list[str] | None = None,
+                 controller_flags: list[str] | None = None, pools: list[str] | None = None) -> None:
         self.settings = settings
-        self.scheduler_flags = list(scheduler_flags or [])
+        self.api_flags = list(api_flags or [])
+        self.controller_flags = list(controller_flags or [])
         self.pools = list(pools or ["default"])  # the first is the default pool, the one `up` waits for
         self.data_dir = Path(settings.data_dir).expanduser().absolute()
         self.run_dir = self.data_dir / "run"
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.argv: dict[str, tuple[list[str], str | None]] = {}  # child -> how to start it again
         self.redis_url = settings.redis_url
         self.prefix = settings.redis_prefix
-        self.sockets: Path | None = None  # Redis's and the scheduler's Unix sockets: short, private
+        self.sockets: Path | None = None  # Redis's, the controller's and egress's Unix sockets: short, private
         self._stopped = False
         self._lock_fd: int | None = None
         self.egress_socket: Path | None = None
@@ -81,31 +86,26 @@ class Stack:
             self.egress_socket = self._start_egress(stopping)
             egress_flags = ["--egress-socket", str(self.egress_socket)]
         auth = s.auth
-        # Behind the proxy, the scheduler listens on a Unix socket only the proxy's user reaches
-        # (cheaper per call than loopback TCP); without auth it is the public endpoint.
-        scheduler_socket = self.sockets / "scheduler.sock"
-        scheduler_url = f"unix://{scheduler_socket}" if auth else f"http://127.0.0.1:{s.port}"
-        listen = ["--unix-socket", str(scheduler_socket)] if auth else ["--host", s.host, "--port", str(s.port)]
-        token_file = self.data_dir / "internal-token"
-        if auth:
-            _write_private(token_file, secrets.token_urlsafe(32))
-        self._spawn("scheduler", [
-            "scheduler", *listen,
+        # The controller's probes and /metrics on a Unix socket only up's user reaches; the api is public.
+        controller_socket = self.sockets / "controller.sock"
+        self._spawn("controller", [
+            "controller", "--unix-socket", str(controller_socket),
             "--data-dir", str(self.data_dir), "--pool-size", str(s.pool_size),
             "--max-sandboxes", str(s.max_sandboxes), "--log-level", s.log_level,
-            "--start-failure-file", str(self._failure_file("scheduler")), *self.scheduler_flags, *egress_flags,
-            *(["--no-standalone", "--internal-token-file", str(token_file)] if auth else ["--standalone"]),
+            "--start-failure-file", str(self._failure_file("controller")), *self.controller_flags, *egress_flags,
         ])
         public_url = f"http://{_url_host(s.host)}:{s.port}"
         token = None
+        mode = ["--no-auth"]
         if auth:
             public_key, token = self._auth_material()
-            self._spawn("proxy", [
-                "proxy", "--host", s.host, "--port", str(s.port), "--scheduler-url", scheduler_url,
-                "--auth-public-key", str(public_key), "--internal-token-file", str(token_file),
-                "--log-level", s.log_level, "--start-failure-file", str(self._failure_file("proxy")),
-            ])
-        if not self._wait_warm(scheduler_url, public_url if auth else None, stopping):
+            mode = ["--auth-public-key", str(public_key)]
+        self._spawn("api", [
+            "api", "--host", s.host, "--port", str(s.port), *mode,
+            "--pool-size", str(s.pool_size), "--max-sandboxes", str(s.max_sandboxes),
+            "--log-level", s.log_level, "--start-failure-file", str(self._failure_file("api")), *self.api_flags,
+        ])
+        if not self._wait_warm(f"unix://{controller_socket}", public_url, stopping):
             if stopping.is_set():
                 return 0
             raise ConfigurationError(self._why_not_started())
@@ -117,14 +117,37 @@ class Stack:
         if auth and token is None:
             log.info("auth on with your key: mint tokens with `sandpool token --key <private key> --workspace W`")
         log.info("sandpool is up", extra={"url": public_url, "auth": auth})
+        return self._supervise(stopping)
+
+    def _supervise(self, stopping: threading.Event) -> int:
+        """Start again a child that dies (Redis excepted), with backoff; 1 once Redis is gone."""
+        backoff: dict[str, float] = {}
+        started_at: dict[str, float] = {}
         while not stopping.wait(0.25):
-            for name, proc in self.children:
-                if proc.poll() is not None:
+            for index, (name, proc) in enumerate(self.children):
+                if proc.poll() is None:
+                    continue
+                reason = self._exit_reason(name, proc)
+                if name not in self.argv:
                     log.error("a process of the stack exited; stopping everything",
                               extra={"child": name, "returncode": proc.returncode})
-                    print(f"sandpool up: the {name} exited ({self._exit_reason(name, proc)}); "
-                          "everything it started is stopped", file=sys.stderr, flush=True)
+                    print(f"sandpool up: the {name} exited ({reason}); everything it started is stopped",
+                          file=sys.stderr, flush=True)
                     return 1
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # whatever it left behind in its group
+                self._failure_file(name).unlink(missing_ok=True)
+                if time.monotonic() - started_at.get(name, -math.inf) > RESTART_RESET_SECONDS:
+                    backoff[name] = 0.0  # it stayed up a while: its backoff starts anew
+                pause = min(RESTART_MAX_SECONDS, max(RESTART_MIN_SECONDS, 2 * backoff.get(name, 0.0)))
+                print(f"sandpool up: the {name} exited ({reason}); starting it again in {pause:g}s",
+                      file=sys.stderr, flush=True)
+                log.warning("restarting a process of the stack", extra={"child": name, "in_seconds": pause})
+                if stopping.wait(pause):
+                    return 0
+                argv, program = self.argv[name]
+                self.children[index] = (name, self._popen(argv, program))
+                backoff[name], started_at[name] = pause, time.monotonic()
         return 0
 
     def _failure_file(self, child: str) -> Path:
@@ -205,7 +228,7 @@ class Stack:
     def _auth_material(self) -> tuple[Path, str | None]:
         if self.settings.auth_public_key is not None:
             return Path(self.settings.auth_public_key).expanduser().absolute(), None
-        from sandpool.proxy.keys_cli import generate_keypair, mint_token, public_key_path
+        from sandpool.edge.keys_cli import generate_keypair, mint_token, public_key_path
 
         auth_dir = self.data_dir / "auth"
         auth_dir.mkdir(mode=0o700, exist_ok=True)
@@ -216,21 +239,26 @@ class Stack:
         return public_key_path(private), token
 
     def _spawn(self, name: str, argv: list[str], *, program: str | None = None) -> None:
+        proc = self._popen(argv, program)
+        self.children.append((name, proc))
+        if program is None:  # sandpool's own services are started again should they die
+            self.argv[name] = (argv, program)
+        log.info("started", extra={"child": name, "pid": proc.pid})
+
+    def _popen(self, argv: list[str], program: str | None) -> subprocess.Popen[bytes]:
         command = [program] if program else [sys.executable, "-m", "sandpool"]
         env = environ()
         if self.redis_url:
             env["SANDPOOL_REDIS_URL"] = self.redis_url  # by environment: argv is world-readable
         env["SANDPOOL_REDIS_PREFIX"] = self.prefix
-        proc = subprocess.Popen(command + argv, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr,
+        return subprocess.Popen(command + argv, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr,
                                 stderr=sys.stderr, start_new_session=True, preexec_fn=_die_with_parent())
-        self.children.append((name, proc))
-        log.info("started", extra={"child": name, "pid": proc.pid})
 
     def _exited(self, name: str) -> bool:
         return any(n == name and p.poll() is not None for n, p in self.children)
 
-    def _wait_warm(self, scheduler_url: str, proxy_url: str | None, stopping: threading.Event) -> bool:
-        """Wait for /readyz (scheduler, and proxy) and the pool's warm target, without leasing anything."""
+    def _wait_warm(self, controller_url: str, api_url: str, stopping: threading.Event) -> bool:
+        """Wait for /readyz (controller and api) and the pool's warm target, without leasing anything."""
         import httpx
 
         from sandpool.state import StateUnavailable
@@ -240,7 +268,7 @@ class Stack:
         ready_key = Keys(prefix=self.prefix).pool_ready(self.pools[0])
         assert self.redis_url is not None
         deadline = time.monotonic() + self.settings.ready_timeout_seconds
-        clients = [_http_client(scheduler_url)] + ([_http_client(proxy_url)] if proxy_url else [])
+        clients = [_http_client(controller_url), _http_client(api_url)]
         with contextlib.ExitStack() as closing:
             for client in clients:
                 closing.enter_context(client)
@@ -318,8 +346,8 @@ class Stack:
 async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: str, pools: list[str]) -> None:
     """Destroy every local sandbox, then let reconciliation forget their records (and release
     any session on them) so the next start leases nothing stale."""
-    from sandpool.pool.controller import PoolController
-    from sandpool.pool.provider import PoolSpec
+    from sandpool.controller.controller import PoolController
+    from sandpool.controller.provider import PoolSpec
     from sandpool.providers.local.provider import LocalProvider
     from sandpool.providers.local.settings import LocalProviderSettings
     from sandpool.state.keys import Keys
@@ -342,6 +370,12 @@ async def destroy_all_sandboxes(data_dir: Path, redis_url: str | None, prefix: s
     finally:
         await close(client)
 
+
+RESTART_MIN_SECONDS = 0.5
+RESTART_MAX_SECONDS = 30.0
+"""The backoff between restarts of a child that keeps dying (doubling from the least to the most)."""
+RESTART_RESET_SECONDS = 60.0
+"""A child that stayed up this long starts its backoff anew when it dies next."""
 
 SOCKETS_RECORD = "sockets-dir"
 """The run dir's note of where this run's sockets are, so the next `up` on the data dir removes
@@ -371,7 +405,7 @@ def _http_client(url: str) -> Any:
     import httpx
 
     if url.startswith("unix://"):
-        return httpx.Client(transport=httpx.HTTPTransport(uds=url[len("unix://"):]), base_url="http://scheduler",
+        return httpx.Client(transport=httpx.HTTPTransport(uds=url[len("unix://"):]), base_url="http://controller",
                             timeout=2.0)
     return httpx.Client(base_url=url, timeout=2.0)
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sandpool.pool.provider import PoolSpec
+from sandpool.controller.provider import PoolSpec
 from sandpool.providers.kubernetes.pool_options import KubernetesPoolOptions
 
 AGENT_CONTAINER = "agent"

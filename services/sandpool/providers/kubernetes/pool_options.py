@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sandpool.pool.quantities import positive_quantity
+from sandpool.controller.quantities import positive_quantity
 
 DEFAULT_WORKSPACE_SIZE = "1Gi"
 

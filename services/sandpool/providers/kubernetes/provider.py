@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from sandpool.pool.provider import LostListener, PoolSpec, ProviderError, SandboxInfo
+from sandpool.controller.provider import LostListener, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.kubernetes.client import ApiError, Conflict, KubeApi, NotFound
 from sandpool.providers.kubernetes.pods import (
     ANNOTATION_ATTEMPT,

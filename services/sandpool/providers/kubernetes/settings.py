@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from sandpool.controller.quantities import parse_quantity
 from sandpool.core.settings import ServiceSettings
-from sandpool.pool.quantities import parse_quantity
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 

@@ -192,7 +192,7 @@ def location(spec: EnvironmentSpec, cache_dir: Path, base: PythonInfo) -> Path:
 
 def declared(pools_file: Path) -> dict[str, EnvironmentSpec]:
     """The environments a pools file declares (`environments:`), by name."""
-    from sandpool.pool.templates import load_environments
+    from sandpool.controller.templates import load_environments
 
     return {t.name: EnvironmentSpec(t.name, t.requirements, tuple(t.preimport), pip=t.pip)
             for t in load_environments(pools_file)}

@@ -42,9 +42,9 @@ import sys
 import time
 from pathlib import Path
 
+from sandpool.controller.provider import SANDBOX_ID_LENGTH, LostListener, PoolSpec, ProviderError, SandboxInfo
 from sandpool.core.fds import until_ready
 from sandpool.core.settings import ConfigurationError
-from sandpool.pool.provider import SANDBOX_ID_LENGTH, LostListener, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.local import environments, fsmount
 from sandpool.providers.local.isolation.detect import required_missing
 from sandpool.providers.local.launcher import AgentSecret, EgressAccess, Launcher, SandboxLimits

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from sandpool.controller.provider import PoolSpec, ProviderError
+from sandpool.controller.quantities import parse_quantity
 from sandpool.core.settings import CommaList, ServiceSettings
-from sandpool.pool.provider import PoolSpec, ProviderError
-from sandpool.pool.quantities import parse_quantity
 from sandpool.providers.local.environments import default_cache_dir, runnable_by_others
 
 MIB = 1024 * 1024

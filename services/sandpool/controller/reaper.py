@@ -2,8 +2,8 @@
 
 (Not the agent's `ChildReaper`, which collects exited child processes.)
 
-Every replica runs one; it costs one index range read per pass when nothing is
-due. The release script re-checks each deadline atomically, so replicas racing
+Every controller replica runs one (leader or not); it costs one index range
+read per pass when nothing is due. The release script re-checks each deadline atomically, so replicas racing
 over the same session are harmless (one of them releases it, the others see
 nothing to do), and a session touched after the range read is left alone.
 """
@@ -15,8 +15,7 @@ import contextlib
 import logging
 import time
 
-from sandpool.scheduler.forward import AgentClients
-from sandpool.scheduler.metrics import SERVICE, SchedulerMetrics
+from sandpool.controller.metrics import ControllerMetrics
 from sandpool.state.errors import StateUnavailable
 from sandpool.state.sessions import SessionStore
 
@@ -24,10 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class SessionReaper:
-    def __init__(self, store: SessionStore, clients: AgentClients, metrics: SchedulerMetrics, *,
-                 interval: float, batch: int) -> None:
+    def __init__(self, store: SessionStore, metrics: ControllerMetrics, *, interval: float, batch: int) -> None:
         self.store = store
-        self.clients = clients
         self.metrics = metrics
         self.interval = interval
         self.batch = batch
@@ -42,7 +39,6 @@ class SessionReaper:
                 continue
             released += 1
             self.metrics.reaped.labels(reason=result.reason).inc()
-            self.clients.forget(result.address)
             log.info("session reaped", extra={"session": session_id, "why": result.reason,
                                               "session_seconds": result.session_seconds})
         return released
@@ -62,7 +58,7 @@ class SessionReaper:
             except asyncio.CancelledError:
                 raise
             except StateUnavailable as exc:
-                self.metrics.redis_errors.labels(service=SERVICE).inc()
+                self.metrics.redis_error()
                 if not down:  # once per outage, not once per pass
                     log.warning("session reaper cannot reach redis", extra={"error": type(exc).__name__})
                     down = True

@@ -18,10 +18,10 @@ import httpx
 from starlette.requests import Request
 
 from sandpool.core.errors import QuotaExceeded, StateStoreUnavailable, Unauthorized, Unavailable
-from sandpool.proxy.auth import AuthFailure, Principal, TokenVerifier
-from sandpool.proxy.keyring import KeyRing
-from sandpool.proxy.metrics import ProxyMetrics
-from sandpool.proxy.policy import CorruptPolicy, Effective, PolicyCodec
+from sandpool.edge.auth import AuthFailure, Principal, TokenVerifier
+from sandpool.edge.keyring import KeyRing
+from sandpool.edge.policy import CorruptPolicy, Effective, PolicyCodec
+from sandpool.sessions.metrics import ApiMetrics
 from sandpool.state import Client, StateError
 from sandpool.state.admission import AdmissionStore
 from sandpool.state.egress import EgressStore
@@ -31,7 +31,7 @@ from sandpool.state.usage import UsageStore
 
 @dataclass(frozen=True)
 class Stores:
-    """The proxy's view of shared state: admission, usage, sessions (an admin ends one), and the egress
+    """The edge's view of shared state: admission, usage, sessions (an admin ends one), and the egress
     ceiling the egress proxy published (an admin's egress allow-list must stay within it)."""
 
     client: Client
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 class Gate:
     def __init__(self, *, verifier: TokenVerifier, keyring: KeyRing, stores: Stores, codec: PolicyCodec,
-                 metrics: ProxyMetrics, jwks_client: httpx.AsyncClient | None) -> None:
+                 metrics: ApiMetrics, jwks_client: httpx.AsyncClient | None) -> None:
         self.verifier = verifier
         self.keyring = keyring
         self.stores = stores
@@ -75,7 +75,7 @@ class Gate:
         """Count and log a Redis failure; the 503 to answer with."""
         self.metrics.redis_error()
         log.warning("redis call failed", extra={"error": str(exc)})
-        return StateStoreUnavailable("the proxy cannot reach its state store", retry_after=1)
+        return StateStoreUnavailable("the api cannot reach its state store", retry_after=1)
 
     async def admit(self, principal: Principal, *, count: bool = True) -> Effective:
         """Revocation, rate and policy in one round trip; the values in force for this request.

@@ -21,10 +21,10 @@ from sandpool.contract import limits as catalogue
 from sandpool.contract.models import ErrorBody, SessionDetails
 from sandpool.contract.tenancy import WORKSPACE_PATTERN, is_valid_workspace
 from sandpool.core.errors import Forbidden, Invalid, NotFound, Unavailable
-from sandpool.proxy.auth import MAX_JTI_CHARS, Principal
-from sandpool.proxy.edge import OPERATION_KEY
-from sandpool.proxy.gate import Gate
-from sandpool.proxy.policy import (
+from sandpool.edge.auth import MAX_JTI_CHARS, Principal
+from sandpool.edge.edge import OPERATION_KEY
+from sandpool.edge.gate import Gate
+from sandpool.edge.policy import (
     above_ceilings,
     dump_policy,
     egress_outside,

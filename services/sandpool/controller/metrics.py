@@ -1,11 +1,10 @@
 """The pool controller's Prometheus metrics (names fixed in `docs/architecture.md`).
 
-The scheduler owns the registry its `/metrics` serves and creates these in it
-(`SchedulerMetrics.controller`); the controller is handed them with
-`ControllerMetrics.from_scheduler(...)`. Used on its own (tests, tools), the
-controller makes them in a private registry, so two controllers in one process
-never collide. The warm-target gauges are set by the leading controller only;
-the pool sandbox gauges are the scheduler's, read from Redis at scrape time.
+`sandpool controller` serves them on its own `/metrics`; used on its own
+(tests, tools), the controller makes them in a private registry, so two
+controllers in one process never collide. The warm-target gauges are set by the
+leading controller only; the pool sandbox gauges are read from Redis at scrape
+time, so every replica reports the same figures.
 Labels are closed sets: pool names from the operator's configuration, never ids.
 
 `sandpool_reconciled_total{kind}` counts what the controller put right: sandboxes
@@ -19,9 +18,10 @@ scheduler vanished (`stale_waiter`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+SERVICE = "controller"
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,11 @@ class ControllerMetrics:
     pool_target: Gauge  # sandpool_pool_target{pool}: the warm target the controller chose
     pool_lease_rate: Gauge  # sandpool_pool_lease_rate{pool}: leases per second over the last minute
     pool_start_estimate: Gauge  # sandpool_pool_start_seconds_estimate{pool}: the start time it assumes
+    pool_sandboxes: Gauge  # sandpool_pool_sandboxes{pool, state}: read from Redis at scrape time
+    pool_ceiling: Gauge  # sandpool_pool_ceiling{pool}
+    reaped: Counter  # sandpool_sessions_reaped_total{reason}: sessions the session reaper released
+    redis_errors: Counter  # sandpool_redis_errors_total{service="controller"}
+    registry: CollectorRegistry
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> ControllerMetrics:
@@ -53,9 +58,16 @@ class ControllerMetrics:
             pool_start_estimate=Gauge("sandpool_pool_start_seconds_estimate",
                                       "Start time the warm target assumes (moving estimate)", ["pool"],
                                       registry=registry),
+            pool_sandboxes=Gauge("sandpool_pool_sandboxes", "Sandboxes of a pool by state (from Redis)",
+                                 ["pool", "state"], registry=registry),
+            pool_ceiling=Gauge("sandpool_pool_ceiling", "Most sandboxes a pool may have", ["pool"],
+                               registry=registry),
+            reaped=Counter("sandpool_sessions_reaped_total", "Sessions released by sandpool itself, by reason",
+                           ["reason"], registry=registry),
+            redis_errors=Counter("sandpool_redis_errors_total", "Redis calls that failed", ["service"],
+                                 registry=registry),
+            registry=registry,
         )
 
-    @classmethod
-    def from_scheduler(cls, scheduler_metrics: Any) -> ControllerMetrics:
-        """Share the scheduler's metric objects (`SchedulerMetrics`), so its /metrics shows them."""
-        return scheduler_metrics.controller
+    def redis_error(self) -> None:
+        self.redis_errors.labels(SERVICE).inc()

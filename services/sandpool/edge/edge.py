@@ -1,9 +1,9 @@
-"""The outermost layer of the proxy: request ids and per-request metrics, as plain ASGI (no per-request
+"""The outermost layer of the api: request ids and per-request metrics, as plain ASGI (no per-request
 task or body buffering that `BaseHTTPMiddleware` would add).
 
 A client's `X-Request-Id` is kept when it is short and printable, otherwise one
 is generated; it is set in `core.logs.request_id_var` for every log line, passed
-to the scheduler and returned on the response. Route handlers name their
+to the session's agent and returned on the response. Route handlers name their
 operation in `scope["sandpool.operation"]` so the metrics carry a closed set of
 labels (unmatched paths count as `other`).
 """
@@ -17,14 +17,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandpool.core.logs import request_id_var
 from sandpool.core.request_ids import log_access, request_id_from, with_request_id
-from sandpool.proxy.metrics import ProxyMetrics
+from sandpool.sessions.metrics import ApiMetrics
 
 OPERATION_KEY = "sandpool.operation"
 REQUEST_ID_KEY = "sandpool.request_id"
 
 
 class EdgeMiddleware:
-    def __init__(self, app: ASGIApp, metrics: ProxyMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
         self.app = app
         self.metrics = metrics
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from sandpool.core.settings import ConfigurationError
-from sandpool.proxy.keys import TrustedKey, load_pem_public_key, parse_jwks
+from sandpool.edge.keys import TrustedKey, load_pem_public_key, parse_jwks
 
 log = logging.getLogger(__name__)
 

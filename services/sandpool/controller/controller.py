@@ -29,9 +29,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sandpool.pool.demand import WarmTarget
-from sandpool.pool.metrics import ControllerMetrics
-from sandpool.pool.provider import PoolSpec, Provider, ProviderError, SandboxInfo, new_sandbox_id
+from sandpool.controller.demand import WarmTarget
+from sandpool.controller.metrics import ControllerMetrics
+from sandpool.controller.provider import PoolSpec, Provider, ProviderError, SandboxInfo, new_sandbox_id
 from sandpool.state import channels
 from sandpool.state.client import Client
 from sandpool.state.errors import StateError
@@ -40,7 +40,7 @@ from sandpool.state.leader import Leadership
 from sandpool.state.sandboxes import SandboxRecord, SandboxStore
 from sandpool.state.sessions import SessionStore
 
-log = logging.getLogger("sandpool.pool.controller")
+log = logging.getLogger("sandpool.controller.controller")
 
 
 @dataclass(frozen=True)

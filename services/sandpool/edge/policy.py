@@ -11,7 +11,7 @@ budget), the proxy holds the ones it enforces (the request rate).
 The egress allow-list (`egress_allow`) is the one list: unset or empty means no
 egress at all (it never inherits the ceiling), each entry is checked with the
 egress proxy's own parser, and the admin API refuses entries outside the ceiling
-the egress proxy published. It reaches the scheduler comma-separated in its header.
+the egress proxy published. It reaches the session layer as a tuple, with the principal.
 """
 
 from __future__ import annotations
@@ -98,12 +98,15 @@ def above_ceilings(policy: BaseModel, ceilings: Mapping[str, int]) -> list[str]:
 
 @dataclass(frozen=True)
 class Effective:
-    """One workspace's admission values: its image allow-list, its rate in force, and the headers
-    carrying its own values of the limits the scheduler enforces (which bounds them by its ceilings)."""
+    """One workspace's admission values: its image allow-list, its rate in force, and its own values of
+    the limits the session layer enforces (which bounds them by the operator's ceilings)."""
 
     allowed_images: frozenset[str] | None
     requests_per_minute: int
-    headers: tuple[tuple[str, str], ...]
+    limits: Mapping[str, int]
+    """The workspace's own value of each count the session layer enforces (0: none of its own)."""
+    egress_allow: tuple[str, ...]
+    """The destinations its sessions may reach through the egress proxy (empty: none)."""
 
 
 def egress_outside(entries: list[str], ceiling: list[str] | None) -> list[str]:
@@ -121,19 +124,15 @@ def egress_outside(entries: list[str], ceiling: list[str] | None) -> list[str]:
     return [f"egress_allow: {why}" for why in allowlist.outside_ceiling(entries, bound)]
 
 
-def _header_value(limit: catalogue.Limit, values: Mapping[str, int], lists: Mapping[str, list[str]]) -> str:
-    return catalogue.encode_list(lists[limit.name]) if limit.is_list else str(values[limit.name])
-
-
 def effective(policy: BaseModel, proxy_ceilings: Mapping[str, int]) -> Effective:
     values = limit_values(policy)
     lists = list_values(policy)
-    headers = tuple((limit.header, _header_value(limit, values, lists)) for limit in catalogue.forwarded()
-                    if limit.header is not None)
+    own = {limit.name: values[limit.name] for limit in catalogue.counts(catalogue.forwarded())}
     rate = catalogue.combine(values.get("requests_per_minute", 0), int(proxy_ceilings.get("requests_per_minute") or 0))
     allowed = policy.allowed_images  # type: ignore[attr-defined]  # a field of policy_model(), built at run time
     images = frozenset(allowed) if allowed is not None else None
-    return Effective(allowed_images=images, requests_per_minute=rate, headers=headers)
+    return Effective(allowed_images=images, requests_per_minute=rate, limits=own,
+                     egress_allow=tuple(lists.get("egress_allow", ())))
 
 
 class CorruptPolicy(ValueError):

@@ -19,7 +19,7 @@ from typing import Any
 import jwt
 
 from sandpool.contract.tenancy import is_valid_workspace
-from sandpool.proxy.keyring import KeyRing
+from sandpool.edge.keyring import KeyRing
 
 MAX_TOKEN_BYTES = 8192
 MAX_JTI_CHARS = 256

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from sandpool.contract.tenancy import is_valid_workspace
-from sandpool.proxy.keys import algorithm_for, thumbprint
+from sandpool.edge.keys import algorithm_for, thumbprint
 
 DEFAULT_KEY_PATH = Path("~/.config/sandpool/auth-key.pem")
 DEFAULT_TTL_SECONDS = 3600

@@ -59,9 +59,9 @@ from typing import Any, cast
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from sandpool.controller.provider import PoolSpec
+from sandpool.controller.quantities import parse_quantity, positive_quantity
 from sandpool.core.settings import ConfigurationError
-from sandpool.pool.provider import PoolSpec
-from sandpool.pool.quantities import parse_quantity, positive_quantity
 from sandpool.providers import registry
 
 __all__ = ["PoolTemplate", "load_environments", "load_pools", "parse_pools", "parse_quantity"]

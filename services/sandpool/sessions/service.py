@@ -47,9 +47,9 @@ from sandpool.core.errors import (
 from sandpool.core.hop import HopBusy, HopConnectError, HopError
 from sandpool.core.hop import Response as HopResponse
 from sandpool.core.logs import request_id_var
-from sandpool.scheduler import limits
-from sandpool.scheduler.caller import Caller
-from sandpool.scheduler.forward import (
+from sandpool.sessions import limits
+from sandpool.sessions.caller import Caller
+from sandpool.sessions.forward import (
     OUTCOME_HEADER,
     AgentClients,
     BadAddress,
@@ -57,18 +57,18 @@ from sandpool.scheduler.forward import (
     request_headers,
     response_headers,
 )
-from sandpool.scheduler.metrics import EXEC_OUTCOMES, SERVICE, SchedulerMetrics
-from sandpool.scheduler.pools import PoolDirectory
-from sandpool.scheduler.settings import SchedulerSettings
-from sandpool.scheduler.stream import (
+from sandpool.sessions.metrics import EXEC_OUTCOMES, ApiMetrics
+from sandpool.sessions.pools import PoolDirectory
+from sandpool.sessions.settings import SessionSettings
+from sandpool.sessions.stream import (
     EVENT_STREAM,
     EventStreamResponse,
     StreamRelay,
     cancel_on_disconnect,
     wants_stream,
 )
-from sandpool.scheduler.uploads import FileBytes
-from sandpool.scheduler.waiting import Waiters
+from sandpool.sessions.uploads import FileBytes
+from sandpool.sessions.waiting import Waiters
 from sandpool.state import usage
 from sandpool.state.errors import StateUnavailable
 from sandpool.state.sessions import Leased, Refused, SessionStore, Target, Waiting
@@ -189,9 +189,9 @@ class Metered:
 NOTHING = Metered("", {})
 
 
-class Scheduler:
-    def __init__(self, settings: SchedulerSettings, store: SessionStore, clients: AgentClients,
-                 metrics: SchedulerMetrics, pools: PoolDirectory, waiters: Waiters | None = None) -> None:
+class SessionLayer:
+    def __init__(self, settings: SessionSettings, store: SessionStore, clients: AgentClients,
+                 metrics: ApiMetrics, pools: PoolDirectory, waiters: Waiters | None = None) -> None:
         self.settings = settings
         self.store = store
         self.clients = clients
@@ -651,7 +651,7 @@ class Scheduler:
             await self.store.done(session_id=session_id, workspace=caller.workspace, now=time.time(),
                                   event=metered.event, tool=metered.tool, amounts=metered.amounts)
         except StateUnavailable as exc:
-            self.metrics.redis_errors.labels(service=SERVICE).inc()
+            self.metrics.redis_error()
             log.error("usage of a finished call not recorded", extra={
                 "session": session_id, "workspace": caller.workspace, "event": metered.event,
                 "amounts": metered.amounts, "error": type(exc).__name__})

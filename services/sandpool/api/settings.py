@@ -1,0 +1,46 @@
+"""Settings of `sandpool api`: one typed object, every field a flag and a `SANDPOOL_*` variable.
+
+The api's mode is explicit: `--no-auth` (standalone: the session layer alone,
+one trusted client, no tenancy) or multi-tenant (trusted keys given). With
+neither, or both, it refuses to start, naming the settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from sandpool.core.settings import ConfigurationError
+from sandpool.edge.settings import EdgeSettings
+from sandpool.sessions.settings import SessionSettings
+
+
+class ApiSettings(EdgeSettings, SessionSettings):
+    host: str = Field(default="127.0.0.1", description="Address to listen on")
+    port: int = Field(default=8080, ge=0, le=65535, description="Port to listen on")
+    unix_socket: Path | None = Field(default=None, description=(
+        "Listen on this Unix socket (mode 0600) instead of --host/--port"))
+    log_level: str = Field(default="info", description="Log level (debug, info, warning, error)")
+    tracing: bool = Field(default=False, description=(
+        "Export OpenTelemetry traces over OTLP/HTTP (the tracing extra; endpoint from OTEL_EXPORTER_OTLP_*)"))
+    start_failure_file: Path | None = Field(default=None, description=(
+        "Where a failed start writes its one-line reason (a supervisor's termination message; "
+        "sandpool up reads it)"))
+    tls_cert: Path | None = Field(default=None, description="PEM certificate: serve HTTPS when given (with --tls-key)")
+    tls_key: Path | None = Field(default=None, description="PEM private key of --tls-cert")
+
+    no_auth: bool = Field(default=False, description=(
+        "Standalone mode: no authentication and no tenancy, for one trusted client. Without it the api is "
+        "multi-tenant and needs trusted keys (--auth-public-key or --auth-jwks)"))
+
+    def check_startable(self) -> None:
+        """What `sandpool api` refuses to start without, named for the operator."""
+        if self.no_auth and self.has_trusted_keys:
+            raise ConfigurationError("--no-auth and trusted keys (--auth-public-key / --auth-jwks) exclude each "
+                                     "other: choose one mode")
+        if not self.no_auth and not self.has_trusted_keys:
+            raise ConfigurationError("no mode: give --auth-public-key PATH (repeatable) or --auth-jwks "
+                                     "(multi-tenant), or --no-auth (standalone: one trusted client, no tenancy)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigurationError("--tls-cert and --tls-key go together")

@@ -1,0 +1,30 @@
+"""Who is calling the session layer: a workspace and the limits in force for it.
+
+The edge builds one from a verified token and the workspace's stored policy and
+hands it over in process; `--no-auth` (standalone) has exactly one workspace,
+no policy of its own and no egress allow-list. Nothing here is read from a
+request header: tenancy never travels in anything a client can set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sandpool.contract import tenancy
+from sandpool.sessions.limits import NO_POLICY, WorkspacePolicy
+
+
+@dataclass(frozen=True)
+class Caller:
+    workspace: str
+    policy: WorkspacePolicy
+    egress_allow: tuple[str, ...] = ()
+    """The workspace's egress allow-list (bound to a new session's sandbox by the lease); empty: none."""
+
+    @classmethod
+    def of(cls, workspace: str, limits: Mapping[str, int], egress_allow: tuple[str, ...] = ()) -> Caller:
+        return cls(workspace=workspace, policy=WorkspacePolicy(limits), egress_allow=egress_allow)
+
+
+STANDALONE = Caller(workspace=tenancy.STANDALONE_WORKSPACE, policy=NO_POLICY)
