@@ -137,7 +137,7 @@ def main() -> int:
                         help="seconds each caller pauses before each call (default 0: back to back)")
     args = parser.parse_args()
 
-    from sandpool.proxy.keys_cli import generate_keypair, mint_token
+    from sandpool.edge.keys_cli import generate_keypair, mint_token
 
     work = Path(tempfile.mkdtemp(prefix="sp-bench-"))
     cleanup = [work]

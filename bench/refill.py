@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandpool.pool.provider import PoolSpec
+from sandpool.controller.provider import PoolSpec
 from sandpool.providers.local.launcher import SubprocessLauncher
 from sandpool.providers.local.provider import LocalProvider
 from sandpool.providers.local.settings import LocalProviderSettings

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from sandpool.pool.provider import PoolSpec
+from sandpool.controller.provider import PoolSpec
 from sandpool.providers.local.procs import ProcessHandle
 from sandpool.providers.local.provider import LocalProvider
 from sandpool.providers.local.settings import LocalProviderSettings

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from sandpool.pool.templates import parse_pools, parse_quantity
+from sandpool.controller.templates import parse_pools, parse_quantity
 from sandpool.providers.kubernetes.pods import SECRET_KEY, PodOptions, build_pod
 from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
 

@@ -5,7 +5,7 @@ Runs inside the control-plane image, in the sandbox pod's network namespace
 
     python sandbox_smoke.py PORT HEALTH_PATH SECRET_FILE UID
 
-Calls go through `sandpool.scheduler.forward` (the pooled agent clients and the
+Calls go through `sandpool.sessions.forward` (the pooled agent clients and the
 header rules of a forwarded call), so the agent sees exactly what a scheduler
 sends it. Every check prints one line; the first failure ends the run with
 exit 1 and says what was expected.
@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from sandpool.core.hop import HopError
-from sandpool.scheduler.forward import AgentClients, request_headers
+from sandpool.sessions.forward import AgentClients, request_headers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STACK = ("numpy", "pandas", "scipy", "sympy", "matplotlib")

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from chart_support import CHART, find
 
-from sandpool.pool.templates import POOL_NAME, parse_pools, pool_model
+from sandpool.controller.templates import POOL_NAME, parse_pools, pool_model
 
 CHART_SPELLING = {"runtimeClassName": "runtime_class", "nodeSelector": "node_selector",
                   "workspaceSize": "workspace_size", "maxWarm": "max_warm"}

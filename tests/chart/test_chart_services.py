@@ -21,10 +21,10 @@ from testkit import free_port, wait_for
 from sandpool.cli import build_parser
 from sandpool.core.settings import settings_from_args
 from sandpool.egress.settings import EgressSettings
-from sandpool.pool.templates import load_pools
+from sandpool.controller.templates import load_pools
 from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
-from sandpool.proxy.settings import ProxySettings
-from sandpool.scheduler.settings import SchedulerSettings
+from sandpool.edge.settings import ProxySettings
+from sandpool.sessions.settings import SchedulerSettings
 
 DEFAULT_AND_SCENARIOS = [None, *SCENARIOS]
 
@@ -88,8 +88,8 @@ def test_signing_key_stays_out_of_the_serving_container(helm: Helm) -> None:
 
 def test_init_container_derives_the_public_key_the_proxy_trusts(helm: Helm, tmp_path: Path) -> None:
     """Run the init container's script on the rendered (generated) key; the proxy loads the result."""
-    from sandpool.proxy.keys import load_pem_public_key, thumbprint
-    from sandpool.proxy.keys_cli import load_private_key
+    from sandpool.edge.keys import load_pem_public_key, thumbprint
+    from sandpool.edge.keys_cli import load_private_key
 
     objs = helm.render()
     key_pem = secret_value(find(objs, "Secret", "-signing"), "ed25519.key")

@@ -62,7 +62,7 @@ def stack(release: list[dict[str, Any]], redis_server: Any,
     public = work / "signing.pub"
     from cryptography.hazmat.primitives import serialization
 
-    from sandpool.proxy.keys_cli import load_private_key
+    from sandpool.edge.keys_cli import load_private_key
     public.write_bytes(load_private_key(key).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     token = work / "internal"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from chart_support import CHART, ROOT
 
-from sandpool.pool.templates import parse_pools
+from sandpool.controller.templates import parse_pools
 from sandpool.providers.kubernetes.pods import PodOptions, build_pod
 from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from sandpool.pool.controller import PoolController
-from sandpool.pool.provider import PoolSpec
+from sandpool.controller.controller import PoolController
+from sandpool.controller.provider import PoolSpec
 from sandpool.providers.local.provider import LocalProvider
 from sandpool.providers.local.settings import LocalProviderSettings
 from sandpool.state.keys import Keys

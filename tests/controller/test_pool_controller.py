@@ -13,8 +13,8 @@ from typing import Any
 
 from testkit import eventually
 
-from sandpool.pool.controller import PoolController
-from sandpool.pool.provider import PoolSpec
+from sandpool.controller.controller import PoolController
+from sandpool.controller.provider import PoolSpec
 from sandpool.providers.local import procs
 from sandpool.state.keys import Keys
 from sandpool.state.sessions import Leased, Refused, SessionLimits, SessionStore, Waiting

@@ -21,7 +21,7 @@ from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificat
 from sandbox_env import make_lock, make_wheel
 from up_harness import Up, exec_code
 
-from sandpool.proxy.keys_cli import mint_token
+from sandpool.edge.keys_cli import mint_token
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -32,7 +32,7 @@ from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificat
 from testkit import descendants, wait_for
 from up_harness import Up, exec_code
 
-from sandpool.proxy.keys_cli import mint_token
+from sandpool.edge.keys_cli import mint_token
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -24,7 +24,7 @@ import pytest
 from testkit import free_port, port_open, redis_server_binary, scrubbed_env, wait_for, wait_http
 from up_harness import Up, assert_stopped_clean
 
-from sandpool.proxy.keys_cli import generate_keypair, public_key_path
+from sandpool.edge.keys_cli import generate_keypair, public_key_path
 
 PASSWORD = f"planted-password-{uuid.uuid4().hex}"
 TOKEN = f"planted-token-{uuid.uuid4().hex}"

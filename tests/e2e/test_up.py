@@ -173,7 +173,7 @@ def test_up_with_an_external_redis_leaves_no_sandbox_records(up_factory, redis_u
 
 
 def test_up_trusts_a_given_public_key_and_prints_no_token(up_factory, tmp_path: Path) -> None:
-    from sandpool.proxy.keys_cli import generate_keypair, mint_token
+    from sandpool.edge.keys_cli import generate_keypair, mint_token
 
     private, public = generate_keypair(tmp_path / "key.pem")
     up = up_factory("--auth-public-key", str(public))

@@ -22,11 +22,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from sandpool.proxy.app import create_app
-from sandpool.proxy.keys_cli import generate_keypair, mint_token
-from sandpool.proxy.settings import ProxySettings
-from sandpool.scheduler import app as scheduler_app
-from sandpool.scheduler import settings as scheduler_settings
+from sandpool.edge.app import create_app
+from sandpool.edge.keys_cli import generate_keypair, mint_token
+from sandpool.edge.settings import ProxySettings
+from sandpool.sessions import app as scheduler_app
+from sandpool.sessions import settings as scheduler_settings
 from sandpool.state.keys import Keys as RedisKeys
 
 from .stack import Sandboxes, Stack

@@ -15,8 +15,8 @@ import redis
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from testkit import keys_under
 
-from sandpool.proxy.keys import thumbprint
-from sandpool.proxy.keys_cli import load_private_key
+from sandpool.edge.keys import thumbprint
+from sandpool.edge.keys_cli import load_private_key
 
 from .conftest import Echo, Keys, Proxy
 

@@ -18,10 +18,10 @@ from starlette.routing import Route
 from testkit import wait_for
 
 from sandpool.core.settings import ConfigurationError
-from sandpool.proxy.app import create_app
-from sandpool.proxy.keys import parse_jwks
-from sandpool.proxy.keys_cli import generate_keypair, load_private_key
-from sandpool.proxy.settings import ProxySettings
+from sandpool.edge.app import create_app
+from sandpool.edge.keys import parse_jwks
+from sandpool.edge.keys_cli import generate_keypair, load_private_key
+from sandpool.edge.settings import ProxySettings
 
 from .conftest import CaplogServer, Echo, Keys, Proxy
 

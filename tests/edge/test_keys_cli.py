@@ -12,8 +12,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from sandpool.proxy.keys import load_pem_public_key, thumbprint
-from sandpool.proxy.keys_cli import generate_keypair, mint_token
+from sandpool.edge.keys import load_pem_public_key, thumbprint
+from sandpool.edge.keys_cli import generate_keypair, mint_token
 
 
 def sandpool(*args: str) -> subprocess.CompletedProcess[str]:

@@ -52,7 +52,7 @@ def test_an_admin_ends_any_workspace_session_and_nobody_else_can(stack: Stack, c
         assert globex.delete(f"/v1/sessions/{sid}").status_code == 403
         assert acme.delete(f"/v1/sessions/{sid}").status_code == 403  # its own, but not an admin
         assert acme.post(f"/sessions/{sid}/exec", json=PRINT_1).status_code == 200
-        with caplog.at_level(logging.INFO, logger="sandpool.proxy.admin"):
+        with caplog.at_level(logging.INFO, logger="sandpool.edge.admin"):
             ended = admin.delete(f"/v1/sessions/{sid}")
         assert ended.status_code == 200, ended.text
         body = ended.json()

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from sandpool.core.settings import ConfigurationError
-from sandpool.proxy.app import create_app
-from sandpool.proxy.settings import ProxySettings
+from sandpool.edge.app import create_app
+from sandpool.edge.settings import ProxySettings
 
 from .conftest import Keys
 

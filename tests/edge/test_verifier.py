@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sandpool.proxy.auth import AuthFailure, Principal, TokenVerifier, bearer_token
-from sandpool.proxy.keyring import KeyRing
-from sandpool.proxy.keys_cli import generate_keypair, mint_token
+from sandpool.edge.auth import AuthFailure, Principal, TokenVerifier, bearer_token
+from sandpool.edge.keyring import KeyRing
+from sandpool.edge.keys_cli import generate_keypair, mint_token
 
 
 class CountingVerifier(TokenVerifier):

@@ -8,8 +8,8 @@ from starlette.datastructures import Headers
 from sandpool.contract import limits as catalogue
 from sandpool.contract import tenancy
 from sandpool.core.errors import Forbidden
-from sandpool.scheduler.caller import STANDALONE, CallerResolver
-from sandpool.scheduler.limits import Ceilings, lease_limits
+from sandpool.sessions.caller import STANDALONE, CallerResolver
+from sandpool.sessions.limits import Ceilings, lease_limits
 
 TOKEN = "internal-credential-for-the-catalogue-tests"
 

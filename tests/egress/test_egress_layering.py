@@ -6,8 +6,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "services" / "sandpool"
-FORBIDDEN = ("redis", "kubernetes", "fastapi", "sandpool.scheduler", "sandpool.proxy", "sandpool.agent",
-             "sandpool.pool", "sandpool.providers", "sandpool.client", "sandpool.up")
+FORBIDDEN = ("redis", "kubernetes", "fastapi", "sandpool.sessions", "sandpool.edge", "sandpool.agent",
+             "sandpool.controller", "sandpool.providers", "sandpool.client", "sandpool.up")
 
 
 def test_egress_imports_no_other_service_and_no_redis() -> None:

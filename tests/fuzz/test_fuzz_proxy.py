@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from sp_harness import Stack, build_stack
 from testkit import wait_for
 
-from sandpool.proxy.keys_cli import load_private_key
+from sandpool.edge.keys_cli import load_private_key
 from sandpool.state.keys import Keys
 
 POOL = 2

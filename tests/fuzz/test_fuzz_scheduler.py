@@ -90,8 +90,8 @@ def forbidden(live: Live) -> tuple[str, ...]:
 
 
 def test_every_documented_operation_is_fuzzed() -> None:
-    from sandpool.scheduler.app import create_app
-    from sandpool.scheduler.settings import SchedulerSettings
+    from sandpool.sessions.app import create_app
+    from sandpool.sessions.settings import SchedulerSettings
 
     assert operations_of(create_app(SchedulerSettings(standalone=True, controller=False))) == FUZZED
 

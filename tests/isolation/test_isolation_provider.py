@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandpool.pool.provider import PoolSpec
+from sandpool.controller.provider import PoolSpec
 from sandpool.providers.local.provider import LocalProvider
 from sandpool.providers.local.settings import LocalProviderSettings
 

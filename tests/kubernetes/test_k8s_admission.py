@@ -23,8 +23,8 @@ from kubelet import StandInKubelet
 from realapi import RealCluster
 from testkit import tool
 
-from sandpool.pool.provider import PoolSpec, ProviderError
-from sandpool.pool.templates import load_pools
+from sandpool.controller.provider import PoolSpec, ProviderError
+from sandpool.controller.templates import load_pools
 from sandpool.providers.kubernetes import KubernetesProvider
 from sandpool.providers.kubernetes.pods import PodOptions, build_pod, build_secret
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from realapi import RealCluster
 
-from sandpool.pool.provider import PoolSpec
+from sandpool.controller.provider import PoolSpec
 from sandpool.state.keys import egress_digest
 
 POOL = PoolSpec(name="default", image="python", cpu="1", memory="512Mi")

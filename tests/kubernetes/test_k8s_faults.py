@@ -14,7 +14,7 @@ import pytest
 from apiserver import StandInApiServer
 from testkit import eventually
 
-from sandpool.pool.provider import PoolSpec, ProviderError
+from sandpool.controller.provider import PoolSpec, ProviderError
 
 NS = "sandboxes"
 POOL = PoolSpec(name="default", image="python", cpu="1", memory="512Mi")

@@ -19,7 +19,7 @@ from kubelet import StandInKubelet
 from realapi import RealCluster
 from testkit import eventually
 
-from sandpool.pool.provider import LOSS_REASONS, PoolSpec, ProviderError
+from sandpool.controller.provider import LOSS_REASONS, PoolSpec, ProviderError
 from sandpool.providers.kubernetes import KubernetesProvider
 from sandpool.providers.kubernetes.pods import PodState
 from sandpool.providers.kubernetes.watch import loss_of

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, V1Pod, V1Secret
 
-from sandpool.pool.provider import PoolSpec
-from sandpool.pool.templates import load_pools
+from sandpool.controller.provider import PoolSpec
+from sandpool.controller.templates import load_pools
 from sandpool.providers.kubernetes.pods import (
     InvalidPool,
     PodOptions,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sandpool.core.settings import ConfigurationError
-from sandpool.pool.provider import PoolSpec
-from sandpool.pool.templates import load_pools, parse_pools, parse_quantity
+from sandpool.controller.provider import PoolSpec
+from sandpool.controller.templates import load_pools, parse_pools, parse_quantity
 from sandpool.providers.kubernetes.pool_options import KubernetesPoolOptions, Toleration
 from sandpool.providers.local.pool_options import LocalPoolOptions
 

@@ -16,7 +16,7 @@ from kubelet import StandInKubelet
 from realapi import RealCluster
 from testkit import eventually
 
-from sandpool.pool.provider import PoolSpec, Provider, ProviderError
+from sandpool.controller.provider import PoolSpec, Provider, ProviderError
 from sandpool.providers.kubernetes import KubernetesProvider
 from sandpool.providers.kubernetes.pods import PodOptions, build_pod
 

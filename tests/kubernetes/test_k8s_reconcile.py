@@ -20,8 +20,8 @@ from kubelet import StandInKubelet
 from realapi import RealCluster
 from testkit import eventually
 
-from sandpool.pool.controller import PoolController
-from sandpool.pool.provider import PoolSpec
+from sandpool.controller.controller import PoolController
+from sandpool.controller.provider import PoolSpec
 from sandpool.state.keys import Keys
 from sandpool.state.sessions import Leased, SessionLimits, SessionStore
 

@@ -32,8 +32,8 @@ import redis.asyncio as aioredis  # noqa: E402 - see above
 from apiserver import StandInApiServer  # noqa: E402 - see above
 from testkit import RedisServer  # noqa: E402 - see above
 
-from sandpool.pool.controller import PoolController  # noqa: E402 - see above
-from sandpool.pool.provider import PoolSpec  # noqa: E402 - see above
+from sandpool.controller.controller import PoolController  # noqa: E402 - see above
+from sandpool.controller.provider import PoolSpec  # noqa: E402 - see above
 from sandpool.providers.kubernetes import KubernetesProvider, KubernetesProviderSettings  # noqa: E402 - see above
 from sandpool.state.keys import Keys  # noqa: E402 - see above
 from sandpool.state.sessions import (  # noqa: E402 - see above

@@ -16,7 +16,7 @@ import pytest
 from sandbox_env import make_lock
 
 from sandpool.core.settings import ConfigurationError
-from sandpool.pool.templates import load_environments, load_pools
+from sandpool.controller.templates import load_environments, load_pools
 from sandpool.providers.local import environments
 from sandpool.providers.local.environments import EnvironmentSpec, EnvironmentUnavailable
 

@@ -17,7 +17,7 @@ import pytest
 from local_helpers import output, run
 from sandbox_env import make_lock
 
-from sandpool.pool.provider import PoolSpec, ProviderError
+from sandpool.controller.provider import PoolSpec, ProviderError
 from sandpool.providers.local import environments
 from sandpool.providers.local.provider import LocalProvider
 from sandpool.providers.local.settings import LocalProviderSettings

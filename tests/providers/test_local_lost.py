@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandpool.pool.provider import PoolSpec, ProviderError
+from sandpool.controller.provider import PoolSpec, ProviderError
 from sandpool.providers.local import procs
 from sandpool.providers.local.provider import LocalProvider
 from sandpool.providers.local.settings import LocalProviderSettings

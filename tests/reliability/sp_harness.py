@@ -234,7 +234,7 @@ class Stack:
         return service
 
     def add_proxy(self, *extra: str, scheduler: Service | None = None, wait: bool = True) -> Service:
-        from sandpool.proxy.keys_cli import generate_keypair
+        from sandpool.edge.keys_cli import generate_keypair
 
         if self.private_key is None:
             self.private_key, self.public_key = generate_keypair(self.keys_dir / "signing.pem")
@@ -249,7 +249,7 @@ class Stack:
         return self.proxy
 
     def token(self, workspace: str = "acme", **kwargs: Any) -> str:
-        from sandpool.proxy.keys_cli import mint_token
+        from sandpool.edge.keys_cli import mint_token
 
         assert self.private_key is not None, "add_proxy() first"
         return mint_token(self.private_key, workspace, **kwargs)

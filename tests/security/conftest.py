@@ -1,7 +1,7 @@
 """One real stack for the security tables: Redis, a multi-tenant scheduler with real local
 sandboxes, and `sandpool proxy` with a key of the test's own (tests/reliability/sp_harness.py).
 
-The tables here extend the per-component ones (tests/agent, tests/proxy,
+The tables here extend the per-component ones (tests/agent, tests/edge,
 tests/isolation) by running them through the whole deployed path, and reuse
 those tables rather than copying them.
 """

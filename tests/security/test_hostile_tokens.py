@@ -1,6 +1,6 @@
 """Hostile credentials against the real `sandpool proxy` process in front of a real scheduler.
 
-The proxy suite's own table (tests/proxy/test_auth.py `BAD`: alg confusion, alg
+The proxy suite's own table (tests/edge/test_auth.py `BAD`: alg confusion, alg
 none, foreign keys, tampered payloads, bad claims...) runs here against the
 deployed process on every contract and admin operation, then the table is
 extended with what only a whole stack can show: a revoked token, a token that
@@ -24,7 +24,7 @@ from proxy.test_auth import BAD
 from sp_harness import INTERNAL_TOKEN, Stack
 from testkit import injected_headers, keys_under
 
-from sandpool.proxy.keys_cli import generate_keypair
+from sandpool.edge.keys_cli import generate_keypair
 
 OPERATIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/sessions", {"json": {}}),

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from sched_harness import INTERNAL_TOKEN, Agents, ServedApp
 
-from sandpool.scheduler.app import create_app
-from sandpool.scheduler.settings import SchedulerSettings
+from sandpool.sessions.app import create_app
+from sandpool.sessions.settings import SchedulerSettings
 from sandpool.state.keys import Keys
 
 

@@ -173,8 +173,8 @@ def test_a_provider_that_cannot_start_gives_start_timeout_after_the_wait(redis_u
                                                                          data_dir) -> None:
     from sandpool.providers.local.provider import LocalProvider
     from sandpool.providers.local.settings import LocalProviderSettings
-    from sandpool.scheduler.app import create_app
-    from sandpool.scheduler.settings import SchedulerSettings
+    from sandpool.sessions.app import create_app
+    from sandpool.sessions.settings import SchedulerSettings
 
     broken = LocalProvider(LocalProviderSettings(data_dir=data_dir, launcher="subprocess",
                                                  agent_python="/nonexistent/python"))
@@ -270,8 +270,8 @@ def test_one_workspaces_burst_does_not_starve_another_asking_for_one(data_dir, t
 
 def test_the_warm_target_follows_demand_between_floor_and_cap(data_dir, redis_url, redis_prefix) -> None:
     """A steady 2-3 leases/s lifts the target above the floor; once it stops, the target comes back down."""
-    from sandpool.pool.controller import PoolController
-    from sandpool.pool.provider import PoolSpec
+    from sandpool.controller.controller import PoolController
+    from sandpool.controller.provider import PoolSpec
     from sandpool.providers import build_provider
     from sandpool.state import close, connect
     from sandpool.state.keys import Keys

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandpool.scheduler.forward import AGENT_TCP_SOCKET_OPTIONS, AgentClients
+from sandpool.sessions.forward import AGENT_TCP_SOCKET_OPTIONS, AgentClients
 
 
 async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

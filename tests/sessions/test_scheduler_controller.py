@@ -6,7 +6,7 @@ import httpx
 import pytest
 from testkit import wait_for
 
-pytest.importorskip("sandpool.pool.controller")
+pytest.importorskip("sandpool.controller.controller")
 pytest.importorskip("sandpool.providers.local.provider")
 
 

@@ -250,8 +250,8 @@ def test_multi_tenant_refuses_direct_access(tenant_scheduler, r, keys, auth, wor
 
 def test_multi_tenant_scheduler_without_credential_refuses_to_start(redis_url, redis_prefix, monkeypatch) -> None:
     from sandpool.core.settings import ConfigurationError
-    from sandpool.scheduler.app import create_app
-    from sandpool.scheduler.settings import SchedulerSettings
+    from sandpool.sessions.app import create_app
+    from sandpool.sessions.settings import SchedulerSettings
 
     monkeypatch.delenv("SANDPOOL_INTERNAL_TOKEN", raising=False)
     with pytest.raises(ConfigurationError):

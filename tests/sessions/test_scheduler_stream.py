@@ -13,7 +13,7 @@ from sse_events import CANCEL_HEADERS, STREAM_HEADERS, collect, events, result_o
 from testkit import wait_for
 
 from sandpool.contract import tenancy
-from sandpool.scheduler.stream import MAX_EVENT_BYTES, AgentEvents, MalformedStream
+from sandpool.sessions.stream import MAX_EVENT_BYTES, AgentEvents, MalformedStream
 
 
 def code(source: str) -> dict[str, Any]:

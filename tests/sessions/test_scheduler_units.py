@@ -12,12 +12,12 @@ from sandpool.contract import tenancy
 from sandpool.contract.operations import operation_of
 from sandpool.core.errors import Forbidden, Unauthorized
 from sandpool.core.settings import ConfigurationError, add_settings_arguments, settings_from_args
-from sandpool.pool.provider import PoolSpec
-from sandpool.scheduler import limits
-from sandpool.scheduler.caller import STANDALONE, CallerResolver
-from sandpool.scheduler.forward import request_headers
-from sandpool.scheduler.pools import PoolDirectory
-from sandpool.scheduler.settings import SchedulerSettings
+from sandpool.controller.provider import PoolSpec
+from sandpool.sessions import limits
+from sandpool.sessions.caller import STANDALONE, CallerResolver
+from sandpool.sessions.forward import request_headers
+from sandpool.sessions.pools import PoolDirectory
+from sandpool.sessions.settings import SchedulerSettings
 from sandpool.state.keys import utc_day
 
 CEILINGS = limits.Ceilings(default_idle=300, max_idle=3600, default_lifetime=3600, max_lifetime=86400,
@@ -268,7 +268,7 @@ def test_documented_defaults() -> None:
 # --- agent client cache ------------------------------------------------------------------------
 
 async def test_agent_clients_are_bounded_and_never_closed_under_a_call() -> None:
-    from sandpool.scheduler.forward import AgentClients, BadAddress
+    from sandpool.sessions.forward import AgentClients, BadAddress
 
     clients = AgentClients(max_clients=2, connect_timeout=1)
     busy = clients.take("unix:///tmp/a.sock")  # in use

@@ -43,7 +43,7 @@ def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
     return bad
 
 
-SERVICES = ("sandpool.agent", "sandpool.scheduler", "sandpool.pool", "sandpool.providers", "sandpool.proxy",
+SERVICES = ("sandpool.agent", "sandpool.sessions", "sandpool.controller", "sandpool.providers", "sandpool.edge",
             "sandpool.egress", "sandpool.state", "sandpool.client")
 
 
@@ -52,9 +52,9 @@ SERVICES = ("sandpool.agent", "sandpool.scheduler", "sandpool.pool", "sandpool.p
     [
         ("contract", SERVICES + ("redis", "kubernetes", "httpx")),
         ("agent", tuple(s for s in SERVICES if s != "sandpool.agent") + ("redis", "kubernetes")),
-        ("proxy", ("sandpool.scheduler", "sandpool.pool", "sandpool.providers", "sandpool.agent", "kubernetes")),
-        ("scheduler", ("sandpool.proxy", "sandpool.agent", "sandpool.egress", "kubernetes")),
-        ("pool", ("sandpool.scheduler", "sandpool.proxy", "sandpool.agent", "sandpool.egress", "kubernetes")),
+        ("proxy", ("sandpool.sessions", "sandpool.controller", "sandpool.providers", "sandpool.agent", "kubernetes")),
+        ("scheduler", ("sandpool.edge", "sandpool.agent", "sandpool.egress", "kubernetes")),
+        ("pool", ("sandpool.sessions", "sandpool.edge", "sandpool.agent", "sandpool.egress", "kubernetes")),
         ("egress", tuple(s for s in SERVICES if s not in ("sandpool.egress", "sandpool.state"))
          + ("redis", "kubernetes", "fastapi")),
         ("state", SERVICES[:-2] + ("kubernetes",)),
@@ -88,5 +88,5 @@ def test_nothing_but_the_launchers_imports_the_proxy() -> None:
     # `sandpool up` checks the proxy's keys before it starts anything (a one-line failure).
     launchers = ("proxy", "up")
     bad = [line for package in _packages() if package not in launchers
-           for line in offenders(package, ("sandpool.proxy",))]
+           for line in offenders(package, ("sandpool.edge",))]
     assert bad == []

@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandpool.cli import build_parser
 from sandpool.core.settings import ConfigurationError, ServiceSettings, settings_from_args
-from sandpool.pool.templates import parse_pools, pool_model, pools_file_model
+from sandpool.controller.templates import parse_pools, pool_model, pools_file_model
 from sandpool.providers import build_provider, registry
-from sandpool.scheduler.settings import SchedulerSettings
+from sandpool.sessions.settings import SchedulerSettings
 
 
 class DummySettings(ServiceSettings):

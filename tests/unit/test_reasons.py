@@ -27,8 +27,8 @@ from sandpool.client.errors import SandpoolClientError, Unavailable, error_class
 from sandpool.contract.agent_protocol import Outcome
 from sandpool.contract.reasons import CATALOGUE, ClientReason, Reason
 from sandpool.core.errors import SandpoolError
-from sandpool.proxy.auth import REASONS as CREDENTIAL_CAUSES
-from sandpool.scheduler.metrics import EXEC_OUTCOMES
+from sandpool.edge.auth import REASONS as CREDENTIAL_CAUSES
+from sandpool.sessions.metrics import EXEC_OUTCOMES
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "services" / "sandpool"

@@ -21,7 +21,7 @@ import time
 
 import httpx
 
-from sandpool.proxy.keys_cli import mint_token
+from sandpool.edge.keys_cli import mint_token
 
 
 def fail(message: str) -> int:

@@ -17,8 +17,8 @@
 {{- end -}}
 {{- end -}}
 
-{{- define "sandpool.proxy.fullname" -}}{{ include "sandpool.fullname" . }}-proxy{{- end -}}
-{{- define "sandpool.scheduler.fullname" -}}{{ include "sandpool.fullname" . }}-scheduler{{- end -}}
+{{- define "sandpool.edge.fullname" -}}{{ include "sandpool.fullname" . }}-proxy{{- end -}}
+{{- define "sandpool.sessions.fullname" -}}{{ include "sandpool.fullname" . }}-scheduler{{- end -}}
 {{- define "sandpool.redis.fullname" -}}{{ include "sandpool.fullname" . }}-redis{{- end -}}
 {{- define "sandpool.pools.fullname" -}}{{ include "sandpool.fullname" . }}-pools{{- end -}}
 {{- define "sandpool.auth.fullname" -}}{{ include "sandpool.fullname" . }}-auth{{- end -}}
@@ -28,7 +28,7 @@
 {{- define "sandpool.egress.fullname" -}}{{ include "sandpool.fullname" . }}-egress{{- end -}}
 
 {{- define "sandpool.serviceAccountName" -}}
-{{- default (include "sandpool.scheduler.fullname" .) .Values.serviceAccount.name -}}
+{{- default (include "sandpool.sessions.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
 {{/* The namespace the sandbox pods run in. */}}
@@ -266,7 +266,7 @@ url
 {{- list $peer | toYaml -}}
 {{- end -}}
 
-{{/* pools.yaml in the format of services/sandpool/pool/templates.py (snake_case keys). */}}
+{{/* pools.yaml in the format of services/sandpool/controller/templates.py (snake_case keys). */}}
 {{- define "sandpool.poolsFile" -}}
 pools:
 {{- range .Values.pools }}
@@ -301,12 +301,12 @@ pools:
     {{- end }}
 {{- end }}
 {{- end -}}
-{{/* The proxy's command line (flags of `sandpool proxy`, services/sandpool/proxy/settings.py). */}}
-{{- define "sandpool.proxy.args" -}}
+{{/* The proxy's command line (flags of `sandpool proxy`, services/sandpool/edge/settings.py). */}}
+{{- define "sandpool.edge.args" -}}
 - proxy
 - --host=0.0.0.0
 - --port={{ .Values.proxy.port }}
-- --scheduler-url=http://{{ include "sandpool.scheduler.fullname" . }}:{{ .Values.scheduler.service.port }}
+- --scheduler-url=http://{{ include "sandpool.sessions.fullname" . }}:{{ .Values.scheduler.service.port }}
 - --internal-token-file=/etc/sandpool/internal/token
 - --auth-audience={{ .Values.auth.audience }}
 {{- range $kid := splitList "," (include "sandpool.publicKeyIds" .) }}
@@ -322,8 +322,8 @@ pools:
 {{- end }}
 {{- end -}}
 
-{{/* The scheduler's command line (flags of `sandpool scheduler`, services/sandpool/scheduler/settings.py). */}}
-{{- define "sandpool.scheduler.args" -}}
+{{/* The scheduler's command line (flags of `sandpool scheduler`, services/sandpool/sessions/settings.py). */}}
+{{- define "sandpool.sessions.args" -}}
 - scheduler
 - --host=0.0.0.0
 - --port={{ .Values.scheduler.port }}
