@@ -3,8 +3,9 @@
 Every service runs as `python -m sandpool <command>` in a process group of its own
 (so `kill -9` of one replica leaves the others and the test runner alone), Redis is
 a real `redis-server` the test owns (restartable on the same port and data), and
-sandboxes are made by the scheduler's own pool controller and local provider under
-a data dir in /tmp. Shared by tests/reliability, tests/security and tests/fuzz.
+sandboxes are made by `sandpool controller` (pool controller, local provider) under
+a data dir in /tmp and served through `sandpool api`. Shared by tests/reliability,
+tests/security and tests/fuzz.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from testkit import (
     wait_http,
 )
 
-INTERNAL_TOKEN = "resilience-internal-credential-0123456789"
 LONG = os.environ.get("SANDPOOL_LONG") == "1"  # the long versions (make test-long)
 
 EXEC_BODIES: dict[str, dict[str, Any]] = {
@@ -199,71 +199,91 @@ def make_data_dir(prefix: str = "spr") -> Path:
 
 
 class Stack:
-    """Redis + scheduler replicas (+ proxy) on one data dir; every piece killable on its own.
+    """Redis + controller replicas + api replicas on one data dir; every piece killable on its own.
 
-    Built by `build_stack`; `close()` stops what is left, destroys every sandbox and
-    removes the data dir.
+    The controllers keep the pool warm (local provider, sandboxes under `root/sandboxes`) and
+    reap sessions; one leads. The apis are the request path: with `auth`, each trusts the
+    stack's own signing key (`token()` mints for it); without, each serves the one standalone
+    caller (`--no-auth`, workspace `_standalone`). Built by `build_stack`; `close()` stops
+    what is left, destroys every sandbox and removes the data dir.
     """
 
-    def __init__(self, root: Path, redis_proc: RedisProc, prefix: str, *, tenancy: bool,
-                 scheduler_args: list[str]) -> None:
+    def __init__(self, root: Path, redis_proc: RedisProc, prefix: str, *, auth: bool,
+                 api_args: list[str], controller_args: list[str]) -> None:
         self.root = root
         self.redis = redis_proc
         self.prefix = prefix
-        self.tenancy = tenancy
-        self.scheduler_args = scheduler_args
-        self.schedulers: list[Service] = []
-        self.proxy: Service | None = None
-        self.token_file = root / "internal-token"
-        self.token_file.write_text(INTERNAL_TOKEN)
-        self.token_file.chmod(0o600)
+        self.auth = auth
+        self.api_args = api_args
+        self.controller_args = controller_args
+        self.controllers: list[Service] = []
+        self.apis: list[Service] = []
         self.keys_dir = root / "keys"
         self.private_key: Path | None = None
         self.public_key: Path | None = None
+        if auth:
+            from sandpool.edge.keys_cli import generate_keypair
+
+            self.private_key, self.public_key = generate_keypair(self.keys_dir / "signing.pem")
+
+    @property
+    def api(self) -> Service:
+        """The first api (the one a test talks to unless it picks another)."""
+        return self.apis[0]
 
     # processes
-    def add_scheduler(self, *extra: str, controller: bool = True, wait: bool = True) -> Service:
-        mode = ["--no-standalone", "--internal-token-file", str(self.token_file)] if self.tenancy else ["--standalone"]
-        argv = ["scheduler", "--host", "127.0.0.1", *mode, "--redis-url", self.redis.url,
-                "--redis-prefix", self.prefix, "--data-dir", str(self.root), "--log-level", "warning",
-                *(["--controller"] if controller else ["--no-controller"]), *self.scheduler_args, *extra]
-        service = Service(f"scheduler{len(self.schedulers)}", argv, self.root).start()
-        self.schedulers.append(service)
+    def _common(self) -> list[str]:
+        return ["--host", "127.0.0.1", "--redis-url", self.redis.url, "--redis-prefix", self.prefix,
+                "--log-level", "warning"]
+
+    def add_controller(self, *extra: str, wait: bool = True, port: int | None = None) -> Service:
+        """Another `sandpool controller` replica (it leads if no other does)."""
+        argv = ["controller", *self._common(), "--data-dir", str(self.root), *self.controller_args, *extra]
+        service = Service(f"controller{len(self.controllers)}", argv, self.root, port=port).start()
+        self.controllers.append(service)
         if wait:
             service.wait_ready()
         return service
 
-    def add_proxy(self, *extra: str, scheduler: Service | None = None, wait: bool = True) -> Service:
-        from sandpool.edge.keys_cli import generate_keypair
-
-        if self.private_key is None:
-            self.private_key, self.public_key = generate_keypair(self.keys_dir / "signing.pem")
-        target = scheduler or self.schedulers[0]
-        argv = ["proxy", "--host", "127.0.0.1", "--scheduler-url", target.url, "--redis-url", self.redis.url,
-                "--redis-prefix", self.prefix, "--auth-public-key", str(self.public_key),
-                "--internal-token-file", str(self.token_file), "--log-level", "warning", *extra]
-        port = self.proxy.port if self.proxy is not None else None
-        self.proxy = Service("proxy", argv, self.root, port=port).start()
+    def add_api(self, *extra: str, wait: bool = True, port: int | None = None) -> Service:
+        """Another `sandpool api` replica: with the stack's key (auth) or `--no-auth`."""
+        mode = ["--auth-public-key", str(self.public_key)] if self.auth else ["--no-auth"]
+        argv = ["api", *self._common(), *mode, *self.api_args, *extra]
+        service = Service(f"api{len(self.apis)}", argv, self.root, port=port).start()
+        self.apis.append(service)
         if wait:
-            self.proxy.wait_ready()
-        return self.proxy
+            service.wait_ready()
+        return service
+
+    def replace(self, service: Service, *, wait: bool = True) -> Service:
+        """A new process of the same command on the same port, in place of `service` (killed or stopped)."""
+        service.stop()
+        fresh = Service(service.name, service.argv, self.root, env=service.env, port=service.port).start()
+        for group in (self.controllers, self.apis):
+            if service in group:
+                group[group.index(service)] = fresh
+        if wait:
+            fresh.wait_ready()
+        return fresh
 
     def token(self, workspace: str = "acme", **kwargs: Any) -> str:
         from sandpool.edge.keys_cli import mint_token
 
-        assert self.private_key is not None, "add_proxy() first"
+        assert self.private_key is not None, "build_stack(auth=True) mints tokens"
         return mint_token(self.private_key, workspace, **kwargs)
 
     def client(self, workspace: str | None = None, *, via: Service | None = None, timeout: float = 30,
                **token_kwargs: Any) -> httpx.Client:
-        """A client of the public edge: the proxy with a token, or the (standalone) scheduler."""
-        if via is None and self.proxy is not None:
-            via = self.proxy
-        via = via or self.schedulers[0]
+        """A client of an api (the first unless `via`): with a token for `workspace` (default acme)
+        when the stack has auth, bare when it serves the standalone caller."""
+        via = via or self.api
         headers = {}
-        if via is self.proxy:
+        if self.auth:
             headers["Authorization"] = f"Bearer {self.token(workspace or 'acme', **token_kwargs)}"
         return httpx.Client(base_url=via.url, headers=headers, timeout=timeout)
+
+    def services(self) -> list[Service]:
+        return [*self.apis, *self.controllers]
 
     # state
     def rdb(self) -> redis.Redis:
@@ -287,8 +307,7 @@ class Stack:
         wait_for(lambda: self.ready_count() >= target, timeout=timeout, what=f"{target} ready sandboxes")
 
     def close(self) -> None:
-        services = ([self.proxy] if self.proxy else []) + self.schedulers
-        for service in services:
+        for service in self.services():  # the apis first: nothing new is leased while the pools go
             service.stop()
             service.kill_group()
         self.redis.stop()
@@ -297,7 +316,7 @@ class Stack:
 
 
 def destroy_leftovers(root: Path) -> None:
-    """Whatever a killed scheduler left: sandboxes (and their mounts) under `root`."""
+    """Whatever a killed controller left: sandboxes (and their mounts) under `root`."""
     if not (root / "sandboxes").exists():
         return
     import asyncio
@@ -322,23 +341,28 @@ def destroy_leftovers(root: Path) -> None:
         pass
 
 
-def build_stack(*, tenancy: bool = False, proxy: bool = False, replicas: int = 1, pool_size: int = 2,
+def build_stack(*, auth: bool = False, replicas: int = 1, apis: int = 1, pool_size: int = 2,
                 max_sandboxes: int = 6, appendonly: bool = False, appendfsync: str = "everysec",
-                scheduler_args: Iterable[str] = (), proxy_args: Iterable[str] = ()) -> Stack:
+                api_args: Iterable[str] = (), controller_args: Iterable[str] = ()) -> Stack:
+    """Redis, `replicas` controllers and `apis` apis, and the pool warm. `auth`: the apis verify
+    tokens signed by the stack's key (multi-tenant), else they serve one trusted client.
+    `api_args` / `controller_args`: further flags of each (session settings are the api's;
+    the provider's, the reaper's and `--data-dir` the controller's; pool sizes go to both)."""
     root = make_data_dir()
     redis_proc = RedisProc(root, appendonly=appendonly, appendfsync=appendfsync).start()
-    stack = Stack(root, redis_proc, "r" + secrets.token_hex(5), tenancy=tenancy or proxy,
-                  scheduler_args=["--pool-size", str(pool_size), "--max-sandboxes", str(max_sandboxes),
-                                  "--reap-interval-seconds", "0.2", *scheduler_args])
+    pools = ["--pool-size", str(pool_size), "--max-sandboxes", str(max_sandboxes)]
+    stack = Stack(root, redis_proc, "r" + secrets.token_hex(5), auth=auth,
+                  api_args=[*pools, *api_args],
+                  controller_args=[*pools, "--reap-interval-seconds", "0.2", *controller_args])
     try:
         for _ in range(replicas):
-            stack.add_scheduler()
-        if proxy:
-            stack.add_proxy(*proxy_args)
+            stack.add_controller()
+        for _ in range(apis):
+            stack.add_api()
         stack.wait_warm(pool_size)
     except BaseException:
-        for service in stack.schedulers:
-            service.log_tail()
+        for service in stack.services():
+            print(f"--- {service.name}\n{service.log_tail()}")
         stack.close()
         raise
     return stack
