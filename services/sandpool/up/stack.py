@@ -92,6 +92,7 @@ class Stack:
             "controller", "--unix-socket", str(controller_socket),
             "--data-dir", str(self.data_dir), "--pool-size", str(s.pool_size),
             "--max-sandboxes", str(s.max_sandboxes), "--log-level", s.log_level,
+            "--sandboxes-outlive-controller",  # a controller that dies ends no session: the next adopts them
             "--start-failure-file", str(self._failure_file("controller")), *self.controller_flags, *egress_flags,
         ])
         public_url = f"http://{_url_host(s.host)}:{s.port}"

@@ -51,8 +51,11 @@ from sandpool.providers.local.launcher import AgentSecret, EgressAccess, Launche
 from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
 from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, cpu_millis, default_sandbox_python
 from sandpool.providers.local.sockets import SOCKET_PATH_MAX, SocketDir
-from sandpool.providers.local.zygote import ZygoteError, make_launcher
+from sandpool.providers.local.zygote import ZygoteError, make_launcher, shutdown_listening
 from sandpool.state.keys import egress_digest
+
+ZYGOTE_SOCKET = "zygote.sock"
+"""Where a zygote that outlives its controller waits, in the data dir's socket directory."""
 
 log = logging.getLogger("sandpool.providers.local")
 
@@ -114,6 +117,9 @@ class LocalProvider:
             raise ProviderError(f"cannot make a directory for agent sockets: {exc}", transient=False) from None
         if hasattr(self.launcher, "extra_paths"):  # the zygote binds them into every sandbox root
             self.launcher.extra_paths = roots
+        if self.settings.sandboxes_outlive_controller and hasattr(self.launcher, "listen_path"):
+            assert self.sockets.root is not None
+            self.launcher.listen_path = self.sockets.root / ZYGOTE_SOCKET
         starter = getattr(self.launcher, "start", None)  # the zygote: detects and logs its isolation
         if starter is not None:
             try:
@@ -390,9 +396,14 @@ class LocalProvider:
         return found
 
     async def destroy_all(self) -> int:
-        """Destroy every sandbox under the data dir (`sandpool up` on its way out)."""
+        """Destroy every sandbox under the data dir, and a zygote left to outlive its controller
+        (`sandpool up` on its way out)."""
         sandboxes = await self.list()
         await asyncio.gather(*(self.destroy(s.sandbox_id) for s in sandboxes))
+        root = self.sockets.root or self.sockets._recorded()
+        if root is not None and (root / ZYGOTE_SOCKET).exists():
+            await shutdown_listening(root / ZYGOTE_SOCKET)
+            shutil.rmtree(root / "zygote-run", ignore_errors=True)
         self.sockets.close_if_empty()
         return len(sandboxes)
 

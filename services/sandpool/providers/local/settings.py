@@ -43,6 +43,9 @@ class LocalProviderSettings(ServiceSettings):
     max_file_size_mb: int = Field(default=512, ge=1, description="Largest file sandboxed code may write (MiB)")
     workspace_size_mb: int = Field(default=512, ge=1, description=(
         "Workspace size cap (MiB): a tmpfs of this size is mounted as each workspace when root"))
+    sandboxes_outlive_controller: bool = Field(default=False, description=(
+        "Keep the sandboxes (and the zygote that made them) running when the controller stops or dies; "
+        "the next controller on the same data dir adopts them (sandpool up sets it)"))
     workspace_tmpfs: bool = Field(default=True, description=(
         "Mount a size-capped tmpfs as each workspace when running as root (memory-backed)"))
     spare_interpreter: bool = Field(default=False, description=(

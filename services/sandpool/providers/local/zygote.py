@@ -89,15 +89,21 @@ class ZygoteClient:
         # Told (with the sandbox id, on the event loop) when a sandbox exits on its own.
         self.on_exit: Callable[[str], None] | None = None
         self._closed = False
+        self.listen: Path | None = None
+        """Where a zygote that outlives its controller waits to be adopted (None: it dies with us)."""
+        self.adopted = False
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
     async def start(self) -> IsolationReport:
-        if self.proc is not None:
+        if self.proc is not None or self.sock is not None:
             raise ZygoteError("this zygote client was already started")
-        loop = asyncio.get_running_loop()
+        if self.listen is not None:
+            adopted = await self._adopt()
+            if adopted is not None:
+                return adopted
         if self.run_dir is None:
             _sweep_run_dirs()
             self.run_dir = Path(tempfile.mkdtemp(prefix=f"sandpool-zygote-{os.getpid()}-"))
@@ -114,7 +120,7 @@ class ZygoteClient:
             # Popen, not asyncio's subprocess: it must be forked from this (the loop's) thread.
             self.proc = subprocess.Popen(  # noqa: ASYNC220 - see above; it returns once forked
                 [self.python, "-m", "sandpool.providers.local.zygote_server", "--fd", str(child.fileno()),
-                 "--parent", str(os.getpid())],
+                 "--parent", str(os.getpid()), *(["--listen", str(self.listen)] if self.listen else [])],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                 env=env, cwd=str(self.run_dir), start_new_session=True)
         except OSError as exc:
@@ -129,9 +135,14 @@ class ZygoteClient:
         except OSError as exc:  # it died before reading its configuration
             await self.close()
             raise ZygoteError(f"the zygote did not start: {exc.strerror or exc}") from None
-        parent.setblocking(False)
+        return await self._greeted(parent)
+
+    async def _greeted(self, sock: socket.socket) -> IsolationReport:
+        """Read the zygote's hello on a fresh channel: its isolation and cgroups."""
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
         self._hello = loop.create_future()
-        loop.add_reader(parent.fileno(), self._on_readable)
+        loop.add_reader(sock.fileno(), self._on_readable)
         try:
             hello = await asyncio.wait_for(asyncio.shield(self._hello), self.start_timeout)
         except (TimeoutError, ZygoteError) as exc:
@@ -140,6 +151,21 @@ class ZygoteClient:
         self.report = IsolationReport.from_dict(hello["isolation"])
         self.cgroup_bases = [str(p) for p in hello.get("cgroup_bases", [])]
         return self.report
+
+    async def _adopt(self) -> IsolationReport | None:
+        """Take over the zygote a previous controller left running (its sandboxes with it), if one
+        listens; None when there is none to adopt."""
+        assert self.listen is not None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(str(self.listen))
+        except OSError:
+            sock.close()
+            return None
+        self.sock, self.adopted = sock, True
+        report = await self._greeted(sock)
+        log.info("adopted the running zygote and its sandboxes", extra={"socket": str(self.listen)})
+        return report
 
     def _on_readable(self) -> None:
         assert self.sock is not None
@@ -197,7 +223,11 @@ class ZygoteClient:
 
     @property
     def alive(self) -> bool:
-        return not self._closed and self.proc is not None and self.proc.poll() is None
+        if self._closed:
+            return False
+        if self.adopted:  # not our child: its death shows as the channel's end
+            return self.sock is not None
+        return self.proc is not None and self.proc.poll() is None
 
     async def request(self, message: dict[str, Any], fds: tuple[int, ...] = (),
                       timeout: float | None = None) -> dict[str, Any]:
@@ -261,8 +291,19 @@ class ZygoteClient:
         reply = await self.request({"op": "list"})
         return list(reply.get("sandboxes") or [])
 
-    async def close(self, timeout: float = 10.0) -> None:
-        """Stop the zygote: it kills every sandbox it made and removes their cgroups."""
+    async def shutdown(self) -> None:
+        """End the zygote and every sandbox it made, even one that would outlive us."""
+        if self.alive:
+            with contextlib.suppress(ZygoteError):
+                await self.request({"op": "shutdown"})
+        await self.close(keep=False)
+
+    async def close(self, timeout: float = 10.0, *, keep: bool | None = None) -> None:
+        """Let go of the zygote. One that outlives us (`listen`) keeps its sandboxes for the next
+        controller (unless `keep=False`); otherwise it kills every sandbox it made and removes
+        their cgroups."""
+        if keep is None:
+            keep = self.listen is not None
         if self.sock is not None:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(self.sock.fileno())
@@ -270,6 +311,11 @@ class ZygoteClient:
             self.sock = None
         self._closed = True
         self._fail("closed")
+        if keep:
+            return
+        if self.adopted:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_gone(self.listen), timeout)
         if self.proc is not None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
@@ -289,6 +335,26 @@ class ZygoteClient:
                         group.rmdir()
             with contextlib.suppress(OSError):
                 Path(base).rmdir()
+
+
+async def _gone(listen: Path | None) -> None:
+    """Until a zygote's socket is gone (it removes it on its way out)."""
+    while listen is not None and listen.exists():  # noqa: ASYNC110 - a path's removal is not awaitable
+        await asyncio.sleep(0.02)
+
+
+async def shutdown_listening(listen: Path) -> bool:
+    """End a zygote that outlived its controller, with its sandboxes (`sandpool up` on its way
+    out); False when none listens there."""
+    client = ZygoteClient(listen.parent / "zygote-run")
+    client.listen = listen
+    try:
+        if await client._adopt() is None:
+            return False
+    except ZygoteError:
+        return False
+    await client.shutdown()
+    return True
 
 
 def _sweep_run_dirs() -> None:
@@ -334,6 +400,9 @@ class ZygoteLauncher:
         self.fallback = fallback
         self.using_fallback = False
         self._on_exit: Callable[[str], None] | None = None
+        self.listen_path: Path | None = None
+        """Set by the provider when sandboxes outlive their controller: where the zygote waits to be
+        adopted (and a new controller looks for it first)."""
         self._last_start = 0.0
         self._starting: asyncio.Lock | None = None
 
@@ -353,6 +422,7 @@ class ZygoteLauncher:
             return self.report
         self._last_start = asyncio.get_running_loop().time()
         self.client.extra_paths = self.extra_paths
+        self._persist(self.client)
         try:
             self.report = await self.client.start()
         except ZygoteError as exc:
@@ -383,7 +453,14 @@ class ZygoteLauncher:
                 await self.client.close()
                 self.client = self._new_client()
                 self.client.on_exit = self._on_exit
+                self._persist(self.client)
             await self.start()
+
+    def _persist(self, client: ZygoteClient) -> None:
+        if self.listen_path is not None and client.listen is None:
+            client.listen = self.listen_path
+            client.run_dir = self.listen_path.parent / "zygote-run"  # stable: the next controller's too
+            client._own_run_dir = False
 
     async def aclose(self) -> None:
         await self.client.close()

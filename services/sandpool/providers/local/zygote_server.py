@@ -6,12 +6,16 @@ copies page tables, not work, so a sandbox costs a few milliseconds. bubblewrap
 would give the same namespaces, but it execs a program, which means paying the
 interpreter start again for every sandbox.
 
-It is started by the scheduler (`python -m sandpool.providers.local.zygote_server
---fd N`) as its child, with a scrubbed environment; it talks only over the
-inherited socketpair (see `zygote_protocol`), dies with its parent
-(PDEATHSIG), and on end-of-stream kills every sandbox it made, removes their
-cgroups and exits. It must stay single-threaded: forking a threaded process
-copies locks held by threads that do not exist in the child.
+It is started by the controller (`python -m sandpool.providers.local.zygote_server
+--fd N`) as its child, with a scrubbed environment; it talks over the inherited
+socketpair (see `zygote_protocol`). Plain, it dies with its parent (PDEATHSIG)
+and on end-of-stream kills every sandbox it made, removes their cgroups and
+exits. With `--listen PATH` it outlives its parent instead: on end-of-stream it
+keeps its sandboxes and waits on that socket (0600, its own uid only) for the
+next controller to adopt it; `shutdown` ends it and every sandbox.
+
+It must stay single-threaded: forking a threaded process copies locks held by
+threads that do not exist in the child.
 
 Per launch: create the cgroup, fork into a new PID namespace (unshare
 CLONE_NEWPID, fork, setns back, so the child is PID 1 there and still our own
@@ -24,6 +28,7 @@ here, so a pid the zygote signals cannot have been reused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import logging
@@ -104,8 +109,9 @@ class ZygoteConfig:
 
 
 class Zygote:
-    def __init__(self, sock: socket.socket, config: ZygoteConfig) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, config: ZygoteConfig, listener: socket.socket | None = None) -> None:
+        self.sock: socket.socket | None = sock
+        self.listener = listener
         self.config = config
         self.sandboxes: dict[str, Sandbox] = {}
         self.by_pid: dict[int, Sandbox] = {}
@@ -165,15 +171,18 @@ class Zygote:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "running", False))
+        assert self.sock is not None
         self.selector.register(self.sock, selectors.EVENT_READ, "control")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "signal")
-        assert self.report is not None
-        self.send({"event": "hello", "pid": os.getpid(), "isolation": self.report.to_dict(),
-                   "cgroup_bases": [str(p) for p in (self.cgroups.bases.values() if self.cgroups else ())]})
+        if self.listener is not None:
+            self.selector.register(self.listener, selectors.EVENT_READ, "listen")
+        self.hello()
         while self.running:
             for key, _ in self.selector.select(timeout=1.0):
                 if key.data == "control":
                     self.on_control()
+                elif key.data == "listen":
+                    self.adopt()
                 elif key.data == "signal":
                     try:
                         while os.read(self.wake_r, 512):
@@ -187,25 +196,65 @@ class Zygote:
             self.recheck_netns()
         self.shutdown()
 
+    def hello(self) -> None:
+        assert self.report is not None
+        self.send({"event": "hello", "pid": os.getpid(), "isolation": self.report.to_dict(),
+                   "cgroup_bases": [str(p) for p in (self.cgroups.bases.values() if self.cgroups else ())]})
+
+    def adopt(self) -> None:
+        """A controller connects to take this zygote over: served if its uid is ours and no other
+        controller holds the zygote now."""
+        assert self.listener is not None
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        uid = int.from_bytes(creds[4:8], sys.byteorder)
+        if uid != os.getuid() or self.sock is not None:
+            conn.close()
+            return
+        self.sock = conn
+        self.selector.register(conn, selectors.EVENT_READ, "control")
+        log.info("adopted by a new controller; %d sandboxes kept", len(self.sandboxes))
+        self.hello()
+
+    def lost_client(self) -> None:
+        """The controller went away: keep the sandboxes and wait for the next one (with a listener),
+        or end everything (without)."""
+        if self.listener is None:
+            self.running = False
+            return
+        if self.sock is not None:
+            self.selector.unregister(self.sock)
+            self.sock.close()
+            self.sock = None
+
     def send(self, message: dict[str, Any]) -> None:
+        if self.sock is None:
+            return  # no controller now: the next one lists what exited
         try:
             zygote_protocol.send(self.sock, message)
         except OSError:
-            self.running = False
+            self.lost_client()
 
     def on_control(self) -> None:
+        assert self.sock is not None
         try:
             message, fds = zygote_protocol.recv(self.sock)
         except (OSError, zygote_protocol.ProtocolError) as exc:
             log.error("zygote control channel failed: %s", exc)
-            self.running = False
+            self.lost_client()
             return
         if message is None:
-            self.running = False
+            self.lost_client()
             return
         op, rid = message.get("op"), message.get("id")
         try:
-            if op == "launch":
+            if op == "shutdown":
+                self.running = False
+                self.send({"id": rid, "ok": True})
+            elif op == "launch":
                 owned, fds = fds, []  # launch() closes them, whatever happens
                 self.launch(message, owned)
             elif op == "kill":
@@ -359,7 +408,9 @@ class Zygote:
     def _forget_in_child(self, keep: tuple[int, ...]) -> None:
         """In the forked child: drop every descriptor of the zygote's (not the kept ones)."""
         self.selector.close()
-        self.sock.close()
+        for owned in (self.sock, self.listener):
+            if owned is not None:
+                owned.close()
         for fd in (self.wake_r, self.wake_w, self.host_pidns, *(self.netns.fds() if self.netns else ()),
                    *(self.templates.fds() if self.templates else ())):
             if fd is not None and fd not in keep:
@@ -569,8 +620,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="sandpool zygote (started by the local provider)")
     parser.add_argument("--fd", type=int, required=True, help="inherited SOCK_SEQPACKET control socket")
     parser.add_argument("--parent", type=int, required=True, help="pid that must be our parent")
+    parser.add_argument("--listen", default=None, help="outlive the parent: wait here for the next controller")
     args = parser.parse_args(argv)
-    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if args.listen is None:
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
     # Runners a dead runner template forked come here, not to the host's init: reaped (`reap`).
     linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
     if os.getppid() != args.parent:  # the parent died before PDEATHSIG was armed
@@ -587,9 +640,27 @@ def main(argv: list[str] | None = None) -> None:
         os.close(fd)
     if first is None or first.get("op") != "configure":
         sys.exit(1)
-    zygote = Zygote(sock, ZygoteConfig.from_dict(first))
+    listener = None
+    if args.listen is not None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(args.listen)  # a dead zygote's: the client found nobody listening there
+        old = os.umask(0o177)
+        try:
+            listener.bind(args.listen)
+        finally:
+            os.umask(old)
+        listener.listen(4)
+        listener.setblocking(False)
+        os.set_inheritable(listener.fileno(), False)
+    zygote = Zygote(sock, ZygoteConfig.from_dict(first), listener)
     zygote.prepare()
-    zygote.serve()
+    try:
+        zygote.serve()
+    finally:
+        if args.listen is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(args.listen)
 
 
 if __name__ == "__main__":
