@@ -1,4 +1,11 @@
-"""Fixtures of the scheduler tests: the real Redis of tests/conftest.py, real agents, the app on loopback."""
+"""Fixtures of the session-layer tests: the real Redis of tests/conftest.py, real agents, the api (and
+the controller) on loopback.
+
+`api(**overrides)` serves `sandpool api --no-auth` (standalone: the session layer alone, one trusted
+client); `tenant_api(**overrides)` serves a multi-tenant api trusting a key pair of the test's own, so
+tenancy comes from real bearer tokens; `controller(provider=..., **overrides)` serves `sandpool
+controller` beside it on the same Redis; `reaper` runs the controller's session reaper alone.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +22,11 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from sched_harness import INTERNAL_TOKEN, Agents, ServedApp
+from sessions_harness import Agents, Reaper, ServedApp, Tenants
 
-from sandpool.sessions.app import create_app
-from sandpool.sessions.settings import SchedulerSettings
+from sandpool.api.app import create_app
+from sandpool.api.settings import ApiSettings
+from sandpool.edge.keys_cli import generate_keypair
 from sandpool.state.keys import Keys
 
 
@@ -45,45 +53,100 @@ def agents() -> Iterator[Agents]:
 
 
 @pytest.fixture
-def scheduler(redis_url: str, redis_prefix: str) -> Iterator[Callable[..., ServedApp]]:
-    """Serve a scheduler app with the given settings overrides (standalone, no controller by default)."""
-    served: list[ServedApp] = []
-
-    def make(**overrides: Any) -> ServedApp:
-        # No controller runs here (tests publish sandboxes themselves), so by default nothing
-        # is started for a waiter either: fail fast unless a test asks to wait.
-        values: dict[str, Any] = {"standalone": True, "controller": False, "redis_url": redis_url,
-                                  "redis_prefix": redis_prefix, "reap_interval_seconds": 0.1,
-                                  "capacity_wait_seconds": 0}
-        values.update(overrides)
-        app = create_app(SchedulerSettings(**values))
-        server = ServedApp(app).start()
-        served.append(server)
-        return server
-
-    yield make
-    for server in served:
+def served() -> Iterator[list[ServedApp]]:
+    """Every app a test serves, stopped in reverse order (the api before the controller it shares Redis with)."""
+    started: list[ServedApp] = []
+    yield started
+    for server in reversed(started):
         server.stop()
 
 
 @pytest.fixture
-def tenant_scheduler(scheduler: Callable[..., ServedApp], monkeypatch: pytest.MonkeyPatch) -> Callable[..., ServedApp]:
-    """A multi-tenant scheduler (internal credential from the environment, as in production)."""
-    monkeypatch.setenv("SANDPOOL_INTERNAL_TOKEN", INTERNAL_TOKEN)
+def api(redis_url: str, redis_prefix: str, served: list[ServedApp]) -> Callable[..., ServedApp]:
+    """Serve a standalone api (`--no-auth`) with the given settings overrides."""
 
     def make(**overrides: Any) -> ServedApp:
-        return scheduler(standalone=False, **overrides)
+        # No controller runs unless a test serves one (most publish sandboxes themselves), so by
+        # default nothing is started for a waiter either: fail fast unless a test asks to wait.
+        values: dict[str, Any] = {"no_auth": True, "redis_url": redis_url, "redis_prefix": redis_prefix,
+                                  "capacity_wait_seconds": 0}
+        values.update(overrides)
+        server = ServedApp(create_app(ApiSettings(**values))).start()
+        served.append(server)
+        return server
 
     return make
 
 
 @pytest.fixture
-def data_dir() -> Iterator[Path]:
-    """The local provider's directory; every sandbox left in it is destroyed afterwards."""
-    from sandpool.providers import build_provider
+def signing_key(tmp_path: Path) -> tuple[Path, Path]:
+    return generate_keypair(tmp_path / "keys" / "signing.pem")
 
-    path = Path(tempfile.mkdtemp(prefix="sps", dir="/tmp"))
-    yield path
+
+@pytest.fixture
+def tenant_api(redis_url: str, redis_prefix: str, served: list[ServedApp], signing_key: tuple[Path, Path],
+               r: redis.Redis, keys: Keys) -> Callable[..., Tenants]:
+    """Serve a multi-tenant api trusting the test's own key pair (tokens minted with its private key)."""
+    private, public = signing_key
+
+    def make(**overrides: Any) -> Tenants:
+        values: dict[str, Any] = {"auth_public_keys": [str(public)], "redis_url": redis_url,
+                                  "redis_prefix": redis_prefix, "capacity_wait_seconds": 0}
+        values.update(overrides)
+        server = ServedApp(create_app(ApiSettings(**values))).start()
+        served.append(server)
+        return Tenants(server, private, r, keys)
+
+    return make
+
+
+class Controllers:
+    """Serves `sandpool controller` apps on the test's Redis, their local sandboxes in `data_dir`."""
+
+    def __init__(self, redis_url: str, redis_prefix: str) -> None:
+        self.redis_url, self.redis_prefix = redis_url, redis_prefix
+        self.data_dir = Path(tempfile.mkdtemp(prefix="sps", dir="/tmp"))
+        self.started: list[ServedApp] = []
+
+    def __call__(self, *, provider: Any = None, **overrides: Any) -> ServedApp:
+        from sandpool.controller.app import create_app as create_controller
+        from sandpool.controller.settings import ControllerSettings
+
+        values: dict[str, Any] = {"redis_url": self.redis_url, "redis_prefix": self.redis_prefix,
+                                  "data_dir": self.data_dir, "reap_interval_seconds": 0.1}
+        values.update(overrides)
+        server = ServedApp(create_controller(ControllerSettings(**values), provider=provider))
+        server.start_timeout = 60.0  # the provider starts first (the local one: its zygote)
+        server.start()
+        self.started.append(server)
+        return server
+
+    def stop(self) -> None:
+        for server in reversed(self.started):
+            server.stop()
+        destroy_sandboxes(self.data_dir)
+
+
+@pytest.fixture
+def controller(redis_url: str, redis_prefix: str) -> Iterator[Controllers]:
+    """`controller(provider=None, **overrides)` serves `sandpool controller` (pools, provider, session
+    reaper) on the test's Redis; afterwards every sandbox left in its data dir is destroyed."""
+    controllers = Controllers(redis_url, redis_prefix)
+    yield controllers
+    controllers.stop()
+
+
+@pytest.fixture
+def reaper(redis_url: str, redis_prefix: str) -> Iterator[Reaper]:
+    """The controller's session reaper, running alone (no provider) every 0.1 s."""
+    running = Reaper(redis_url, redis_prefix).start()
+    yield running
+    running.stop()
+
+
+def destroy_sandboxes(path: Path) -> None:
+    """Destroy every local sandbox left in `path`, then remove it."""
+    from sandpool.providers import build_provider
 
     async def destroy_all() -> None:
         provider = build_provider("local", None, data_dir=path)

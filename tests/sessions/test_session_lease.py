@@ -1,6 +1,6 @@
-"""CreateSession and DestroySession against a real Redis: capacity, clamping, images, quota,
-budget, tenancy refusals, reaping. No call here reaches an agent, so the sandboxes are
-published records (the lease never contacts them)."""
+"""CreateSession and DestroySession through the api against a real Redis: capacity, clamping, images,
+quota, budget, tenancy refusals, reaping (by the controller's session reaper). No call here reaches an
+agent, so the sandboxes are published records (the lease never contacts them)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from sched_harness import INTERNAL_TOKEN, publish, tenant_headers
+from sessions_harness import publish
 from testkit import free_port, wait_for
 
 from sandpool.contract import tenancy
@@ -28,8 +28,8 @@ def create(url: str, body: object = None, headers: dict[str, str] | None = None)
     return httpx.post(url + "/sessions", json=body, headers=headers, timeout=10)
 
 
-def test_handle_reports_what_is_in_force(scheduler, r, keys) -> None:
-    app = scheduler(max_idle_timeout_seconds=100, max_lifetime_seconds=200)
+def test_handle_reports_what_is_in_force(api, r, keys) -> None:
+    app = api(max_idle_timeout_seconds=100, max_lifetime_seconds=200)
     sandbox = publish(r, keys)
     started = time.time()
     resp = create(app.url, {"idle_timeout_seconds": 10**6, "max_lifetime_seconds": 150})
@@ -54,8 +54,8 @@ def test_handle_reports_what_is_in_force(scheduler, r, keys) -> None:
 
 @pytest.mark.parametrize("body", [b"{", b"[]", b'{"idle_timeout_seconds": 0}', b'{"max_lifetime_seconds": "x"}',
                                   b'{"image": 5}', b"null"])
-def test_malformed_create_is_422_and_leases_nothing(scheduler, r, keys, body: bytes) -> None:
-    app = scheduler()
+def test_malformed_create_is_422_and_leases_nothing(api, r, keys, body: bytes) -> None:
+    app = api()
     sandbox = publish(r, keys)
     resp = httpx.post(app.url + "/sessions", content=body, headers={"content-type": "application/json"})
     assert resp.status_code == 422, resp.text
@@ -64,16 +64,16 @@ def test_malformed_create_is_422_and_leases_nothing(scheduler, r, keys, body: by
     assert r.zcard(keys.deadlines) == 0 and not usage_total(r, keys)
 
 
-def test_create_without_a_body_uses_the_defaults(scheduler, r, keys) -> None:
-    app = scheduler()
+def test_create_without_a_body_uses_the_defaults(api, r, keys) -> None:
+    app = api()
     publish(r, keys)
     resp = httpx.post(app.url + "/sessions")
     assert resp.status_code == 201
     assert resp.json()["idle_timeout_seconds"] == 300
 
 
-def test_pool_of_n_under_concurrent_creates_gives_exactly_n(scheduler, r, keys) -> None:
-    app = scheduler()  # capacity wait 0: fail fast, as an operator may choose
+def test_pool_of_n_under_concurrent_creates_gives_exactly_n(api, r, keys) -> None:
+    app = api()  # capacity wait 0: fail fast, as an operator may choose
     published = {publish(r, keys) for _ in range(5)}
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda _: create(app.url), range(30)))
@@ -89,11 +89,11 @@ def test_pool_of_n_under_concurrent_creates_gives_exactly_n(scheduler, r, keys) 
     assert usage_total(r, keys)["sessions_created"] == "5"
 
 
-def test_image_hint_picks_the_pool_and_unknown_images_fall_back(scheduler, r, keys, tmp_path: Path) -> None:
+def test_image_hint_picks_the_pool_and_unknown_images_fall_back(api, r, keys, tmp_path: Path) -> None:
     pools = tmp_path / "pools.yaml"
     pools.write_text("pools:\n  - {name: py, image: python, warm: 1, ceiling: 2}\n"
                      "  - {name: node, image: 'node:20', warm: 1, ceiling: 2}\n")
-    app = scheduler(pools_file=pools)
+    app = api(pools_file=pools)
     node = publish(r, keys, pool="node", image="node:20")
     py = publish(r, keys, pool="py", image="python")
     first = create(app.url, {"image": "node:20"})
@@ -106,8 +106,8 @@ def test_image_hint_picks_the_pool_and_unknown_images_fall_back(scheduler, r, ke
     assert third.status_code == 503  # its pool is empty; no borrowing from another pool
 
 
-def test_a_listed_sandbox_that_is_no_longer_ready_is_skipped(scheduler, r, keys) -> None:
-    app = scheduler()
+def test_a_listed_sandbox_that_is_no_longer_ready_is_skipped(api, r, keys) -> None:
+    app = api()
     stale = publish(r, keys)
     r.hset(keys.sandbox(stale), "state", "doomed")  # e.g. doomed by reconciliation while listed
     good = publish(r, keys)
@@ -117,8 +117,8 @@ def test_a_listed_sandbox_that_is_no_longer_ready_is_skipped(scheduler, r, keys)
     assert r.hget(keys.sandbox(stale), "state") == "doomed"
 
 
-def test_a_ready_record_without_address_is_doomed_not_leased(scheduler, r, keys) -> None:
-    app = scheduler()
+def test_a_ready_record_without_address_is_doomed_not_leased(api, r, keys) -> None:
+    app = api()
     broken = publish(r, keys)
     r.hdel(keys.sandbox(broken), "address")
     assert create(app.url).status_code == 503
@@ -128,8 +128,8 @@ def test_a_ready_record_without_address_is_doomed_not_leased(scheduler, r, keys)
     assert resp.status_code == 201 and r.hget(keys.session(resp.json()["session_id"]), "sandbox") == good
 
 
-def test_destroy_releases_meters_and_dooms(scheduler, r, keys) -> None:
-    app = scheduler()
+def test_destroy_releases_meters_and_dooms(api, r, keys) -> None:
+    app = api()
     sandbox = publish(r, keys)
     pubsub = r.pubsub()
     pubsub.subscribe(keys.pool_events)
@@ -159,20 +159,19 @@ def test_destroy_releases_meters_and_dooms(scheduler, r, keys) -> None:
     pubsub.close()
 
 
-def test_idle_sessions_are_reaped(scheduler, r, keys) -> None:
-    app = scheduler()
+def test_idle_sessions_are_reaped(api, reaper, r, keys) -> None:
+    app = api()
     sandbox = publish(r, keys)
     sid = create(app.url, {"idle_timeout_seconds": 1}).json()["session_id"]
     wait_for(lambda: not r.exists(keys.session(sid)), timeout=15, what="idle reap")
     assert r.hget(keys.sandbox(sandbox), "state") == "doomed"
     events = [e[1] for e in r.xrange(keys.usage_events) if e[1]["type"] == "session_released"]
     assert events[0]["reason"] == "idle" and float(events[0]["session_seconds"]) >= 1
-    metrics = httpx.get(app.url + "/metrics").text
-    assert 'sandpool_sessions_reaped_total{reason="idle"} 1.0' in metrics
+    assert 'sandpool_sessions_reaped_total{reason="idle"} 1.0' in reaper.metrics_text()
 
 
-def test_max_lifetime_reaps_even_an_active_session(scheduler, r, keys) -> None:
-    app = scheduler()
+def test_max_lifetime_reaps_even_an_active_session(api, reaper, r, keys) -> None:
+    app = api()
     publish(r, keys)
     sid = create(app.url, {"idle_timeout_seconds": 100, "max_lifetime_seconds": 1}).json()["session_id"]
     # Calls keep it active but cannot extend it past its lifetime (the list call itself may
@@ -183,11 +182,11 @@ def test_max_lifetime_reaps_even_an_active_session(scheduler, r, keys) -> None:
     assert httpx.get(f"{app.url}/sessions/{sid}/files/list").status_code == 404
 
 
-def test_concurrent_session_quota_is_exact_under_20_concurrent_creates(tenant_scheduler, r, keys) -> None:
-    app = tenant_scheduler()
+def test_concurrent_session_quota_is_exact_under_20_concurrent_creates(tenant_api, r, keys) -> None:
+    app = tenant_api()
     for _ in range(25):
         publish(r, keys)
-    headers = tenant_headers("acme", max_concurrent=5)
+    headers = app.headers("acme", max_concurrent=5)
     with ThreadPoolExecutor(20) as pool:
         answers = list(pool.map(lambda _: create(app.url, headers=headers), range(20)))
     statuses = sorted(a.status_code for a in answers)
@@ -199,18 +198,18 @@ def test_concurrent_session_quota_is_exact_under_20_concurrent_creates(tenant_sc
     assert r.hget(keys.usage_total("acme"), "quota_refusals") == "15"
     assert r.llen(keys.pool_ready("default")) == 20
     # Another workspace is not affected, and a release frees a slot.
-    assert create(app.url, headers=tenant_headers("other", max_concurrent=5)).status_code == 201
+    assert create(app.url, headers=app.headers("other", max_concurrent=5)).status_code == 201
     first = next(a.json()["session_id"] for a in answers if a.status_code == 201)
     assert httpx.delete(f"{app.url}/sessions/{first}", headers=headers).status_code == 204
     assert create(app.url, headers=headers).status_code == 201
     assert create(app.url, headers=headers).status_code == 429
 
 
-def test_daily_budget_refuses_once_spent(tenant_scheduler, r, keys) -> None:
-    app = tenant_scheduler()
+def test_daily_budget_refuses_once_spent(tenant_api, r, keys) -> None:
+    app = tenant_api()
     for _ in range(3):
         publish(r, keys)
-    headers = tenant_headers("acme", budget=1)
+    headers = app.headers("acme", budget=1)
     sid = create(app.url, headers=headers).json()["session_id"]
     created = float(r.hget(keys.session(sid), "created_at"))
     wait_for(lambda: time.time() > created + 1.05, timeout=10, what="a second of session time")
@@ -220,46 +219,74 @@ def test_daily_budget_refuses_once_spent(tenant_scheduler, r, keys) -> None:
     assert int(refused.headers["retry-after"]) >= 1
     assert httpx.delete(f"{app.url}/sessions/{sid}", headers=headers).status_code == 204
     assert create(app.url, headers=headers).status_code == 429  # released: metered into today
-    assert create(app.url, headers=tenant_headers("acme")).status_code == 201  # no budget given: none applies
+    app.set_policy("acme")  # the admin drops the budget: none applies
+    assert create(app.url, headers=headers).status_code == 201
     assert r.hget(keys.usage_total("acme"), "quota_refusals") == "2"
 
 
-@pytest.mark.parametrize(("auth", "workspace", "status"), [
-    (None, "acme", 401), ("Bearer wrong-credential-000000000000", "acme", 401),
-    (f"Basic {INTERNAL_TOKEN}", "acme", 401),
-    (f"Bearer {INTERNAL_TOKEN}", None, 403), (f"Bearer {INTERNAL_TOKEN}", "../etc", 403),
-    (f"Bearer {INTERNAL_TOKEN}", "", 403),
-])
-def test_multi_tenant_refuses_direct_access(tenant_scheduler, r, keys, auth, workspace, status) -> None:
-    app = tenant_scheduler()
+CONTRACT_CALLS = [("POST", "/sessions"), ("DELETE", "/sessions/abc"), ("POST", "/sessions/abc/exec"),
+                  ("GET", "/sessions/abc"), ("GET", "/sessions/abc/files/list"), ("GET", "/sessions/abc/files?path=a"),
+                  ("POST", "/sessions/abc/files"), ("DELETE", "/sessions/abc/exec")]
+
+
+@pytest.mark.parametrize("auth", ["none", "wrong", "basic", "untrusted", "headers-only"])
+def test_multi_tenant_refuses_a_caller_without_a_valid_token(tenant_api, r, keys, tmp_path, auth) -> None:
+    """No token, a malformed one, a valid token sent as Basic, a token of a key the api does not trust,
+    or only the X-Sandpool-* headers the retired proxy used to inject: 401 on every operation, nothing
+    leased, nothing metered."""
+    from sandpool.edge.keys_cli import generate_keypair, mint_token
+
+    app = tenant_api()
     publish(r, keys)
-    headers = {}
-    if auth is not None:
-        headers["Authorization"] = auth
-    if workspace is not None:
-        headers[tenancy.WORKSPACE] = workspace
-    calls = [("POST", "/sessions"), ("DELETE", "/sessions/abc"), ("POST", "/sessions/abc/exec"),
-             ("GET", "/sessions/abc/files/list"), ("GET", "/sessions/abc/files?path=a"),
-             ("POST", "/sessions/abc/files")]
-    for method, path in calls:
+    untrusted, _ = generate_keypair(tmp_path / "untrusted" / "key.pem")
+    injected = {tenancy.WORKSPACE: "acme", "X-Sandpool-Max-Concurrent-Sessions": "0"}
+    headers = {"none": {}, "wrong": {"Authorization": "Bearer wrong-credential-000000000000"},
+               "basic": {"Authorization": f"Basic {app.token('acme')}"},
+               "untrusted": {"Authorization": f"Bearer {mint_token(untrusted, 'acme')}"},
+               "headers-only": injected}[auth]
+    for method, path in CONTRACT_CALLS:
         resp = httpx.request(method, app.url + path, headers=headers)
-        assert resp.status_code == status, (method, path, resp.text)
-        assert INTERNAL_TOKEN not in resp.text
+        assert resp.status_code == 401, (method, path, resp.text)
+        assert resp.headers["www-authenticate"].startswith("Bearer")
     assert r.llen(keys.pool_ready("default")) == 1 and r.zcard(keys.deadlines) == 0
+    assert not r.exists(keys.usage_total("acme"))
 
 
-def test_multi_tenant_scheduler_without_credential_refuses_to_start(redis_url, redis_prefix, monkeypatch) -> None:
+def test_inbound_tenancy_headers_change_neither_the_workspace_nor_its_limits(tenant_api, r, keys) -> None:
+    """The workspace is the token's and the limits are its stored policy's: X-Sandpool-* headers a
+    client sends (the ones the proxy once injected) are read by nothing."""
+    app = tenant_api()
+    for _ in range(3):
+        publish(r, keys)
+    spoof = {tenancy.WORKSPACE: "victim", "X-Sandpool-Max-Concurrent-Sessions": "100",
+             "X-Sandpool-Max-Idle-Timeout-Seconds": "100000", "X-Sandpool-Egress-Allow": "evil.example"}
+    headers = app.headers("acme", max_concurrent=1, max_idle=30) | spoof
+    first = create(app.url, {"idle_timeout_seconds": 1000}, headers=headers)
+    assert first.status_code == 201, first.text
+    assert first.json()["idle_timeout_seconds"] == 30
+    session = r.hgetall(keys.session(first.json()["session_id"]))
+    assert session["workspace"] == "acme"
+    assert "evil.example" not in str(session)
+    second = create(app.url, headers=headers)
+    assert second.status_code == 429 and second.json()["limit"] == "max_concurrent_sessions"
+    assert not r.exists(keys.workspace_sessions("victim")) and not r.exists(keys.usage_total("victim"))
+
+
+@pytest.mark.parametrize(("mode", "message"), [({}, "no mode"), ({"no_auth": True, "trusted": True}, "exclude each other")])
+def test_an_api_without_a_clear_mode_refuses_to_start(redis_url, redis_prefix, signing_key, mode, message) -> None:
+    from sandpool.api.app import create_app
+    from sandpool.api.settings import ApiSettings
     from sandpool.core.settings import ConfigurationError
-    from sandpool.sessions.app import create_app
-    from sandpool.sessions.settings import SchedulerSettings
 
-    monkeypatch.delenv("SANDPOOL_INTERNAL_TOKEN", raising=False)
-    with pytest.raises(ConfigurationError):
-        create_app(SchedulerSettings(redis_url=redis_url, redis_prefix=redis_prefix, controller=False))
+    values = {"redis_url": redis_url, "redis_prefix": redis_prefix, "no_auth": mode.get("no_auth", False)}
+    if mode.get("trusted"):
+        values["auth_public_keys"] = [str(signing_key[1])]
+    with pytest.raises(ConfigurationError, match=message):
+        create_app(ApiSettings(**values))
 
 
-def test_health_readiness_and_metrics(scheduler, r, keys) -> None:
-    app = scheduler()
+def test_health_readiness_and_metrics(api, r, keys) -> None:
+    app = api()
     publish(r, keys)
     publish(r, keys)
     assert httpx.get(app.url + "/healthz").json() == {"status": "ok"}
@@ -267,22 +294,20 @@ def test_health_readiness_and_metrics(scheduler, r, keys) -> None:
     assert ready.status_code == 200 and ready.json()["checks"] == {"redis": "ok"}
     assert create(app.url).status_code == 201
     text = httpx.get(app.url + "/metrics").text
-    assert 'sandpool_pool_sandboxes{pool="default",state="ready"} 1.0' in text
-    assert 'sandpool_pool_sandboxes{pool="default",state="leased"} 1.0' in text
-    assert 'sandpool_pool_ceiling{pool="default"} 16.0' in text
     assert 'sandpool_leases_total{outcome="granted"} 1.0' in text
-    assert 'sandpool_requests_total{operation="CreateSession",service="scheduler",status="201"} 1.0' in text
+    assert 'sandpool_requests_total{operation="CreateSession",service="api",status="201"} 1.0' in text
+    assert "sandpool_pool_sandboxes" not in text  # the pools' gauges are the controller's
 
 
-def test_request_id_is_accepted_or_generated(scheduler) -> None:
-    app = scheduler()
+def test_request_id_is_accepted_or_generated(api) -> None:
+    app = api()
     assert httpx.get(app.url + "/healthz", headers={"X-Request-Id": "abc-123"}).headers["x-request-id"] == "abc-123"
     generated = httpx.get(app.url + "/healthz", headers={"X-Request-Id": "bad id!"}).headers["x-request-id"]
     assert generated != "bad id!" and len(generated) == 32
 
 
-def test_redis_down_is_503_not_500(scheduler, redis_prefix) -> None:
-    app = scheduler(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_seconds=0.5)
+def test_redis_down_is_503_not_500(api, redis_prefix) -> None:
+    app = api(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_seconds=0.5)
     resp = create(app.url)
     assert resp.status_code == 503 and resp.json()["reason"] == "redis_unavailable"
     assert httpx.get(app.url + "/readyz").status_code == 503
@@ -295,11 +320,10 @@ repeat t = redis.call('TIME') until (t[1] - s[1]) * 1000000 + (t[2] - s[2]) > to
 return 1"""
 
 
-def test_a_lease_redis_runs_after_the_caller_gave_up_is_released(scheduler, r, keys, redis_url) -> None:
+def test_a_lease_redis_runs_after_the_caller_gave_up_is_released(api, r, keys, redis_url) -> None:
     """A slow Redis (not a down one) still runs a lease whose caller timed out and answered 503:
-    the scheduler releases that session once Redis answers, not at its idle timeout (1 h here)."""
-    # (The session reaper is kept idle: its calls would otherwise hold the pooled connection the lease needs.)
-    app = scheduler(redis_timeout_seconds=0.3, default_idle_timeout_seconds=3600, reap_interval_seconds=60)
+    the api releases that session once Redis answers, not at its idle timeout (1 h here)."""
+    app = api(redis_timeout_seconds=0.3, default_idle_timeout_seconds=3600)
     assert create(app.url).status_code == 503  # nothing to lease yet (and a Redis connection is pooled)
     sandbox = publish(r, keys)
     blocker = redis.Redis.from_url(redis_url)
@@ -323,8 +347,8 @@ def test_a_lease_redis_runs_after_the_caller_gave_up_is_released(scheduler, r, k
     assert "sandpool_sessions_reaped_total{reason=\"abandoned\"} 1.0" in httpx.get(app.url + "/metrics").text
 
 
-def test_capacity_wait_takes_a_sandbox_that_becomes_ready(scheduler, r, keys) -> None:
-    app = scheduler(capacity_wait_seconds=10)
+def test_capacity_wait_takes_a_sandbox_that_becomes_ready(api, r, keys) -> None:
+    app = api(capacity_wait_seconds=10)
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(create, app.url)
         time.sleep(0.3)  # the create is waiting (nothing is ready yet)
@@ -336,8 +360,8 @@ def test_capacity_wait_takes_a_sandbox_that_becomes_ready(scheduler, r, keys) ->
     assert "capacity_refusals" not in usage_total(r, keys)  # waiting is not a refusal
 
 
-def test_capacity_wait_ends_in_503_start_timeout_and_leaves_no_waiter(scheduler, r, keys) -> None:
-    app = scheduler(capacity_wait_seconds=0.3)  # no controller: nothing is ever started for the waiter
+def test_capacity_wait_ends_in_503_start_timeout_and_leaves_no_waiter(api, r, keys) -> None:
+    app = api(capacity_wait_seconds=0.3)  # no controller: nothing is ever started for the waiter
     resp = create(app.url)
     assert resp.status_code == 503 and resp.json()["reason"] == "start_timeout", resp.text
     assert resp.headers["retry-after"] == "1"
@@ -348,25 +372,26 @@ def test_capacity_wait_ends_in_503_start_timeout_and_leaves_no_waiter(scheduler,
     assert not r.exists(keys.pool_wait_ring("default"))
 
 
-def test_workspace_maxima_lower_the_ceilings_a_hint_may_not_raise(tenant_scheduler, r, keys) -> None:
-    app = tenant_scheduler(max_idle_timeout_seconds=600)
+def test_workspace_maxima_lower_the_ceilings_a_hint_may_not_raise(tenant_api, r, keys) -> None:
+    app = tenant_api(max_idle_timeout_seconds=600)
     publish(r, keys)
     publish(r, keys)
-    headers = tenant_headers("acme", max_idle=50, max_lifetime=70, max_exec=2)
+    headers = app.headers("acme", max_idle=50, max_lifetime=70, max_exec=2)
     handle = create(app.url, {"idle_timeout_seconds": 1000, "max_lifetime_seconds": 10**6}, headers=headers).json()
     assert (handle["idle_timeout_seconds"], handle["max_lifetime_seconds"]) == (50, 70)
     assert (handle["exec_timeout_seconds"], handle["max_exec_timeout_seconds"]) == (2, 2)
     session = r.hgetall(keys.session(handle["session_id"]))
     assert (session["idle_timeout_seconds"], session["max_lifetime_seconds"], session["workspace"]) == (
         "50", "70", "acme")
-    # A workspace maximum above the operator's ceiling changes nothing.
-    roomy = create(app.url, {"idle_timeout_seconds": 10**5}, headers=tenant_headers("acme", max_idle=10**5)).json()
+    # A workspace maximum above the operator's ceiling (stored before the ceiling was lowered) changes nothing.
+    app.set_policy("acme", max_idle=10**5)
+    roomy = create(app.url, {"idle_timeout_seconds": 10**5}, headers=headers).json()
     assert roomy["idle_timeout_seconds"] == 600
 
 
-def test_a_lease_nudges_the_pool_controller(scheduler, r, keys) -> None:
+def test_a_lease_nudges_the_pool_controller(api, r, keys) -> None:
     """The refill starts when a sandbox is leased, not at the controller's next tick."""
-    app = scheduler()
+    app = api()
     sandbox = publish(r, keys)
     nudges = r.pubsub(ignore_subscribe_messages=True)
     nudges.subscribe(keys.pool_events)
