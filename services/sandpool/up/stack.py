@@ -92,7 +92,8 @@ class Stack:
             "controller", "--unix-socket", str(controller_socket),
             "--data-dir", str(self.data_dir), "--pool-size", str(s.pool_size),
             "--max-sandboxes", str(s.max_sandboxes), "--log-level", s.log_level,
-            "--sandboxes-outlive-controller",  # a controller that dies ends no session: the next adopts them
+            # A controller that dies ends no session (the next adopts its sandboxes); a killed up leaves none.
+            "--sandboxes-outlive-controller", "--sandboxes-end-with-pid", str(os.getpid()),
             "--start-failure-file", str(self._failure_file("controller")), *self.controller_flags, *egress_flags,
         ])
         public_url = f"http://{_url_host(s.host)}:{s.port}"

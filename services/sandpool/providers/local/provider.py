@@ -51,7 +51,7 @@ from sandpool.providers.local.launcher import AgentSecret, EgressAccess, Launche
 from sandpool.providers.local.procs import ProcessHandle, is_alive, kill_uid
 from sandpool.providers.local.settings import MIB, NOBODY, LocalProviderSettings, cpu_millis, default_sandbox_python
 from sandpool.providers.local.sockets import SOCKET_PATH_MAX, SocketDir
-from sandpool.providers.local.zygote import ZygoteError, make_launcher, shutdown_listening
+from sandpool.providers.local.zygote import ZygoteError, ZygoteLauncher, make_launcher, shutdown_listening
 from sandpool.state.keys import egress_digest
 
 ZYGOTE_SOCKET = "zygote.sock"
@@ -117,9 +117,10 @@ class LocalProvider:
             raise ProviderError(f"cannot make a directory for agent sockets: {exc}", transient=False) from None
         if hasattr(self.launcher, "extra_paths"):  # the zygote binds them into every sandbox root
             self.launcher.extra_paths = roots
-        if self.settings.sandboxes_outlive_controller and hasattr(self.launcher, "listen_path"):
+        if self.settings.sandboxes_outlive_controller and isinstance(self.launcher, ZygoteLauncher):
             assert self.sockets.root is not None
             self.launcher.listen_path = self.sockets.root / ZYGOTE_SOCKET
+            self.launcher.end_with_pid = self.settings.sandboxes_end_with_pid
         starter = getattr(self.launcher, "start", None)  # the zygote: detects and logs its isolation
         if starter is not None:
             try:

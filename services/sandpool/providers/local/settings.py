@@ -46,6 +46,9 @@ class LocalProviderSettings(ServiceSettings):
     sandboxes_outlive_controller: bool = Field(default=False, description=(
         "Keep the sandboxes (and the zygote that made them) running when the controller stops or dies; "
         "the next controller on the same data dir adopts them (sandpool up sets it)"))
+    sandboxes_end_with_pid: int | None = Field(default=None, ge=1, description=(
+        "With --sandboxes-outlive-controller: end the sandboxes and their zygote when this process ends "
+        "(sandpool up passes its own pid, so even a killed up leaves nothing running)"))
     workspace_tmpfs: bool = Field(default=True, description=(
         "Mount a size-capped tmpfs as each workspace when running as root (memory-backed)"))
     spare_interpreter: bool = Field(default=False, description=(

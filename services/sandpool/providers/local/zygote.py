@@ -91,6 +91,7 @@ class ZygoteClient:
         self._closed = False
         self.listen: Path | None = None
         """Where a zygote that outlives its controller waits to be adopted (None: it dies with us)."""
+        self.end_with_pid: int | None = None
         self.adopted = False
 
     @property
@@ -120,7 +121,8 @@ class ZygoteClient:
             # Popen, not asyncio's subprocess: it must be forked from this (the loop's) thread.
             self.proc = subprocess.Popen(  # noqa: ASYNC220 - see above; it returns once forked
                 [self.python, "-m", "sandpool.providers.local.zygote_server", "--fd", str(child.fileno()),
-                 "--parent", str(os.getpid()), *(["--listen", str(self.listen)] if self.listen else [])],
+                 "--parent", str(os.getpid()), *(["--listen", str(self.listen)] if self.listen else []),
+                 *(["--end-with-pid", str(self.end_with_pid)] if self.end_with_pid else [])],
                 pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                 env=env, cwd=str(self.run_dir), start_new_session=True)
         except OSError as exc:
@@ -403,6 +405,8 @@ class ZygoteLauncher:
         self.listen_path: Path | None = None
         """Set by the provider when sandboxes outlive their controller: where the zygote waits to be
         adopted (and a new controller looks for it first)."""
+        self.end_with_pid: int | None = None
+        """The process whose end ends that zygote and its sandboxes (`sandpool up`)."""
         self._last_start = 0.0
         self._starting: asyncio.Lock | None = None
 
@@ -459,6 +463,7 @@ class ZygoteLauncher:
     def _persist(self, client: ZygoteClient) -> None:
         if self.listen_path is not None and client.listen is None:
             client.listen = self.listen_path
+            client.end_with_pid = self.end_with_pid
             client.run_dir = self.listen_path.parent / "zygote-run"  # stable: the next controller's too
             client._own_run_dir = False
 

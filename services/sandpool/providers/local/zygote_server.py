@@ -112,6 +112,7 @@ class Zygote:
     def __init__(self, sock: socket.socket, config: ZygoteConfig, listener: socket.socket | None = None) -> None:
         self.sock: socket.socket | None = sock
         self.listener = listener
+        self.owner_fd: int | None = None
         self.config = config
         self.sandboxes: dict[str, Sandbox] = {}
         self.by_pid: dict[int, Sandbox] = {}
@@ -183,6 +184,9 @@ class Zygote:
                     self.on_control()
                 elif key.data == "listen":
                     self.adopt()
+                elif key.data == "owner":
+                    log.info("the process the sandboxes end with has ended; ending them")
+                    self.running = False
                 elif key.data == "signal":
                     try:
                         while os.read(self.wake_r, 512):
@@ -195,6 +199,12 @@ class Zygote:
             self.reap()
             self.recheck_netns()
         self.shutdown()
+
+    def watch_end_of(self, pidfd: int) -> None:
+        """End every sandbox and this zygote when the process behind `pidfd` ends."""
+        os.set_inheritable(pidfd, False)
+        self.owner_fd = pidfd
+        self.selector.register(pidfd, selectors.EVENT_READ, "owner")
 
     def hello(self) -> None:
         assert self.report is not None
@@ -411,7 +421,7 @@ class Zygote:
         for owned in (self.sock, self.listener):
             if owned is not None:
                 owned.close()
-        for fd in (self.wake_r, self.wake_w, self.host_pidns, *(self.netns.fds() if self.netns else ()),
+        for fd in (self.wake_r, self.wake_w, self.host_pidns, self.owner_fd, *(self.netns.fds() if self.netns else ()),
                    *(self.templates.fds() if self.templates else ())):
             if fd is not None and fd not in keep:
                 os.close(fd)
@@ -621,6 +631,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True, help="inherited SOCK_SEQPACKET control socket")
     parser.add_argument("--parent", type=int, required=True, help="pid that must be our parent")
     parser.add_argument("--listen", default=None, help="outlive the parent: wait here for the next controller")
+    parser.add_argument("--end-with-pid", type=int, default=None, help="end everything when this process ends")
     args = parser.parse_args(argv)
     if args.listen is None:
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -654,6 +665,11 @@ def main(argv: list[str] | None = None) -> None:
         listener.setblocking(False)
         os.set_inheritable(listener.fileno(), False)
     zygote = Zygote(sock, ZygoteConfig.from_dict(first), listener)
+    if args.end_with_pid is not None:
+        try:
+            zygote.watch_end_of(os.pidfd_open(args.end_with_pid))
+        except OSError:  # already gone
+            sys.exit(0)
     zygote.prepare()
     try:
         zygote.serve()
