@@ -1,15 +1,16 @@
-"""Fixtures of the proxy tests: real uvicorn servers on loopback, a real Redis, real keys.
+"""Fixtures of the edge tests: a real `sandpool api` app (the edge over the session layer, in process)
+served by uvicorn on loopback in a thread of the test process, a real Redis, real keys.
 
-Until a scheduler is in the loop, the proxy forwards to an echo peer: a tiny real
-HTTP server that records every request it receives (method, path, headers, body)
-so a test can prove what crossed the proxy and what did not.
+There is no upstream to record: what the edge decides is observed where a client
+(or an operator) can see it, in the answers and in Redis. Sandboxes are published
+into Redis by the test (tests/edge/stack.py): fake ones where only a lease matters,
+real `sandpool agent` processes where calls reach a sandbox.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +18,13 @@ import httpx
 import pytest
 import redis
 import testkit
-from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
-from sandpool.edge.app import create_app
+from sandpool.api.app import create_app
+from sandpool.api.settings import ApiSettings
 from sandpool.edge.keys_cli import generate_keypair, mint_token
-from sandpool.edge.settings import ProxySettings
-from sandpool.sessions import app as scheduler_app
-from sandpool.sessions import settings as scheduler_settings
 from sandpool.state.keys import Keys as RedisKeys
 
 from .stack import Sandboxes, Stack
-
-INTERNAL_TOKEN = "internal-credential-for-tests"
 
 
 class CaplogServer(testkit.ThreadServer):
@@ -41,72 +34,6 @@ class CaplogServer(testkit.ThreadServer):
     def __init__(self, app: Any) -> None:
         # timeout_graceful_shutdown bounds a stop when a peer's request task lingers
         super().__init__(app, log_config=None, lifespan="on", access_log=False, timeout_graceful_shutdown=2)
-
-
-@dataclass
-class Seen:
-    method: str
-    path: str
-    query: str
-    headers: list[tuple[str, str]]
-    body: bytes
-
-    def header(self, name: str) -> list[str]:
-        return [v for k, v in self.headers if k == name.lower()]
-
-
-@dataclass
-class Echo:
-    server: CaplogServer
-    seen: list[Seen] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-
-def echo_app(seen: list[Seen]) -> Starlette:
-    async def record(request: Request) -> Response:
-        try:
-            body = await request.body()
-        except ClientDisconnect:
-            return Response(status_code=400)  # the proxy gave up on the upload: nothing to record
-        seen.append(Seen(request.method, request.url.path, request.url.query,
-                         [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.scope["headers"]], body))
-        if request.method == "POST" and request.url.path == "/sessions":
-            return JSONResponse({"session_id": f"s{len(seen)}"}, status_code=201)
-        if request.url.path.endswith("/files") and request.method == "GET":
-            size = int(request.query_params.get("size", "0"))
-
-            async def chunks() -> Any:
-                sent = 0
-                while sent < size:
-                    n = min(65536, size - sent)
-                    yield b"x" * n
-                    sent += n
-
-            return StreamingResponse(chunks(), media_type="application/octet-stream",
-                                     headers={"x-sandpool-outcome": "ok", "connection": "close"}
-                                     if request.query_params.get("hop") else None)
-        headers = {"x-request-id": "upstream-must-not-leak"}
-        if request.query_params.get("cookie"):
-            headers["set-cookie"] = "sid=tenant-secret; Path=/"
-        return JSONResponse({"method": request.method, "path": request.url.path, "body_len": len(body),
-                             "body_sha256": hashlib.sha256(body).hexdigest()}, headers=headers)
-
-    async def healthz(_: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    return Starlette(routes=[Route("/healthz", healthz),
-                             Route("/{path:path}", record, methods=["GET", "POST", "DELETE", "PUT"])])
-
-
-@pytest.fixture
-def echo() -> Iterator[Echo]:
-    seen: list[Seen] = []
-    server = CaplogServer(echo_app(seen)).start()
-    yield Echo(server, seen)
-    server.stop()
 
 
 @dataclass
@@ -131,9 +58,9 @@ def other_keys(tmp_path: Path) -> Keys:
 
 
 @dataclass
-class Proxy:
+class Api:
     server: CaplogServer
-    settings: ProxySettings
+    settings: ApiSettings
 
     @property
     def url(self) -> str:
@@ -144,28 +71,10 @@ class Proxy:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30, **kwargs)
 
 
-@pytest.fixture
-def make_proxy(redis_url: str, redis_prefix: str, keys: Keys, echo: Echo) -> Iterator[Callable[..., Proxy]]:
-    started: list[CaplogServer] = []
-
-    def make(**overrides: Any) -> Proxy:
-        values: dict[str, Any] = {"redis_url": redis_url, "redis_prefix": redis_prefix,
-                                  "scheduler_url": echo.url, "auth_public_keys": [str(keys.public)],
-                                  "internal_token": INTERNAL_TOKEN}
-        values.update(overrides)
-        settings = ProxySettings(**values)
-        server = CaplogServer(create_app(settings)).start()
-        started.append(server)
-        return Proxy(server, settings)
-
-    yield make
-    for server in started:
-        server.stop()
-
-
-@pytest.fixture
-def proxy(make_proxy: Callable[..., Proxy]) -> Proxy:
-    return make_proxy()
+def api_settings(base: dict[str, Any], keys: Keys, overrides: dict[str, Any]) -> ApiSettings:
+    """A multi-tenant api trusting `keys` on the test's Redis (`base`); no capacity wait (no controller
+    starts sandboxes here)."""
+    return ApiSettings(**{**base, "auth_public_keys": [str(keys.public)], "capacity_wait_seconds": 0, **overrides})
 
 
 @pytest.fixture
@@ -178,33 +87,53 @@ def rdb(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def stack_factory(redis_url: str, redis_prefix: str, keys: Keys, rdb: redis.Redis) -> Iterator[Callable[[], Stack]]:
-    rkeys = RedisKeys(redis_prefix)
-    sandboxes = Sandboxes(rdb, rkeys)
-    servers: list[CaplogServer] = []
-
-    def start() -> Stack:
-        """A fresh proxy and scheduler on the same Redis (call again to 'restart' both)."""
-        for server in reversed(servers):  # the proxy first: it holds connections to the scheduler
-            server.stop()
-        servers.clear()
-        sched = scheduler_app.create_app(scheduler_settings.SchedulerSettings(
-            standalone=False, internal_token=INTERNAL_TOKEN, controller=False, redis_url=redis_url,
-            redis_prefix=redis_prefix, reap_interval_seconds=0.2, capacity_wait_seconds=0))
-        scheduler = CaplogServer(sched).start()
-        servers.append(scheduler)
-        proxy = CaplogServer(create_app(ProxySettings(
-            redis_url=redis_url, redis_prefix=redis_prefix, scheduler_url=scheduler.url,
-            auth_public_keys=[str(keys.public)], internal_token=INTERNAL_TOKEN))).start()
-        servers.append(proxy)
-        return Stack(proxy, scheduler, keys, sandboxes, rdb, rkeys)
-
-    yield start
-    for server in reversed(servers):
-        server.stop()
-    sandboxes.stop()
+def sandboxes(rdb: redis.Redis, redis_prefix: str) -> Iterator[Sandboxes]:
+    made = Sandboxes(rdb, RedisKeys(redis_prefix))
+    yield made
+    made.stop()
 
 
 @pytest.fixture
-def stack(stack_factory: Callable[[], Stack]) -> Stack:
+def make_api(redis_url: str, redis_prefix: str, keys: Keys, rdb: redis.Redis) -> Iterator[Callable[..., Api]]:
+    started: list[CaplogServer] = []
+
+    def make(**overrides: Any) -> Api:
+        settings = api_settings({"redis_url": redis_url, "redis_prefix": redis_prefix}, keys, overrides)
+        server = CaplogServer(create_app(settings)).start()
+        started.append(server)
+        return Api(server, settings)
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def api(make_api: Callable[..., Api]) -> Api:
+    return make_api()
+
+
+@pytest.fixture
+def stack_factory(redis_url: str, redis_prefix: str, keys: Keys, rdb: redis.Redis,
+                  sandboxes: Sandboxes) -> Iterator[Callable[..., Stack]]:
+    rkeys = RedisKeys(redis_prefix)
+    servers: list[CaplogServer] = []
+
+    def start(**overrides: Any) -> Stack:
+        """A fresh api on the same Redis (call again to 'restart' it)."""
+        for server in servers:
+            server.stop()
+        servers.clear()
+        settings = api_settings({"redis_url": redis_url, "redis_prefix": redis_prefix}, keys, overrides)
+        server = CaplogServer(create_app(settings)).start()
+        servers.append(server)
+        return Stack(server, keys, sandboxes, rdb, rkeys)
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def stack(stack_factory: Callable[..., Stack]) -> Stack:
     return stack_factory()

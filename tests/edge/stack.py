@@ -1,9 +1,10 @@
-"""A real proxy + multi-tenant scheduler + agents stack for the proxy's end-to-end tests.
+"""A real api (multi-tenant: the edge over the session layer) + agents stack for the edge's end-to-end tests.
 
-The scheduler runs without its pool controller; sandboxes are real `sandpool
-agent` processes on Unix sockets, published to Redis exactly as the controller
-does (docs/architecture.md, "Sandbox lifecycle in Redis"), so every test decides
-how many sandboxes exist and nothing depends on a provider's start-up time.
+No pool controller runs; sandboxes are real `sandpool agent` processes on Unix
+sockets (or fake records where only a lease matters), published to Redis exactly
+as the controller does (docs/architecture.md, "Sandbox lifecycle in Redis"), so
+every test decides how many sandboxes exist and nothing depends on a provider's
+start-up time.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import httpx
 import redis
 from testkit import AgentProcess
 
-from sandpool.state.keys import Keys
+from sandpool.state.keys import Keys, egress_digest
 
 if TYPE_CHECKING:
     from .conftest import CaplogServer
@@ -49,20 +50,26 @@ class Sandboxes:
         return fresh
 
     def publish(self, *, address: str = "unix:///nonexistent.sock", secret: str = "unused",
-                pool: str = "default", image: str = "python") -> str:
+                pool: str = "default", image: str = "python", egress: str | None = None) -> str:
+        """Publish a ready sandbox; `egress`: its egress credential (known in Redis by its digest only)."""
         sandbox_id = "sb-" + uuid.uuid4().hex[:12]
         now = time.time()
         self.rdb.hset(self.keys.sandbox(sandbox_id), mapping={"state": "starting", "pool": pool, "image": image,
-                                                              "created_at": now, "owner": "proxy-tests"})
+                                                              "created_at": now, "owner": "edge-tests"})
         self.rdb.sadd(self.keys.pool_members(pool), sandbox_id)
-        self.rdb.hset(self.keys.sandbox(sandbox_id), mapping={"state": "ready", "address": address,
-                                                              "secret": secret, "ready_at": time.time()})
+        ready = {"state": "ready", "address": address, "secret": secret, "ready_at": time.time()}
+        if egress is not None:
+            ready["egress"] = egress_digest(egress)
+        self.rdb.hset(self.keys.sandbox(sandbox_id), mapping=ready)
         self.rdb.rpush(self.keys.pool_ready(pool), sandbox_id)
         return sandbox_id
 
     def publish_agents(self, count: int) -> None:
         for agent in self.start_agents(count):
             self.publish(address=agent.address, secret=agent.secret)
+
+    def ready(self, pool: str = "default") -> int:
+        return int(self.rdb.llen(self.keys.pool_ready(pool)))
 
     def stop(self) -> None:
         for agent in self.agents:
@@ -75,10 +82,9 @@ PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
 
 @dataclass
 class Stack:
-    """A proxy and a multi-tenant scheduler in threads of the test process, real agents, one Redis."""
+    """A multi-tenant api in a thread of the test process, real agents, one Redis."""
 
-    proxy: CaplogServer
-    scheduler: CaplogServer
+    api: CaplogServer
     keys: SigningKeys
     sandboxes: Sandboxes
     rdb: redis.Redis
@@ -86,7 +92,7 @@ class Stack:
 
     def client(self, workspace: str, *, admin: bool = False) -> httpx.Client:
         token = self.keys.token(workspace, admin=admin)
-        return httpx.Client(base_url=self.proxy.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        return httpx.Client(base_url=self.api.url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
 
     def ready(self, pool: str = "default") -> int:
-        return int(self.rdb.llen(self.rkeys.pool_ready(pool)))
+        return self.sandboxes.ready(pool)
