@@ -1,4 +1,4 @@
-"""Execute and the file operations through the scheduler to real `sandpool agent` processes:
+"""Execute and the file operations through the api to real `sandpool agent` processes:
 the full contract, clamping, byte-for-byte forwarding, tenancy probes, dead agents, usage."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from sched_harness import publish, tenant_headers
+from sessions_harness import publish
 from testkit import wait_for
 
 from sandpool.contract import tenancy
@@ -21,11 +21,11 @@ def code(source: str, **extra: object) -> dict[str, object]:
 
 
 @pytest.fixture
-def stack(scheduler, agents, r, keys):
-    """A standalone scheduler with two real agents published as ready sandboxes."""
+def stack(api, agents, r, keys):
+    """A standalone api with `count` real agents published as ready sandboxes."""
 
     def make(count: int = 1, **settings: object):
-        app = scheduler(**settings)
+        app = api(**settings)
         for agent in agents.start(count):
             publish(r, keys, address=agent.address, secret=agent.secret)
         return app
@@ -33,7 +33,7 @@ def stack(scheduler, agents, r, keys):
     return make
 
 
-def test_the_full_contract_through_the_scheduler(stack, r, keys) -> None:
+def test_the_full_contract_through_the_api(stack, r, keys) -> None:
     app = stack(1)
     with httpx.Client(base_url=app.url, timeout=30) as c:
         created = c.post("/sessions", json={})
@@ -44,11 +44,11 @@ def test_the_full_contract_through_the_scheduler(stack, r, keys) -> None:
         first = c.post(base + "/exec", json=code("x = 41\nprint('hi')"), headers={"X-Request-Id": "req-1"})
         assert first.status_code == 200, first.text
         assert first.headers["x-request-id"] == "req-1"
-        assert "x-sandpool-outcome" not in first.headers  # consumed by the scheduler
+        assert "x-sandpool-outcome" not in first.headers  # consumed by the api
         result = ExecResponse.model_validate(first.json())
         assert result.result_block.content.stdout == "hi\n"
         assert result.result_block.type == "code_execution_tool_result"
-        assert first.json()["timeout_seconds"] == 60  # the default in force, filled in by the scheduler
+        assert first.json()["timeout_seconds"] == 60  # the default in force, filled in by the api
 
         second = c.post(base + "/exec", json=code("print(x + 1)", tool_use_id="t-2"))
         assert second.json()["result_block"]["content"]["stdout"] == "42\n"  # state persists
@@ -150,11 +150,11 @@ def test_exec_timeout_is_clamped_to_the_ceiling(stack) -> None:
     assert 'sandpool_executions_total{outcome="timeout",tool="code_execution"} 1.0' in metrics
 
 
-def test_cross_workspace_probes_get_exactly_the_unknown_id_answer(tenant_scheduler, agents, r, keys) -> None:
-    app = tenant_scheduler()
+def test_cross_workspace_probes_get_exactly_the_unknown_id_answer(tenant_api, agents, r, keys) -> None:
+    app = tenant_api()
     (agent,) = agents.start(1)
     publish(r, keys, address=agent.address, secret=agent.secret)
-    owner = tenant_headers("owner")
+    owner = app.headers("owner")
     sid = httpx.post(app.url + "/sessions", headers=owner).json()["session_id"]
     ok = httpx.post(f"{app.url}/sessions/{sid}/exec", headers=owner, json=code("secret = 7"), timeout=30)
     assert ok.status_code == 200
@@ -162,7 +162,7 @@ def test_cross_workspace_probes_get_exactly_the_unknown_id_answer(tenant_schedul
     deadline = r.zscore(keys.deadlines, sid)
     events = r.xlen(keys.usage_events)
 
-    intruder = tenant_headers("intruder")
+    intruder = app.headers("intruder")
     probes = [
         ("POST", "/exec", {"json": code("print(secret)")}),
         ("GET", "/files/list", {}),
@@ -183,18 +183,19 @@ def test_cross_workspace_probes_get_exactly_the_unknown_id_answer(tenant_schedul
     assert still.json()["result_block"]["content"]["stdout"] == "7\n"
 
 
-def test_the_callers_credential_never_reaches_the_agent(tenant_scheduler, agents, r, keys) -> None:
-    app = tenant_scheduler()
+def test_the_callers_credential_never_reaches_the_agent(tenant_api, agents, r, keys) -> None:
+    app = tenant_api()
     (agent,) = agents.start(1)
     publish(r, keys, address=agent.address, secret=agent.secret)
-    headers = tenant_headers("acme") | {"Cookie": "c=1", "X-Sandpool-Extra": "1"}
+    token = app.token("acme")
+    headers = {"Authorization": f"Bearer {token}", "Cookie": "c=1", "X-Sandpool-Extra": "1"}
     sid = httpx.post(app.url + "/sessions", headers=headers).json()["session_id"]
     # The agent's view of its own request, from inside the sandbox: no variable carries it,
-    # and the agent accepted the call, so it saw its own secret and not the internal token.
+    # and the agent accepted the call, so it saw its own secret and not the caller's token.
     resp = httpx.post(f"{app.url}/sessions/{sid}/exec", headers=headers, timeout=30,
                       json={"tool": "bash_code_execution", "input": {"command": "env"}})
     assert resp.status_code == 200
-    assert "test-internal-credential" not in resp.text
+    assert token not in resp.text and token.split(".")[2] not in resp.text
 
 
 def test_a_killed_agent_gives_503_then_404_and_its_sandbox_is_doomed(stack, agents, r, keys) -> None:

@@ -1,4 +1,4 @@
-"""A streamed Execute through the scheduler: relayed as it comes, checked, metered before the result,
+"""A streamed Execute through the api: relayed as it comes, checked, metered before the result,
 cancel, disconnects; and agents that break the event format (docs/api.md, "Streaming")."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sched_harness import ServedApp, publish
+from sessions_harness import ServedApp, publish
 from sse_events import CANCEL_HEADERS, STREAM_HEADERS, collect, events, result_of, text_of
 from testkit import wait_for
 
@@ -21,9 +21,9 @@ def code(source: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def session(scheduler, agents, r, keys):
-    """A standalone scheduler, one real agent leased as a session: (client, session path, agent)."""
-    app = scheduler()
+def session(api, agents, r, keys):
+    """A standalone api, one real agent leased as a session: (client, session path, agent)."""
+    app = api()
     (agent,) = agents.start(1)
     publish(r, keys, address=agent.address, secret=agent.secret)
     with httpx.Client(base_url=app.url, timeout=60) as client:
@@ -63,7 +63,7 @@ def test_events_are_relayed_and_the_call_metered_before_its_result(session, r, k
     assert executions(r, keys) == 2
 
 
-def test_cancel_through_the_scheduler(session) -> None:
+def test_cancel_through_the_api(session) -> None:
     client, base, agent = session
     assert client.post(base + "/exec", json=code("state = 'kept'")).status_code == 200
     answers: list[httpx.Response] = []
@@ -143,10 +143,10 @@ def endless_line() -> Iterable[bytes]:
     lambda: [b"event: stdout\ndata: {\"text\":\"cut short\"}\n\n"],  # no result
     endless_line,
 ], ids=["not-json", "carriage-returns", "unknown-event", "no-result", "endless-event"])
-def test_a_broken_stream_ends_as_a_failed_sandbox(scheduler, r, keys, chunks) -> None:
+def test_a_broken_stream_ends_as_a_failed_sandbox(api, r, keys, chunks) -> None:
     agent = ServedApp(hostile_agent(chunks)).start()
     try:
-        app = scheduler()
+        app = api()
         publish(r, keys, address=agent.url, secret="s")
         with httpx.Client(base_url=app.url, timeout=60) as client:
             sid = client.post("/sessions", json={}).json()["session_id"]
@@ -201,14 +201,12 @@ def test_a_flood_of_output_streams_no_more_than_the_cap(session) -> None:
     assert received < 4 * (1 << 20) + 256 * 1024
 
 
-def test_another_workspace_can_neither_stream_from_nor_cancel_a_session(tenant_scheduler, agents, r, keys) -> None:
-    from sched_harness import tenant_headers
-
-    app = tenant_scheduler()
+def test_another_workspace_can_neither_stream_from_nor_cancel_a_session(tenant_api, agents, r, keys) -> None:
+    app = tenant_api()
     (agent,) = agents.start(1)
     publish(r, keys, address=agent.address, secret=agent.secret)
     with httpx.Client(base_url=app.url, timeout=60) as client:
-        owner, intruder = tenant_headers("owner"), tenant_headers("intruder")
+        owner, intruder = app.headers("owner"), app.headers("intruder")
         sid = client.post("/sessions", json={}, headers=owner).json()["session_id"]
         base = f"/sessions/{sid}"
         answers: list[httpx.Response] = []

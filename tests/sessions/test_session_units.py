@@ -1,28 +1,28 @@
-"""The scheduler's pure parts, without I/O: clamping, deadlines, callers, settings, labels."""
+"""The session layer's pure parts, without I/O: clamping, deadlines, callers, settings, labels."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
-from starlette.datastructures import Headers
 
+from sandpool.api.settings import ApiSettings
 from sandpool.contract import limits as catalogue
 from sandpool.contract import tenancy
 from sandpool.contract.operations import operation_of
-from sandpool.core.errors import Forbidden, Unauthorized
-from sandpool.core.settings import ConfigurationError, add_settings_arguments, settings_from_args
 from sandpool.controller.provider import PoolSpec
+from sandpool.controller.settings import ControllerSettings
+from sandpool.core.settings import ConfigurationError, add_settings_arguments, settings_from_args
+from sandpool.edge import policy as edge_policy
 from sandpool.sessions import limits
-from sandpool.sessions.caller import STANDALONE, CallerResolver
+from sandpool.sessions.caller import STANDALONE, Caller
 from sandpool.sessions.forward import request_headers
 from sandpool.sessions.pools import PoolDirectory
-from sandpool.sessions.settings import SchedulerSettings
 from sandpool.state.keys import utc_day
 
 CEILINGS = limits.Ceilings(default_idle=300, max_idle=3600, default_lifetime=3600, max_lifetime=86400,
                            default_exec=60, max_exec=300)
-TOKEN = "internal-token-0123456789"
 
 
 # --- clamping --------------------------------------------------------------------------------
@@ -95,71 +95,42 @@ def test_budget_retry_after_points_at_utc_midnight() -> None:
 
 # --- callers ---------------------------------------------------------------------------------
 
-def headers(**values: str) -> Headers:
-    return Headers({k.replace("_", "-"): v for k, v in values.items()})
+SESSION_LIMITS = [limit.name for limit in catalogue.counts() if limit.enforced_by != "proxy"]
+"""Every numeric limit the session layer enforces (the rate is the edge's own)."""
 
 
-def test_standalone_has_one_workspace_and_ignores_injected_headers() -> None:
-    resolve = CallerResolver(None)
-    got = resolve(Headers({tenancy.WORKSPACE: "evil", "X-Sandpool-Max-Concurrent-Sessions": "1"}))
-    assert got == STANDALONE
-    assert got.workspace == tenancy.STANDALONE_WORKSPACE
+def test_standalone_has_one_workspace_no_policy_and_no_egress() -> None:
+    assert STANDALONE.workspace == tenancy.STANDALONE_WORKSPACE
+    assert STANDALONE.policy == limits.NO_POLICY and STANDALONE.egress_allow == ()
 
 
-def injected(workspace: str = "acme", **values: str) -> dict[str, str]:
-    """The headers the proxy sends: the credential, the workspace, and every forwarded limit."""
-    out = {"authorization": f"Bearer {TOKEN}", tenancy.WORKSPACE: workspace}
-    for limit in catalogue.forwarded():
-        assert limit.header is not None
-        out[limit.header] = values.get(limit.name, limit.unset)
-    return out
+def test_the_caller_the_edge_builds_carries_the_stored_policy() -> None:
+    stored = edge_policy.policy_model()(max_concurrent_sessions=3, max_exec_timeout_seconds=20,
+                                        requests_per_minute=100)
+    effective = edge_policy.effective(stored, {"requests_per_minute": 0})
+    caller = Caller.of("acme", effective.limits, effective.egress_allow)
+    assert caller.workspace == "acme"
+    assert caller.policy == limits.WorkspacePolicy(max_concurrent_sessions=3, max_exec_timeout_seconds=20,
+                                                   max_idle_timeout_seconds=0, max_lifetime_seconds=0,
+                                                   daily_session_seconds_budget=0)
+    assert effective.requests_per_minute == 100  # the edge's own: not handed to the session layer
 
 
-def test_multi_tenant_reads_workspace_and_policy() -> None:
-    resolve = CallerResolver(TOKEN)
-    got = resolve(Headers(injected(max_concurrent_sessions="3", max_exec_timeout_seconds=" 20 ")))
-    assert got.workspace == "acme"
-    assert got.policy == limits.WorkspacePolicy(max_concurrent_sessions=3, max_exec_timeout_seconds=20,
-                                                max_idle_timeout_seconds=0, max_lifetime_seconds=0,
-                                                daily_session_seconds_budget=0)
+def test_every_limit_the_session_layer_enforces_is_handed_over_even_unset() -> None:
+    """A workspace without a policy gets 0 (none of its own: the operator's ceiling applies) for every
+    limit, never a missing key a later lookup could read as anything else."""
+    effective = edge_policy.PolicyCodec({}).decode(None)
+    assert sorted(effective.limits) == sorted(SESSION_LIMITS)
+    assert set(effective.limits.values()) == {0} and effective.egress_allow == ()
+    ceilings = limits.Ceilings(1, 1, 1, 1, 1, 1, workspace={name: 5 for name in SESSION_LIMITS})
+    assert limits.in_force(ceilings, Caller.of("acme", effective.limits).policy) == {name: 5 for name in SESSION_LIMITS}
 
 
-@pytest.mark.parametrize("limit", [limit.name for limit in catalogue.forwarded()])
-def test_a_limit_header_the_scheduler_expects_but_does_not_get_is_refused_never_unlimited(limit: str) -> None:
-    resolve = CallerResolver(TOKEN)
-    raw = injected()
-    del raw[catalogue.by_name()[limit].header]
-    with pytest.raises(Forbidden) as refused:
-        resolve(Headers(raw))
-    assert refused.value.reason == "tenancy_missing" and limit.replace("_", "-") in str(refused.value).lower()
-
-
-@pytest.mark.parametrize("auth", [None, "", "Bearer", f"Bearer {TOKEN}x", f"bearer {TOKEN}", TOKEN,
-                                  f"Bearer {TOKEN[:-1]}", "Basic abc"])
-def test_multi_tenant_refuses_a_missing_or_wrong_credential(auth: str | None) -> None:
-    resolve = CallerResolver(TOKEN)
-    raw = {tenancy.WORKSPACE: "acme"}
-    if auth is not None:
-        raw["authorization"] = auth
-    with pytest.raises(Unauthorized):
-        resolve(Headers(raw))
-
-
-@pytest.mark.parametrize("workspace", [None, "", "-x", "a/b", "a" * 64, "ä", "a b"])
-def test_multi_tenant_fails_closed_without_a_valid_workspace(workspace: str | None) -> None:
-    resolve = CallerResolver(TOKEN)
-    raw = {"authorization": f"Bearer {TOKEN}"}
-    if workspace is not None:
-        raw[tenancy.WORKSPACE] = workspace
-    with pytest.raises(Forbidden):
-        resolve(Headers(raw))
-
-
-@pytest.mark.parametrize("value", ["-1", "x", "1.5", "1e3", "²", "9" * 13])
-def test_multi_tenant_refuses_malformed_policy_values(value: str) -> None:
-    resolve = CallerResolver(TOKEN)
-    with pytest.raises(Forbidden):
-        resolve(Headers(injected(max_concurrent_sessions=value)))
+@pytest.mark.parametrize("raw", ["{", "[]", '{"max_concurrent_sessions": -1}', '{"max_concurrent_sessions": "x"}',
+                                 '{"unknown_limit": 1}', '{"max_concurrent_sessions": 1.5}'])
+def test_an_unreadable_stored_policy_refuses_the_workspace_never_unlimited(raw: str) -> None:
+    with pytest.raises(edge_policy.CorruptPolicy):
+        edge_policy.PolicyCodec({}).decode(raw)
 
 
 # --- forwarding headers ------------------------------------------------------------------------
@@ -203,52 +174,40 @@ def test_an_unknown_image_falls_back_to_the_default_pool() -> None:
 
 # --- settings --------------------------------------------------------------------------------
 
-def parse(argv: list[str]) -> SchedulerSettings:
+def parse(argv: list[str], cls: type = ApiSettings):  # type: ignore[no-untyped-def]  # ApiSettings or ControllerSettings
     parser = argparse.ArgumentParser()
-    add_settings_arguments(parser, SchedulerSettings)
-    return settings_from_args(SchedulerSettings, parser.parse_args(argv))
+    add_settings_arguments(parser, cls)
+    return settings_from_args(cls, parser.parse_args(argv))
 
 
-def test_the_internal_token_is_never_a_flag() -> None:
+def test_no_internal_credential_and_no_scheduler_url_remain() -> None:
     parser = argparse.ArgumentParser()
-    add_settings_arguments(parser, SchedulerSettings)
+    add_settings_arguments(parser, ApiSettings)
     flags = {flag for action in parser._actions for flag in action.option_strings}
-    assert "--internal-token-file" in flags
-    assert "--internal-token" not in flags
-    assert "SANDPOOL_INTERNAL_TOKEN" in (parser.epilog or "")
+    assert not {flag for flag in flags if "internal" in flag or "scheduler" in flag or "standalone" in flag}
+    assert "--no-auth" in flags
 
 
-def test_no_mode_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SANDPOOL_INTERNAL_TOKEN", raising=False)
-    with pytest.raises(ConfigurationError, match="--standalone"):
-        parse([]).resolve_internal_token()
+def test_no_mode_refuses_to_start() -> None:
+    with pytest.raises(ConfigurationError, match="--no-auth"):
+        parse([]).check_startable()
 
 
-def test_both_modes_refuse_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SANDPOOL_INTERNAL_TOKEN", TOKEN)
+def test_both_modes_refuse_to_start(tmp_path: Path) -> None:
+    key = tmp_path / "key.pub"
+    key.write_text("unused")
     with pytest.raises(ConfigurationError, match="exclude each other"):
-        parse(["--standalone"]).resolve_internal_token()
-
-
-def test_token_from_env_or_file(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setenv("SANDPOOL_INTERNAL_TOKEN", TOKEN)
-    assert parse([]).resolve_internal_token() == TOKEN
-    monkeypatch.delenv("SANDPOOL_INTERNAL_TOKEN")
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "-file\n")
-    assert parse(["--internal-token-file", str(path)]).resolve_internal_token() == TOKEN + "-file"
-    path.write_text("short")
-    with pytest.raises(ConfigurationError, match="too short"):
-        parse(["--internal-token-file", str(path)]).resolve_internal_token()
+        parse(["--no-auth", "--auth-public-keys", str(key)]).check_startable()
 
 
 def test_a_warm_target_above_the_ceiling_is_refused() -> None:
-    with pytest.raises(ConfigurationError, match="pool_size"):
-        parse(["--standalone", "--pool-size", "20", "--max-sandboxes", "4"])
+    for cls in (ApiSettings, ControllerSettings):
+        with pytest.raises(ConfigurationError, match="pool_size"):
+            parse(["--pool-size", "20", "--max-sandboxes", "4"], cls)
 
 
 def test_defaults_above_a_lowered_ceiling_are_clamped_to_it() -> None:
-    s = parse(["--standalone", "--max-exec-timeout-seconds", "30", "--max-idle-timeout-seconds", "10"])
+    s = parse(["--no-auth", "--max-exec-timeout-seconds", "30", "--max-idle-timeout-seconds", "10"])
     ceilings = limits.Ceilings(s.default_idle_timeout_seconds, s.max_idle_timeout_seconds, s.default_lifetime_seconds,
                                s.max_lifetime_seconds, s.default_exec_timeout_seconds, s.max_exec_timeout_seconds)
     got = limits.session_limits(ceilings, limits.NO_POLICY, idle_hint=None, lifetime_hint=None)
@@ -256,13 +215,17 @@ def test_defaults_above_a_lowered_ceiling_are_clamped_to_it() -> None:
 
 
 def test_documented_defaults() -> None:
-    s = parse(["--standalone"])
-    assert (s.port, s.redis_url, s.redis_prefix, s.provider, s.pool_size, s.max_sandboxes, s.image) == (
-        8081, "redis://127.0.0.1:6379/0", "sandpool", "local", 2, 16, "python")
+    s = parse(["--no-auth"])
+    assert (s.port, s.redis_url, s.redis_prefix, s.pool_size, s.max_sandboxes, s.image) == (
+        8080, "redis://127.0.0.1:6379/0", "sandpool", 2, 16, "python")
     assert (s.default_idle_timeout_seconds, s.max_idle_timeout_seconds, s.default_lifetime_seconds,
             s.max_lifetime_seconds, s.default_exec_timeout_seconds, s.max_exec_timeout_seconds) == (
         300, 3600, 3600, 86400, 60, 300)
-    assert s.capacity_wait_seconds == 30 and s.reap_interval_seconds == 1 and s.controller is True
+    assert s.capacity_wait_seconds == 30
+    c = parse([], ControllerSettings)
+    assert (c.port, c.redis_url, c.redis_prefix, c.provider, c.pool_size, c.max_sandboxes, c.image) == (
+        8081, "redis://127.0.0.1:6379/0", "sandpool", "local", 2, 16, "python")
+    assert (c.reap_interval_seconds, c.reap_batch) == (1, 256)
 
 
 # --- agent client cache ------------------------------------------------------------------------
