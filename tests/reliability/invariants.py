@@ -41,7 +41,7 @@ def assert_usage_exact(stack: Stack, workspace: str, record: Record, *, unmetere
     """Counters equal the event stream to the unit, and both agree with what the clients saw.
 
     `unmetered_allowed`: calls that were already running at the agent when Redis went away
-    are answered but not metered (the scheduler will not turn a call that ran into a
+    are answered but not metered (the api will not turn a call that ran into a
     retryable error, and keeps no usage to write later: see docs/reliability.md). At
     most one per client thread per Redis outage.
     """
@@ -124,12 +124,13 @@ def assert_pool_refilled(stack: Stack, pool_size: int, timeout: float = 90) -> N
                     "doomed": sorted(r.smembers(keys.doomed)), "deadlines": r.zrange(keys.deadlines, 0, -1),
                     "sessions": sorted(r.scan_iter(match=keys.session_prefix + "*", count=1000)),
                     "dirs": sorted(stack.sandbox_dirs()),
-                    # Who leads, and whether each live replica's controller still runs (one that
-                    # stopped leading would say "not running").
+                    # Who leads, and whether each live controller still runs its loop (one that
+                    # stopped would say "not running").
                     "leader": r.get(keys.controller_leader),
-                    "readyz": {s.name: readyz(s) for s in stack.schedulers if s.running()},
-                    # Every replica's: the first may be one a test killed, the leader's says why.
-                    "scheduler logs": [s.log_tail() for s in stack.schedulers]}
+                    "readyz": {s.name: readyz(s) for s in stack.services() if s.running()},
+                    # Every controller's: the first may be one a test killed, the leader's says why.
+                    "controller logs": [s.log_tail() for s in stack.controllers],
+                    "api logs": [s.log_tail() for s in stack.apis]}
 
     wait_for(settled, timeout=timeout, what=f"the pool refilled to {pool_size} with no session left", state=state)
 
@@ -140,10 +141,14 @@ def leader_id(stack: Stack) -> str:
 
 
 def leader_service(stack: Stack) -> Any:
-    """The scheduler process whose pool controller leads (replica ids are host-pid-random)."""
-    leader = wait_for(lambda: leader_id(stack), timeout=30, what="a leader")
-    pid = int(leader.rsplit("-", 2)[-2])
-    return next(s for s in stack.schedulers if s.running() and s.pid == pid)
+    """The controller process that leads (replica ids are host-pid-random)."""
+    def live_leader() -> Any:
+        leader = leader_id(stack)
+        pid = int(leader.rsplit("-", 2)[-2]) if leader else None
+        # (a killed leader's key names it until its term runs out)
+        return next((s for s in stack.controllers if s.running() and s.pid == pid), None)
+
+    return wait_for(live_leader, timeout=30, what="a live leader")
 
 
 def leased_sandboxes(stack: Stack) -> list[tuple[str, dict[str, Any]]]:

@@ -1,6 +1,6 @@
 """A slow agent, a full workspace disk and an unreachable Redis are answered with clear errors.
 
-Through the deployed path (proxy -> scheduler -> sandbox): each answer is a 5xx
+Through the deployed path (api -> sandbox, the controller keeping the pool): each answer is a 5xx
 with a `reason` (and `Retry-After` where a retry can help) within the client's
 timeout, never a hang; other sessions are unaffected meanwhile; and everything
 works again once the fault is gone. Client timeouts of 30 s turn a hang into a
@@ -13,13 +13,14 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import httpx
 import pytest
 from invariants import assert_pool_refilled, events
-from sp_harness import INTERNAL_TOKEN, Stack, build_stack
-from testkit import injected_headers, wait_for
+from sp_harness import Stack, build_stack
+from testkit import wait_for
 
 from sandpool.state.keys import Keys
 
@@ -28,15 +29,18 @@ POOL = 3
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    built = build_stack(proxy=True, pool_size=POOL, max_sandboxes=POOL + 4,
+    built = build_stack(auth=True, pool_size=POOL, max_sandboxes=POOL + 4,
                         # Idle 10 s: a lease Redis runs after its caller gave up (see the Redis test) is reaped.
-                        scheduler_args=["--capacity-wait-seconds", "5", "--exec-grace-seconds", "1",
-                                        "--default-idle-timeout-seconds", "10",
-                                        "--forward-timeout-seconds", "2", "--redis-timeout-seconds", "1",
-                                        "--workspace-size-mb", "4"],
-                        proxy_args=["--redis-timeout-seconds", "1"])
+                        api_args=["--capacity-wait-seconds", "5", "--exec-grace-seconds", "1",
+                                  "--default-idle-timeout-seconds", "10",
+                                  "--forward-timeout-seconds", "2", "--redis-timeout-seconds", "1"],
+                        controller_args=["--workspace-size-mb", "4", "--redis-timeout-seconds", "1"])
     yield built
     built.close()
+
+
+def is_ready(url: str) -> bool:
+    return httpx.get(url + "/readyz", timeout=5).status_code == 200
 
 
 def session(stack: Stack, client: httpx.Client) -> str:
@@ -132,39 +136,36 @@ def test_an_unreachable_redis_is_a_prompt_503_everywhere_and_nothing_breaks(stac
     with stack.client("redisless") as client:
         sid = session(stack, client)
         assert client.post(f"/sessions/{sid}/files", files={"file": ("a.txt", b"kept")}).status_code == 201
-        scheduler = httpx.Client(base_url=stack.schedulers[0].url, timeout=30,
-                                 headers=injected_headers(INTERNAL_TOKEN, "redisless"))
         stack.redis.pause()  # SIGSTOP: connections are accepted, nothing is answered
         try:
             answers = {
-                "proxy create": client.post("/sessions", json={}),
-                "proxy exec": exec_py(client, sid, "print(1)"),
-                "proxy get": client.get(f"/sessions/{sid}/files", params={"path": "a.txt"}),
-                "proxy destroy": client.delete(f"/sessions/{sid}"),
-                "scheduler create": scheduler.post("/sessions", json={}),
-                "scheduler exec": exec_py(scheduler, sid, "print(1)"),
+                "create": client.post("/sessions", json={}),
+                "exec": exec_py(client, sid, "print(1)"),
+                "get": client.get(f"/sessions/{sid}/files", params={"path": "a.txt"}),
+                "list": client.get(f"/sessions/{sid}/files/list"),
+                "destroy": client.delete(f"/sessions/{sid}"),
             }
             for name, response in answers.items():
                 assert response.status_code == 503, (name, response.text)
                 assert reasoned_5xx(response) in ("redis_unavailable", "unavailable"), (name, response.text)
                 assert response.headers.get("retry-after"), name
-            for base in (stack.proxy.url, stack.schedulers[0].url):  # type: ignore[union-attr]  # this stack has a proxy
-                ready = httpx.get(base + "/readyz", timeout=30)
-                assert ready.status_code == 503 and "redis" in ready.text.lower(), ready.text
-                assert httpx.get(base + "/healthz", timeout=30).status_code == 200
+            for service in (stack.api, stack.controllers[0]):
+                ready = httpx.get(service.url + "/readyz", timeout=30)
+                assert ready.status_code == 503, (service.name, ready.text)
+                assert ready.json()["checks"]["redis"] == "unreachable", (service.name, ready.text)
+                assert httpx.get(service.url + "/healthz", timeout=30).status_code == 200
         finally:
             stack.redis.resume()
-            scheduler.close()
         # Back: the session is intact and usable, and new sessions are leased again.
-        wait_for(lambda: httpx.get(stack.proxy.url + "/readyz", timeout=5).status_code == 200,  # type: ignore[union-attr]  # this stack has a proxy
-                 timeout=30, what="the proxy ready again")
+        for service in (stack.api, stack.controllers[0]):
+            wait_for(partial(is_ready, service.url), timeout=30, what=f"the {service.name} ready again")
         assert client.get(f"/sessions/{sid}/files", params={"path": "a.txt"}).content == b"kept"
         assert exec_py(client, sid, "print(4)").json()["result_block"]["content"]["stdout"] == "4\n"
         other = session(stack, client)
         assert client.delete(f"/sessions/{other}").status_code == 204
         assert client.delete(f"/sessions/{sid}").status_code == 204
     # A CreateSession answered 503 while Redis was stopped may still lease when Redis resumes (the
-    # script was already sent). The scheduler releases that id once Redis answers again, long
+    # script was already sent). The api releases that id once Redis answers again, long
     # before the 10 s idle timeout would have reaped it: the reason says which of the two did it.
     answered = {sid, other}
 
