@@ -14,19 +14,14 @@ from testkit import keys_under
 from sandpool.state import usage
 from sandpool.state.keys import Keys as RedisKeys
 
-from .conftest import Echo, Keys, Proxy
+from .conftest import Api, Keys
+from .stack import Sandboxes
 
 
-def publish_ceilings(rdb: redis.Redis, prefix: str, **ceilings: int) -> None:
-    """What a scheduler publishes at start: the ceilings it enforces."""
-    rdb.set(RedisKeys(prefix).ceilings, json.dumps(ceilings))
-
-
-def test_policy_put_replaces_whole_and_get_shows_effective(make_proxy: Callable[..., Proxy], keys: Keys,
+def test_policy_put_replaces_whole_and_get_shows_effective(make_api: Callable[..., Api], keys: Keys,
                                                           rdb: redis.Redis, redis_prefix: str) -> None:
-    proxy = make_proxy(ceiling_requests_per_minute=600)
-    publish_ceilings(rdb, redis_prefix, max_lifetime_seconds=3600, max_exec_timeout_seconds=300)
-    with proxy.client(keys.token("ops", admin=True)) as admin:
+    api = make_api(ceiling_requests_per_minute=600, max_lifetime_seconds=3600, max_idle_timeout_seconds=1800)
+    with api.client(keys.token("ops", admin=True)) as admin:
         first = admin.put("/v1/workspaces/acme/policy", json={"allowed_images": ["python"],
                                                               "max_lifetime_seconds": 600,
                                                               "max_concurrent_sessions": 4})
@@ -35,8 +30,8 @@ def test_policy_put_replaces_whole_and_get_shows_effective(make_proxy: Callable[
         got = admin.get("/v1/workspaces/acme/policy").json()
     assert second.json() == got
     assert got["policy"]["allowed_images"] is None and got["policy"]["max_lifetime_seconds"] is None  # replaced
-    # In force: what the enforcing settings say (the scheduler's 300 s exec ceiling, not "0").
-    assert got["effective"]["limits"] == {"max_concurrent_sessions": 0, "max_idle_timeout_seconds": 0,
+    # In force: what the api's own settings say (its 300 s exec ceiling, not "0").
+    assert got["effective"]["limits"] == {"max_concurrent_sessions": 0, "max_idle_timeout_seconds": 1800,
                                           "max_lifetime_seconds": 3600, "max_exec_timeout_seconds": 300,
                                           "daily_session_seconds_budget": 0, "requests_per_minute": 100}
     assert got["ceilings"]["max_lifetime_seconds"] == 3600 and got["ceilings"]["requests_per_minute"] == 600
@@ -44,13 +39,12 @@ def test_policy_put_replaces_whole_and_get_shows_effective(make_proxy: Callable[
     assert stored["requests_per_minute"] == 100
 
 
-def test_policy_above_ceiling_or_malformed_is_422_and_keeps_the_old_one(make_proxy: Callable[..., Proxy],
+def test_policy_above_ceiling_or_malformed_is_422_and_keeps_the_old_one(make_api: Callable[..., Api],
                                                                         keys: Keys, rdb: redis.Redis,
                                                                         redis_prefix: str) -> None:
-    proxy = make_proxy()
-    publish_ceilings(rdb, redis_prefix, max_concurrent_sessions=10, daily_session_seconds_budget=3600)
+    api = make_api(workspace_max_concurrent_sessions=10, workspace_daily_session_seconds_budget=3600)
     key = RedisKeys(redis_prefix).workspace_policy("acme")
-    with proxy.client(keys.token("ops", admin=True)) as admin:
+    with api.client(keys.token("ops", admin=True)) as admin:
         assert admin.put("/v1/workspaces/acme/policy", json={"max_concurrent_sessions": 5}).status_code == 200
         before = rdb.get(key)
         bad = [{"max_concurrent_sessions": 11},
@@ -74,14 +68,20 @@ def test_policy_above_ceiling_or_malformed_is_422_and_keeps_the_old_one(make_pro
     assert rdb.get(key) == before
 
 
-def test_images_outside_the_allow_list_are_403_before_any_lease(proxy: Proxy, keys: Keys, echo: Echo) -> None:
-    with proxy.client(keys.token("ops", admin=True)) as admin:
+def test_images_outside_the_allow_list_are_403_before_any_lease(api: Api, keys: Keys, sandboxes: Sandboxes,
+                                                                rdb: redis.Redis, redis_prefix: str) -> None:
+    rkeys = RedisKeys(redis_prefix)
+    for _ in range(3):
+        sandboxes.publish()
+    with api.client(keys.token("ops", admin=True)) as admin:
         assert admin.put("/v1/workspaces/acme/policy", json={"allowed_images": ["python", "node"]}).status_code == 200
-    with proxy.client(keys.token("acme")) as client:
+    with api.client(keys.token("acme")) as client:
         refused = client.post("/sessions", json={"image": "ubuntu-with-tools"})
         not_a_string = client.post("/sessions", json={"image": ["python"]})
         not_json = client.post("/sessions", content=b"image=python")
         repeated = client.post("/sessions", content=b'{"image": "ubuntu-with-tools", "image": "python"}')
+        assert sandboxes.ready() == 3  # every refusal came before a lease
+        assert rdb.exists(rkeys.usage_total("acme")) == 0  # and nothing was metered
         allowed = client.post("/sessions", json={"image": "node", "idle_timeout_seconds": 5})
         default = client.post("/sessions")
     assert refused.status_code == 403 and refused.json()["reason"] == "image_not_allowed"
@@ -89,14 +89,14 @@ def test_images_outside_the_allow_list_are_403_before_any_lease(proxy: Proxy, ke
     assert not_a_string.status_code == 422 and not_json.status_code == 422
     assert repeated.status_code == 422 and "repeats" in repeated.json()["detail"]
     assert allowed.status_code == 201 and default.status_code == 201
-    assert [json.loads(s.body) if s.body else None for s in echo.seen] == [
-        {"image": "node", "idle_timeout_seconds": 5}, None]
-    with proxy.client(keys.token("other")) as client:  # another workspace has no allow-list
+    assert allowed.json()["idle_timeout_seconds"] == 5  # the body the edge read still reached the lease
+    assert sandboxes.ready() == 1
+    with api.client(keys.token("other")) as client:  # another workspace has no allow-list
         assert client.post("/sessions", json={"image": "ubuntu-with-tools"}).status_code == 201
 
 
-def test_workspace_tokens_read_only_their_own(proxy: Proxy, keys: Keys) -> None:
-    with proxy.client(keys.token("acme")) as client:
+def test_workspace_tokens_read_only_their_own(api: Api, keys: Keys) -> None:
+    with api.client(keys.token("acme")) as client:
         assert client.get("/v1/usage").json()["workspace"] == "acme"
         assert client.get("/v1/usage", params={"workspace": "acme"}).status_code == 200
         assert client.get("/v1/sessions").json() == {"workspace": "acme", "sessions": []}
@@ -109,14 +109,14 @@ def test_workspace_tokens_read_only_their_own(proxy: Proxy, keys: Keys) -> None:
             response = client.request(method, path, **kwargs)
             assert response.status_code == 403, (path, response.text)
             assert response.json()["reason"] == "forbidden"
-    with proxy.client(keys.token("ops", admin=True)) as admin:
+    with api.client(keys.token("ops", admin=True)) as admin:
         assert admin.get("/v1/usage", params={"workspace": "globex"}).json()["workspace"] == "globex"
         assert admin.get("/v1/sessions", params={"workspace": "globex"}).status_code == 200
         assert admin.get("/v1/workspaces/globex/policy").status_code == 200
         assert admin.get("/v1/usage", params={"workspace": "../x"}).status_code == 422
 
 
-def test_usage_totals_and_days_read_what_the_scheduler_wrote(proxy: Proxy, keys: Keys, rdb: redis.Redis,
+def test_usage_totals_and_days_read_what_the_session_layer_wrote(api: Api, keys: Keys, rdb: redis.Redis,
                                                              redis_prefix: str) -> None:
     k = RedisKeys(redis_prefix)
     rdb.hset(k.usage_total("acme"), mapping={usage.SESSIONS_CREATED: 7, usage.SESSION_SECONDS: "123.5",
@@ -127,7 +127,7 @@ def test_usage_totals_and_days_read_what_the_scheduler_wrote(proxy: Proxy, keys:
     rdb.hset(k.usage_day("acme", "2026-11-30"), mapping={usage.SESSIONS_CREATED: 3})
     rdb.hset(k.usage_day("acme", "2026-12-01"), mapping={usage.SESSIONS_CREATED: 4, usage.BYTES_UPLOADED: 10})
     rdb.hset(k.usage_total("globex"), mapping={usage.SESSIONS_CREATED: 99})
-    with proxy.client(keys.token("acme")) as client:
+    with api.client(keys.token("acme")) as client:
         plain = client.get("/v1/usage").json()
         ranged = client.get("/v1/usage", params={"from": "2026-11-29", "to": "2026-12-01"}).json()
         too_long = client.get("/v1/usage", params={"from": "2020-01-01", "to": "2026-12-01"})
@@ -147,7 +147,7 @@ def test_usage_totals_and_days_read_what_the_scheduler_wrote(proxy: Proxy, keys:
     assert len(only_from.json()["days"]) == 1
 
 
-def test_sessions_list_never_shows_secret_or_address(proxy: Proxy, keys: Keys, rdb: redis.Redis,
+def test_sessions_list_never_shows_secret_or_address(api: Api, keys: Keys, rdb: redis.Redis,
                                                      redis_prefix: str) -> None:
     k = RedisKeys(redis_prefix)
     now = time.time()
@@ -160,7 +160,7 @@ def test_sessions_list_never_shows_secret_or_address(proxy: Proxy, keys: Keys, r
         rdb.sadd(k.workspace_sessions(ws), sid)
         rdb.zadd(k.deadlines, {sid: now + 300})
     rdb.sadd(k.workspace_sessions("acme"), "s-gone", "s-g1")  # stale member; and one not acme's
-    with proxy.client(keys.token("acme")) as client:
+    with api.client(keys.token("acme")) as client:
         response = client.get("/v1/sessions")
     assert response.status_code == 200
     listed = response.json()["sessions"]
@@ -169,12 +169,14 @@ def test_sessions_list_never_shows_secret_or_address(proxy: Proxy, keys: Keys, r
     assert "secret" not in response.text and "agent.sock" not in response.text and "address" not in response.text
 
 
-def test_revocation_applies_even_to_a_cached_token(proxy: Proxy, keys: Keys, echo: Echo, rdb: redis.Redis,
+def test_revocation_applies_even_to_a_cached_token(api: Api, keys: Keys, sandboxes: Sandboxes, rdb: redis.Redis,
                                                    redis_prefix: str) -> None:
+    for _ in range(3):
+        sandboxes.publish()
     victim = keys.token("acme", jti="stolen-1", ttl_seconds=600)
-    with proxy.client(victim) as client:
+    with api.client(victim) as client:
         assert client.post("/sessions", json={}).status_code == 201  # verified and cached
-        with proxy.client(keys.token("ops", admin=True)) as admin:
+        with api.client(keys.token("ops", admin=True)) as admin:
             bad = admin.post("/v1/revocations", json={"jti": "stolen-1"})
             both = admin.post("/v1/revocations", json={"jti": "stolen-1", "ttl": 5, "exp": 5})
             revoked = admin.post("/v1/revocations", json={"jti": "stolen-1", "exp": int(time.time()) + 600})
@@ -185,24 +187,25 @@ def test_revocation_applies_even_to_a_cached_token(proxy: Proxy, keys: Keys, ech
     assert response.status_code == 401 and response.json()["cause"] == "revoked"
     assert response.headers["www-authenticate"] == "Bearer"
     assert admin_api.status_code == 401
-    assert len(echo.seen) == 1
+    assert sandboxes.ready() == 2  # the revoked token leased nothing
     ttl = rdb.ttl(RedisKeys(redis_prefix).revoked("stolen-1"))
-    assert 600 < ttl <= 600 + proxy.settings.auth_leeway_seconds  # kept until the token would have expired
-    with proxy.client(keys.token("acme", jti="other")) as client:  # other tokens of the workspace still work
+    assert 600 < ttl <= 600 + api.settings.auth_leeway_seconds  # kept until the token would have expired
+    with api.client(keys.token("acme", jti="other")) as client:  # other tokens of the workspace still work
         assert client.post("/sessions", json={}).status_code == 201
 
 
-def test_revoked_admin_token_stops_at_once(proxy: Proxy, keys: Keys, rdb: redis.Redis, redis_prefix: str) -> None:
+def test_revoked_admin_token_stops_at_once(api: Api, keys: Keys, rdb: redis.Redis, redis_prefix: str) -> None:
+    before = set(keys_under(rdb, redis_prefix))  # what the api published at start (its ceilings)
     admin_token = keys.token("ops", admin=True, jti="admin-1")
-    with proxy.client(admin_token) as admin:
+    with api.client(admin_token) as admin:
         assert admin.get("/v1/workspaces/acme/policy").status_code == 200
         assert admin.post("/v1/revocations", json={"jti": "admin-1", "ttl": 60}).status_code == 201
         assert admin.put("/v1/workspaces/acme/policy", json={"requests_per_minute": 1}).status_code == 401
-    assert keys_under(rdb, redis_prefix) == [RedisKeys(redis_prefix).revoked("admin-1")]
+    assert set(keys_under(rdb, redis_prefix)) - before == {RedisKeys(redis_prefix).revoked("admin-1")}
 
 
-def test_openapi_documents_the_admin_api(proxy: Proxy) -> None:
-    spec = proxy.client().get("/openapi.json").json()
+def test_openapi_documents_the_admin_api(api: Api) -> None:
+    spec = api.client().get("/openapi.json").json()
     for path in ("/v1/usage", "/v1/sessions", "/v1/workspaces/{workspace}/policy", "/v1/revocations", "/sessions",
                  "/sessions/{session_id}/exec"):
         assert path in spec["paths"], path

@@ -1,10 +1,10 @@
 """The workspace policy's egress allow-list: validated by the egress proxy's parser, bounded by the ceiling the
-egress proxy published, forwarded to the scheduler comma-separated, and set from `sandpool admin` as a list."""
+egress proxy published, bound by the lease to the new session's sandbox's egress credential (what the egress
+proxy reads), and set from `sandpool admin` as a list."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 import pytest
 import redis
@@ -12,7 +12,8 @@ import redis
 from sandpool.client.admin_cli import parse_changes, show_policy
 from sandpool.state.keys import Keys as RedisKeys
 
-from .conftest import Echo, Keys, Proxy
+from .conftest import Api, Keys
+from .stack import Sandboxes
 
 
 def publish_egress_ceiling(rdb: redis.Redis, prefix: str, entries: list[str]) -> None:
@@ -20,11 +21,24 @@ def publish_egress_ceiling(rdb: redis.Redis, prefix: str, entries: list[str]) ->
     rdb.set(RedisKeys(prefix).egress_ceiling, json.dumps(entries))
 
 
-def test_an_allow_list_within_the_ceiling_is_stored_shown_and_forwarded(
-        make_proxy: Callable[..., Proxy], keys: Keys, rdb: redis.Redis, redis_prefix: str, echo: Echo) -> None:
-    proxy = make_proxy()
+def bound_allow_list(api: Api, keys: Keys, sandboxes: Sandboxes, rdb: redis.Redis, prefix: str,
+                     workspace: str) -> list[str]:
+    """Create a session of `workspace` on a sandbox with an egress credential; the allow-list the lease
+    bound to that credential, as the egress proxy reads it."""
+    credential = f"egress-credential-{workspace}"
+    sandboxes.publish(egress=credential)
+    with api.client(keys.token(workspace)) as client:
+        created = client.post("/sessions", json={})
+    assert created.status_code == 201, created.text
+    binding = rdb.hgetall(RedisKeys(prefix).egress_binding(credential))
+    assert binding["session"] == created.json()["session_id"] and binding["workspace"] == workspace
+    return json.loads(binding["allow"])
+
+
+def test_an_allow_list_within_the_ceiling_is_stored_shown_and_bound_to_the_session(
+        api: Api, keys: Keys, rdb: redis.Redis, redis_prefix: str, sandboxes: Sandboxes) -> None:
     publish_egress_ceiling(rdb, redis_prefix, ["pypi.org", "files.pythonhosted.org", "*.example.com"])
-    with proxy.client(keys.token("ops", admin=True)) as admin:
+    with api.client(keys.token("ops", admin=True)) as admin:
         put = admin.put("/v1/workspaces/acme/policy",
                         json={"egress_allow": ["pypi.org", "files.pythonhosted.org", "api.example.com"]})
         assert put.status_code == 200, put.text
@@ -33,33 +47,27 @@ def test_an_allow_list_within_the_ceiling_is_stored_shown_and_forwarded(
     assert got["effective"]["egress_allow"] == ["pypi.org", "files.pythonhosted.org", "api.example.com"]
     assert got["egress_ceiling"] == ["pypi.org", "files.pythonhosted.org", "*.example.com"]
     assert "egress_allow" not in got["effective"]["limits"] and "egress_allow" not in got["ceilings"]
-    with proxy.client(keys.token("acme")) as client:
-        assert client.post("/sessions", json={}).status_code == 201
-    [seen] = echo.seen
-    assert seen.header("x-sandpool-egress-allow") == ["pypi.org,files.pythonhosted.org,api.example.com"]
+    assert bound_allow_list(api, keys, sandboxes, rdb, redis_prefix, "acme") == [
+        "pypi.org", "files.pythonhosted.org", "api.example.com"]
 
 
 def test_entries_are_stored_as_the_egress_proxy_reads_them(
-        make_proxy: Callable[..., Proxy], keys: Keys, rdb: redis.Redis, redis_prefix: str, echo: Echo) -> None:
-    proxy = make_proxy()
+        api: Api, keys: Keys, rdb: redis.Redis, redis_prefix: str, sandboxes: Sandboxes) -> None:
     publish_egress_ceiling(rdb, redis_prefix, ["*", "*:8443"])
-    with proxy.client(keys.token("ops", admin=True)) as admin:
+    with api.client(keys.token("ops", admin=True)) as admin:
         put = admin.put("/v1/workspaces/acme/policy",
                         json={"egress_allow": ["Bücher.Example.", "PyPI.org:443", "pypi.org", "*.Example.com:8443"]})
     assert put.status_code == 200, put.text
     assert put.json()["policy"]["egress_allow"] == ["xn--bcher-kva.example", "pypi.org", "*.example.com:8443"]
-    with proxy.client(keys.token("acme")) as client:
-        assert client.post("/sessions", json={}).status_code == 201
-    [seen] = echo.seen
-    assert seen.header("x-sandpool-egress-allow") == ["xn--bcher-kva.example,pypi.org,*.example.com:8443"]
+    assert bound_allow_list(api, keys, sandboxes, rdb, redis_prefix, "acme") == [
+        "xn--bcher-kva.example", "pypi.org", "*.example.com:8443"]
 
 
-def test_a_workspace_without_a_list_sends_an_empty_one(proxy: Proxy, keys: Keys, echo: Echo) -> None:
+def test_a_workspace_without_a_list_is_bound_to_an_empty_one(api: Api, keys: Keys, rdb: redis.Redis,
+                                                               redis_prefix: str, sandboxes: Sandboxes) -> None:
     """Unset never means the ceiling: no egress."""
-    with proxy.client(keys.token("beta")) as client:
-        assert client.post("/sessions", json={}).status_code == 201
-    [seen] = echo.seen
-    assert seen.header("x-sandpool-egress-allow") == [""]
+    publish_egress_ceiling(rdb, redis_prefix, ["*"])
+    assert bound_allow_list(api, keys, sandboxes, rdb, redis_prefix, "beta") == []
 
 
 @pytest.mark.parametrize("entries, says", [
@@ -69,12 +77,10 @@ def test_a_workspace_without_a_list_sends_an_empty_one(proxy: Proxy, keys: Keys,
     (["*"], "* is outside"),
 ])
 def test_entries_outside_the_ceiling_are_422_naming_them_and_nothing_is_stored(
-        make_proxy: Callable[..., Proxy], keys: Keys, rdb: redis.Redis, redis_prefix: str,
-        entries: list[str], says: str) -> None:
-    proxy = make_proxy()
+        api: Api, keys: Keys, rdb: redis.Redis, redis_prefix: str, entries: list[str], says: str) -> None:
     publish_egress_ceiling(rdb, redis_prefix, ["pypi.org", "files.pythonhosted.org"])
     key = RedisKeys(redis_prefix).workspace_policy("acme")
-    with proxy.client(keys.token("ops", admin=True)) as admin:
+    with api.client(keys.token("ops", admin=True)) as admin:
         refused = admin.put("/v1/workspaces/acme/policy", json={"egress_allow": ["pypi.org", *entries]})
     assert refused.status_code == 422, refused.text
     body = refused.json()
@@ -83,8 +89,8 @@ def test_entries_outside_the_ceiling_are_422_naming_them_and_nothing_is_stored(
 
 
 def test_without_an_egress_proxy_no_list_can_be_given_but_an_empty_one_can(
-        proxy: Proxy, keys: Keys, rdb: redis.Redis, redis_prefix: str) -> None:
-    with proxy.client(keys.token("ops", admin=True)) as admin:
+        api: Api, keys: Keys, rdb: redis.Redis, redis_prefix: str) -> None:
+    with api.client(keys.token("ops", admin=True)) as admin:
         refused = admin.put("/v1/workspaces/acme/policy", json={"egress_allow": ["pypi.org"]})
         assert refused.status_code == 422
         assert "no egress proxy has published a ceiling" in refused.json()["detail"]
@@ -97,10 +103,9 @@ def test_without_an_egress_proxy_no_list_can_be_given_but_an_empty_one_can(
     ["127.1"], [""], ["pypi.org:0"], ["pypi.org:65536"], "pypi.org", [f"h{i}.example.org" for i in range(65)],
 ])
 def test_malformed_entries_are_422_before_the_ceiling_is_asked(
-        make_proxy: Callable[..., Proxy], keys: Keys, rdb: redis.Redis, redis_prefix: str, entries: object) -> None:
-    proxy = make_proxy()
+        api: Api, keys: Keys, rdb: redis.Redis, redis_prefix: str, entries: object) -> None:
     publish_egress_ceiling(rdb, redis_prefix, ["*"])
-    with proxy.client(keys.token("ops", admin=True)) as admin:
+    with api.client(keys.token("ops", admin=True)) as admin:
         refused = admin.put("/v1/workspaces/acme/policy", json={"egress_allow": entries})
     assert refused.status_code == 422, refused.text
     assert rdb.get(RedisKeys(redis_prefix).workspace_policy("acme")) is None

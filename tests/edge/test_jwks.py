@@ -17,13 +17,13 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from testkit import wait_for
 
+from sandpool.api.app import create_app
+from sandpool.api.settings import ApiSettings
 from sandpool.core.settings import ConfigurationError
-from sandpool.edge.app import create_app
 from sandpool.edge.keys import parse_jwks
 from sandpool.edge.keys_cli import generate_keypair, load_private_key
-from sandpool.edge.settings import ProxySettings
 
-from .conftest import CaplogServer, Echo, Keys, Proxy
+from .conftest import Api, CaplogServer, Keys
 
 
 def jwk_of(private_path: Path, kid: str) -> dict[str, Any]:
@@ -37,41 +37,41 @@ def write_jwks(path: Path, members: list[dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
-def status(proxy: Proxy, token: str) -> int:
-    with proxy.client(token) as client:
+def status(api: Api, token: str) -> int:
+    with api.client(token) as client:
         return client.get("/v1/usage").status_code
 
 
-def test_jwks_file_kid_rotation(make_proxy: Callable[..., Proxy], keys: Keys, tmp_path: Path) -> None:
+def test_jwks_file_kid_rotation(make_api: Callable[..., Api], keys: Keys, tmp_path: Path) -> None:
     old, _ = generate_keypair(tmp_path / "old.pem")
     new, _ = generate_keypair(tmp_path / "new.pem")
     jwks = tmp_path / "jwks.json"
     write_jwks(jwks, [jwk_of(old, "2026-01")])
-    proxy = make_proxy(auth_public_keys=[], auth_jwks=str(jwks), auth_jwks_refresh_seconds=0.2)
+    api = make_api(auth_public_keys=[], auth_jwks=str(jwks), auth_jwks_refresh_seconds=0.2)
 
     old_token = Keys(old, old).token(kid="2026-01")
     new_token = Keys(new, new).token(kid="2026-02")
-    assert status(proxy, old_token) == 200
-    assert status(proxy, new_token) == 401  # not trusted yet
+    assert status(api, old_token) == 200
+    assert status(api, new_token) == 401  # not trusted yet
 
     write_jwks(jwks, [jwk_of(old, "2026-01"), jwk_of(new, "2026-02")])
-    assert status(proxy, new_token) == 200  # an unknown kid triggers a re-read: no wait for the timer
-    assert status(proxy, old_token) == 200
+    assert status(api, new_token) == 200  # an unknown kid triggers a re-read: no wait for the timer
+    assert status(api, old_token) == 200
 
     write_jwks(jwks, [jwk_of(new, "2026-02")])  # retire the old key: even its cached tokens stop
-    wait_for(lambda: status(proxy, old_token) == 401, timeout=10, what="the retired key refused")
-    assert status(proxy, new_token) == 200
+    wait_for(lambda: status(api, old_token) == 401, timeout=10, what="the retired key refused")
+    assert status(api, new_token) == 200
     # A token naming the new kid but signed by the old key is a forgery.
     forged = jwt.encode({"workspace": "acme", "aud": "sandpool", "exp": int(time.time()) + 60},
                         load_private_key(old), algorithm="EdDSA", headers={"kid": "2026-02"})
-    assert status(proxy, forged) == 401
+    assert status(api, forged) == 401
 
     jwks.write_text("{not json")  # a broken document keeps the last good keys
     time.sleep(0.5)
-    assert status(proxy, new_token) == 200
+    assert status(api, new_token) == 200
 
 
-def test_jwks_url_with_rsa_and_ec_keys(make_proxy: Callable[..., Proxy], keys: Keys, echo: Echo) -> None:
+def test_jwks_url_with_rsa_and_ec_keys(make_api: Callable[..., Api], keys: Keys) -> None:
     rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     ec_key = ec.generate_private_key(ec.SECP256R1())
     members = [
@@ -88,18 +88,18 @@ def test_jwks_url_with_rsa_and_ec_keys(make_proxy: Callable[..., Proxy], keys: K
 
     server = CaplogServer(Starlette(routes=[Route("/jwks.json", document)])).start()
     try:
-        proxy = make_proxy(auth_public_keys=[], auth_jwks=f"{server.url}/jwks.json",
+        api = make_api(auth_public_keys=[], auth_jwks=f"{server.url}/jwks.json",
                            auth_algorithms=["EdDSA", "RS256", "ES256"])
         base = {"workspace": "acme", "aud": "sandpool", "exp": int(time.time()) + 60}
         rs = jwt.encode(base, rsa_key, algorithm="RS256", headers={"kid": "r1"})
         es = jwt.encode(base, ec_key, algorithm="ES256", headers={"kid": "e1"})
         es_as_rsa_kid = jwt.encode(base, ec_key, algorithm="ES256", headers={"kid": "r1"})
         hs = jwt.encode(base, "secret" * 8, algorithm="HS256", headers={"kid": "h1"})
-        assert status(proxy, rs) == 200 and status(proxy, es) == 200
-        assert status(proxy, es_as_rsa_kid) == 401 and status(proxy, hs) == 401
+        assert status(api, rs) == 200 and status(api, es) == 200
+        assert status(api, es_as_rsa_kid) == 401 and status(api, hs) == 401
         count = len(fetched)
         for _ in range(5):  # unknown kids do not hammer the JWKS endpoint
-            assert status(proxy, jwt.encode(base, ec_key, algorithm="ES256", headers={"kid": "zz"})) == 401
+            assert status(api, jwt.encode(base, ec_key, algorithm="ES256", headers={"kid": "zz"})) == 401
         assert len(fetched) <= count + 1
     finally:
         server.stop()
@@ -130,4 +130,4 @@ def test_jwks_file_without_usable_key_refuses_to_start(keys: Keys, tmp_path: Pat
     write_jwks(jwks, [{"kty": "oct", "k": "c2VjcmV0"}])
     for location in (jwks, tmp_path / "missing.json"):
         with pytest.raises(ConfigurationError, match="--auth-jwks"):
-            create_app(ProxySettings(auth_jwks=str(location), internal_token="x"))
+            create_app(ApiSettings(auth_jwks=str(location)))
