@@ -1,4 +1,4 @@
-"""`sandpool admin` for a whole operator session against a real proxy and scheduler: usage, sessions, a policy
+"""`sandpool admin` for a whole operator session against a real multi-tenant api: usage, sessions, a policy
 change, ending a session, revoking a token; and the one-line failures an operator meets."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .stack import PRINT_1, Stack
 
 def admin(stack: Stack, *args: str, token: str | None = None,
           url: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "SANDPOOL_URL": url or stack.proxy.url}
+    env = {"PATH": "/usr/bin:/bin", "SANDPOOL_URL": url or stack.api.url}
     if token is not None:
         env["SANDPOOL_TOKEN"] = token
     return subprocess.run([sys.executable, "-m", "sandpool", "admin", *args], capture_output=True, text=True,
