@@ -156,7 +156,7 @@ def test_ci_builds_the_images_the_chart_defaults_name(helm: Helm) -> None:
     assert names == {"CONTROL_PLANE_IMAGE": f"sandpool/control-plane:{version}",
                      "SANDBOX_IMAGE": f"sandpool/sandbox:{version}"}
     objs = helm.render()
-    for suffix in ("-proxy", "-scheduler"):
+    for suffix in ("-api", "-controller"):
         deployment = find(objs, "Deployment", suffix)
         images = {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
         assert images == {names["CONTROL_PLANE_IMAGE"]}, suffix
@@ -187,11 +187,3 @@ def test_chart_app_version_is_the_project_version() -> None:
     """The images' tag is the chart's appVersion: it must be the version of the sandpool they hold."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"] == project
-
-
-def test_local_provider_data_dir_is_one_the_scheduler_makes(helm: Helm) -> None:
-    """The emptyDir's root belongs to root; the scheduler (uid 10001) must own its data dir, so it makes one inside."""
-    objs = helm.render(sets=("scheduler.provider=local",))
-    container = find(objs, "Deployment", "-scheduler")["spec"]["template"]["spec"]["containers"][0]
-    assert "--data-dir=/var/lib/sandpool/data" in container["args"]
-    assert {"name": "sandboxes", "mountPath": "/var/lib/sandpool"} in container["volumeMounts"]

@@ -1,7 +1,8 @@
 """What the chart hands the services is what the services accept.
 
 The rendered command lines go through sandpool's own argument parser and
-settings classes, the rendered pools.yaml through the scheduler's own loader,
+settings classes, the rendered pools.yaml through the pools loader the api and
+the controller share,
 and the rendered redis.conf through a real redis-server: a flag renamed in a
 service, or a typo in the chart, fails here instead of in a crash-looping pod.
 """
@@ -18,13 +19,13 @@ import pytest
 from chart_support import SCENARIOS, Helm, find, pod_spec, secret_value
 from testkit import free_port, wait_for
 
+from sandpool.api.settings import ApiSettings
 from sandpool.cli import build_parser
+from sandpool.controller.settings import ControllerSettings
+from sandpool.controller.templates import load_pools
 from sandpool.core.settings import settings_from_args
 from sandpool.egress.settings import EgressSettings
-from sandpool.controller.templates import load_pools
 from sandpool.providers.kubernetes.settings import KubernetesProviderSettings
-from sandpool.edge.settings import ProxySettings
-from sandpool.sessions.settings import SchedulerSettings
 
 DEFAULT_AND_SCENARIOS = [None, *SCENARIOS]
 
@@ -49,23 +50,27 @@ def _parse(command: str, args: list[str], *classes: type) -> list[Any]:
 
 
 @pytest.mark.parametrize("scenario", DEFAULT_AND_SCENARIOS, ids=lambda s: s or "defaults")
-def test_proxy_command_line_is_accepted_by_sandpool_proxy(helm: Helm, scenario: str | None) -> None:
+def test_api_command_line_is_accepted_by_sandpool_api(helm: Helm, scenario: str | None) -> None:
     objs = _render(helm, scenario)
-    deployment = find(objs, "Deployment", "-proxy")
+    deployment = find(objs, "Deployment", "-api")
     spec = pod_spec(deployment)
     [container] = spec["containers"]
     assert container["command"] == ["sandpool"]
-    [settings] = _parse("proxy", container["args"], ProxySettings)
+    [settings] = _parse("api", container["args"], ApiSettings)
     assert settings.host == "0.0.0.0"  # the pod's own network namespace
     assert settings.port == container["ports"][0]["containerPort"]
-    scheduler_svc = find(objs, "Service", "-scheduler")
-    assert settings.scheduler_url == f"http://{scheduler_svc['metadata']['name']}:{scheduler_svc['spec']['ports'][0]['port']}"
     assert settings.auth_audience == "sandpool"
-    assert settings.auth_public_keys, "the proxy would refuse to start without a trusted key"
+    # Multi-tenant: trusted keys, never --no-auth; `sandpool api` would start with these settings.
+    assert settings.auth_public_keys and not settings.no_auth
+    settings.check_startable()
     for key in settings.auth_public_keys:
         _mounted(spec, container, key)
-    internal = _mounted(spec, container, str(settings.internal_token_file))
-    assert internal["secret"]["items"] == [{"key": "token", "path": "token"}]
+    # The pools it leases from: the same pools.yaml the controller keeps warm.
+    pools = _mounted(spec, container, str(settings.pools_file))
+    assert pools["configMap"]["name"] == find(objs, "ConfigMap", "-pools")["metadata"]["name"]
+    # No second service to reach, no credential to present: nothing but keys, pools and a scratch /tmp.
+    assert {v["name"] for v in spec["volumes"]} <= {"pools", "keys", "signing", "derived", "tmp"}
+    assert not [a for a in container["args"] if "internal" in a or "scheduler" in a or a.startswith("--kube-")]
     # The Redis URL (it holds the password) comes from a Secret, never a flag.
     [redis_env] = [e for e in container["env"] if e["name"] == "SANDPOOL_REDIS_URL"]
     assert "secretKeyRef" in redis_env["valueFrom"]
@@ -73,21 +78,24 @@ def test_proxy_command_line_is_accepted_by_sandpool_proxy(helm: Helm, scenario: 
 
 
 def test_signing_key_stays_out_of_the_serving_container(helm: Helm) -> None:
-    spec = pod_spec(find(helm.render(), "Deployment", "-proxy"))
+    spec = pod_spec(find(helm.render(), "Deployment", "-api"))
     [init] = spec["initContainers"]
-    [proxy] = spec["containers"]
+    [api] = spec["containers"]
     assert {m["name"] for m in init["volumeMounts"]} == {"signing", "derived"}
-    assert "signing" not in {m["name"] for m in proxy["volumeMounts"]}
-    assert "--auth-public-key=/etc/sandpool/derived/signing.pub" in proxy["args"]
+    assert "signing" not in {m["name"] for m in api["volumeMounts"]}
+    assert "--auth-public-key=/etc/sandpool/derived/signing.pub" in api["args"]
+    # The controller verifies no token: neither the signing key nor any public key reaches it.
+    controller = pod_spec(find(helm.render(), "Deployment", "-controller"))
+    assert {v["name"] for v in controller["volumes"]} == {"pools", "tmp"}
     assert "keys" not in {v["name"] for v in spec["volumes"]}, "no public keys given: nothing to mount"
     # With public keys of its own and no signing key, there is nothing to derive.
-    spec = pod_spec(find(helm.render("gvisor-pools-values.yaml"), "Deployment", "-proxy"))
+    spec = pod_spec(find(helm.render("gvisor-pools-values.yaml"), "Deployment", "-api"))
     assert "initContainers" not in spec
     assert spec["containers"][0]["args"].count("--auth-public-key=/etc/sandpool/keys/ops-2026.pub") == 1
 
 
-def test_init_container_derives_the_public_key_the_proxy_trusts(helm: Helm, tmp_path: Path) -> None:
-    """Run the init container's script on the rendered (generated) key; the proxy loads the result."""
+def test_init_container_derives_the_public_key_the_api_trusts(helm: Helm, tmp_path: Path) -> None:
+    """Run the init container's script on the rendered (generated) key; the api loads the result."""
     from sandpool.edge.keys import load_pem_public_key, thumbprint
     from sandpool.edge.keys_cli import load_private_key
 
@@ -96,7 +104,7 @@ def test_init_container_derives_the_public_key_the_proxy_trusts(helm: Helm, tmp_
     (tmp_path / "signing").mkdir()
     (tmp_path / "derived").mkdir()
     (tmp_path / "signing" / "ed25519.key").write_text(key_pem)
-    [init] = pod_spec(find(objs, "Deployment", "-proxy"))["initContainers"]
+    [init] = pod_spec(find(objs, "Deployment", "-api"))["initContainers"]
     assert init["command"] == ["python", "-c"]
     script = init["args"][0].replace("/etc/sandpool/", f"{tmp_path}/")
     subprocess.run(["python", "-c", script], check=True, timeout=30)
@@ -105,25 +113,31 @@ def test_init_container_derives_the_public_key_the_proxy_trusts(helm: Helm, tmp_
 
 
 @pytest.mark.parametrize("scenario", DEFAULT_AND_SCENARIOS, ids=lambda s: s or "defaults")
-def test_scheduler_command_line_is_accepted_by_sandpool_scheduler(helm: Helm, scenario: str | None) -> None:
+def test_controller_command_line_is_accepted_by_sandpool_controller(helm: Helm, scenario: str | None) -> None:
     objs = _render(helm, scenario)
-    spec = pod_spec(find(objs, "Deployment", "-scheduler"))
+    spec = pod_spec(find(objs, "Deployment", "-controller"))
     [container] = spec["containers"]
-    scheduler, kube = _parse("scheduler", container["args"], SchedulerSettings, KubernetesProviderSettings)
-    assert scheduler.host == "0.0.0.0"
-    assert scheduler.port == container["ports"][0]["containerPort"]
-    assert scheduler.provider == "kubernetes" and not scheduler.standalone
-    assert _mounted(spec, container, str(scheduler.internal_token_file))["secret"]["items"][0]["key"] == "token"
-    pools = _mounted(spec, container, str(scheduler.pools_file))
+    assert container["command"] == ["sandpool"]
+    controller, kube = _parse("controller", container["args"], ControllerSettings, KubernetesProviderSettings)
+    assert controller.host == "0.0.0.0"
+    assert controller.port == container["ports"][0]["containerPort"]
+    assert controller.provider == "kubernetes"
+    pools = _mounted(spec, container, str(controller.pools_file))
     assert pools["configMap"]["name"] == find(objs, "ConfigMap", "-pools")["metadata"]["name"]
-    role = find(objs, "Role", "-scheduler")
+    role = find(objs, "Role", "-controller")
     assert kube.kube_namespace == role["metadata"]["namespace"]
     assert kube.kube_installation == "sp"
     assert kube.kube_agent_port == 8080
+    # Its Service is the port the probes and the ServiceMonitor use.
+    service = find(objs, "Service", "-controller")
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8081, "targetPort": "http", "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "http", "containerPort": 8081, "protocol": "TCP"}]
+    [redis_env] = [e for e in container["env"] if e["name"] == "SANDPOOL_REDIS_URL"]
+    assert "secretKeyRef" in redis_env["valueFrom"]
 
 
 @pytest.mark.parametrize("scenario", DEFAULT_AND_SCENARIOS, ids=lambda s: s or "defaults")
-def test_pools_file_loads_with_the_schedulers_loader(helm: Helm, scenario: str | None, tmp_path: Path) -> None:
+def test_pools_file_loads_with_the_pools_loader(helm: Helm, scenario: str | None, tmp_path: Path) -> None:
     text = find(_render(helm, scenario), "ConfigMap", "-pools")["data"]["pools.yaml"]
     path = tmp_path / "pools.yaml"
     path.write_text(text)
@@ -152,15 +166,15 @@ def test_egress_command_line_is_accepted_by_sandpool_egress(helm: Helm) -> None:
     assert not settings.unsafe_allow_loopback_for_tests and settings.unix_socket is None
     [redis_env] = [e for e in container["env"] if e["name"] == "SANDPOOL_REDIS_URL"]
     assert "secretKeyRef" in redis_env["valueFrom"]
-    # The scheduler hands sandbox pods the proxy's Service, on the port the Service serves.
+    # The controller hands sandbox pods the proxy's Service, on the port the Service serves.
     service = find(objs, "Service", "-egress")
-    scheduler = pod_spec(find(objs, "Deployment", "-scheduler"))["containers"][0]
-    [_, kube] = _parse("scheduler", scheduler["args"], SchedulerSettings, KubernetesProviderSettings)
+    controller = pod_spec(find(objs, "Deployment", "-controller"))["containers"][0]
+    [_, kube] = _parse("controller", controller["args"], ControllerSettings, KubernetesProviderSettings)
     proxy_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "proxy")
     assert kube.kube_egress_proxy == f"{service['metadata']['name']}.sandpool.svc:{proxy_port}"
     assert not [o for o in helm.render() if o["metadata"]["name"].endswith("-egress")]
-    default_scheduler = pod_spec(find(helm.render(), "Deployment", "-scheduler"))["containers"][0]
-    assert not any(a.startswith("--kube-egress-proxy") for a in default_scheduler["args"])
+    default_controller = pod_spec(find(helm.render(), "Deployment", "-controller"))["containers"][0]
+    assert not any(a.startswith("--kube-egress-proxy") for a in default_controller["args"])
 
 
 def _redis_call(port: int, *command: str) -> bytes:
@@ -218,16 +232,3 @@ def test_bundled_redis_config_runs_with_password_and_append_only(helm: Helm, tmp
         proc.wait(10)
         if proc.stdout:
             proc.stdout.close()
-
-
-def test_local_provider_command_line(helm: Helm) -> None:
-    """`scheduler.provider=local`: sandboxes as processes in the scheduler pod, under its own volume."""
-    objs = helm.render(sets=("scheduler.provider=local",))
-    spec = pod_spec(find(objs, "Deployment", "-scheduler"))
-    [container] = spec["containers"]
-    [scheduler] = _parse("scheduler", container["args"], SchedulerSettings)
-    assert scheduler.provider == "local"
-    assert not [a for a in container["args"] if a.startswith("--kube-")]
-    volume = _mounted(spec, container, str(scheduler.data_dir))
-    assert "emptyDir" in volume
-    assert not [o for o in objs if o["metadata"]["name"].endswith("-sandboxes")]

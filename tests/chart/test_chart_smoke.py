@@ -1,7 +1,7 @@
 """The `helm test` pod's script, run against a real stack on loopback.
 
 The chart's test pod (command, environment, the signing key it mounts) is taken
-from the rendered manifest and pointed at a real proxy and scheduler (local
+from the rendered manifest and pointed at a real api and controller (local
 provider) started here over the test suite's redis-server, so what `helm test`
 checks on a cluster is checked here without one: mint a token with the release's
 signing key, create a session, run print(1), destroy it.
@@ -51,7 +51,7 @@ def release(helm: Helm) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def stack(release: list[dict[str, Any]], redis_server: Any,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """proxy + scheduler (local provider, one warm sandbox) trusting the release's signing key."""
+    """api + controller (local provider, one warm sandbox), the api trusting the release's signing key."""
     work = tmp_path_factory.mktemp("stack")
     key = work / "signing" / "ed25519.key"
     key.parent.mkdir()
@@ -65,31 +65,29 @@ def stack(release: list[dict[str, Any]], redis_server: Any,
     from sandpool.edge.keys_cli import load_private_key
     public.write_bytes(load_private_key(key).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    token = work / "internal"
-    token.write_text(secret_value(find(release, "Secret", "-internal"), "token"))
     prefix = f"chart{os.getpid()}"
     env = {**os.environ, "SANDPOOL_REDIS_URL": redis_server.url, "SANDPOOL_REDIS_PREFIX": prefix}
-    sched_port, proxy_port = free_port(), free_port()
+    controller_port, api_port = free_port(), free_port()
     # Agent sockets live under the data dir: keep its path short (sun_path is 108 bytes).
     data_dir = Path(tempfile.mkdtemp(prefix="spc-", dir="/tmp"))
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     try:
-        log = work / "scheduler.log"
+        pools = ("--pool-size", "1", "--max-sandboxes", "2")  # both read the same pools, as in the chart
+        log = work / "controller.log"
         logs.append(log.open("wb"))
         procs.append(subprocess.Popen(
-            [*_sandpool(), "scheduler", "--port", str(sched_port), "--internal-token-file", str(token),
-             "--provider", "local", "--pool-size", "1", "--max-sandboxes", "2", "--data-dir", str(data_dir)],
+            [*_sandpool(), "controller", "--port", str(controller_port), "--provider", "local", *pools,
+             "--data-dir", str(data_dir)],
             env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
-        _wait_ready(f"http://127.0.0.1:{sched_port}", procs[-1], log)
-        log = work / "proxy.log"
+        _wait_ready(f"http://127.0.0.1:{controller_port}", procs[-1], log)
+        log = work / "api.log"
         logs.append(log.open("wb"))
         procs.append(subprocess.Popen(
-            [*_sandpool(), "proxy", "--port", str(proxy_port), "--scheduler-url", f"http://127.0.0.1:{sched_port}",
-             "--internal-token-file", str(token), "--auth-public-key", str(public)],
+            [*_sandpool(), "api", "--port", str(api_port), "--auth-public-key", str(public), *pools],
             env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
-        _wait_ready(f"http://127.0.0.1:{proxy_port}", procs[-1], log)
-        yield {"url": f"http://127.0.0.1:{proxy_port}", "key": key, "other_key": work / "other.key", "work": work}
+        _wait_ready(f"http://127.0.0.1:{api_port}", procs[-1], log)
+        yield {"url": f"http://127.0.0.1:{api_port}", "key": key, "other_key": work / "other.key", "work": work}
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -100,7 +98,7 @@ def stack(release: list[dict[str, Any]], redis_server: Any,
                 proc.wait()
         for handle in logs:
             handle.close()
-        # A stopped scheduler leaves its sandboxes for the next one to reconcile (by design):
+        # A stopped controller leaves its sandboxes for the next one to reconcile (by design):
         # destroy them with the provider itself, as `sandpool up` does on its way out.
         asyncio.run(_destroy_sandboxes(data_dir))
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -117,7 +115,7 @@ def _run_test_pod(release: list[dict[str, Any]], stack: dict[str, Any], key: Pat
     assert script == (CHART / "files" / "smoke_test.py").read_text()
     (script_dir / "smoke_test.py").write_text(script)
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["SMOKE_URL"] == "http://sp-sandpool-proxy:8080"
+    assert env["SMOKE_URL"] == "http://sp-sandpool-api:8080"
     assert env["SMOKE_KEY"] == "/etc/sandpool/signing/ed25519.key"
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts["/etc/sandpool/signing"] == "signing" and mounts["/opt/smoke"] == "script"

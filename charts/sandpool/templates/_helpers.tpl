@@ -17,18 +17,17 @@
 {{- end -}}
 {{- end -}}
 
-{{- define "sandpool.edge.fullname" -}}{{ include "sandpool.fullname" . }}-proxy{{- end -}}
-{{- define "sandpool.sessions.fullname" -}}{{ include "sandpool.fullname" . }}-scheduler{{- end -}}
+{{- define "sandpool.api.fullname" -}}{{ include "sandpool.fullname" . }}-api{{- end -}}
+{{- define "sandpool.controller.fullname" -}}{{ include "sandpool.fullname" . }}-controller{{- end -}}
 {{- define "sandpool.redis.fullname" -}}{{ include "sandpool.fullname" . }}-redis{{- end -}}
 {{- define "sandpool.pools.fullname" -}}{{ include "sandpool.fullname" . }}-pools{{- end -}}
 {{- define "sandpool.auth.fullname" -}}{{ include "sandpool.fullname" . }}-auth{{- end -}}
 {{- define "sandpool.signing.fullname" -}}{{ include "sandpool.fullname" . }}-signing{{- end -}}
-{{- define "sandpool.internal.fullname" -}}{{ include "sandpool.fullname" . }}-internal{{- end -}}
 {{- define "sandpool.redisurl.fullname" -}}{{ include "sandpool.fullname" . }}-redis-url{{- end -}}
 {{- define "sandpool.egress.fullname" -}}{{ include "sandpool.fullname" . }}-egress{{- end -}}
 
 {{- define "sandpool.serviceAccountName" -}}
-{{- default (include "sandpool.sessions.fullname" .) .Values.serviceAccount.name -}}
+{{- default (include "sandpool.controller.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
 {{/* The namespace the sandbox pods run in. */}}
@@ -48,7 +47,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end -}}
 
-{{/* selectorLabels: (dict "ctx" $ "component" "proxy") */}}
+{{/* selectorLabels: (dict "ctx" $ "component" "api") */}}
 {{- define "sandpool.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "sandpool.name" .ctx }}
 app.kubernetes.io/instance: {{ .ctx.Release.Name }}
@@ -194,10 +193,6 @@ url
 {{- end -}}
 {{- end -}}
 
-{{- define "sandpool.internalSecret" -}}
-{{- default (include "sandpool.internal.fullname" .) .Values.internalCredential.existingSecret -}}
-{{- end -}}
-
 {{- define "sandpool.authSecret" -}}
 {{- default (include "sandpool.auth.fullname" .) .Values.auth.existingSecret -}}
 {{- end -}}
@@ -246,8 +241,17 @@ url
 {{- if .Values.sandboxes.egress -}}
 {{- fail "sandboxes.egress is removed: set egress.enabled and egress.allowCeiling, and each workspace's egress_allow; see docs/helm.md, \"Migrating egress\"" -}}
 {{- end -}}
-{{- if and .Values.egress.enabled (ne .Values.scheduler.provider "kubernetes") -}}
-{{- fail "egress.enabled needs scheduler.provider=kubernetes (the local provider in a pod has no way to the egress proxy)" -}}
+{{- if eq .Values.controller.provider "local" -}}
+{{- fail "controller.provider=local is not offered by the chart: local sandboxes are processes in the controller's pod, reached over Unix sockets there, which the api's pods cannot reach. Use controller.provider=kubernetes, or `sandpool up` to try sandpool on one machine (docs/helm.md, \"The local provider\")" -}}
+{{- end -}}
+{{- if .Values.internalCredential -}}
+{{- fail "internalCredential is removed: the api holds the edge and the session layer in one process, with no internal credential; drop the value (docs/helm.md, \"Upgrades\")" -}}
+{{- end -}}
+{{- if .Values.proxy -}}
+{{- fail "proxy.* is renamed api.* (the api Deployment serves the contract): move the values (docs/helm.md, \"Upgrades\")" -}}
+{{- end -}}
+{{- if .Values.scheduler -}}
+{{- fail "scheduler.* is renamed controller.* (the controller Deployment keeps the pools warm): move the values (docs/helm.md, \"Upgrades\")" -}}
 {{- end -}}
 {{- if and .Values.sandboxes.createNamespace (not .Values.sandboxes.namespace) -}}
 {{- fail "sandboxes.createNamespace needs sandboxes.namespace (the release namespace already exists)" -}}
@@ -301,13 +305,13 @@ pools:
     {{- end }}
 {{- end }}
 {{- end -}}
-{{/* The proxy's command line (flags of `sandpool proxy`, services/sandpool/edge/settings.py). */}}
-{{- define "sandpool.edge.args" -}}
-- proxy
+{{/* The api's command line (flags of `sandpool api`, services/sandpool/api/settings.py): the edge
+     and the session layer in one process, multi-tenant with the trusted keys. */}}
+{{- define "sandpool.api.args" -}}
+- api
 - --host=0.0.0.0
-- --port={{ .Values.proxy.port }}
-- --scheduler-url=http://{{ include "sandpool.sessions.fullname" . }}:{{ .Values.scheduler.service.port }}
-- --internal-token-file=/etc/sandpool/internal/token
+- --port={{ .Values.api.port }}
+- --pools-file=/etc/sandpool/pools.yaml
 - --auth-audience={{ .Values.auth.audience }}
 {{- range $kid := splitList "," (include "sandpool.publicKeyIds" .) }}
 {{- if $kid }}
@@ -317,20 +321,19 @@ pools:
 {{- if include "sandpool.hasSigningKey" . }}
 - --auth-public-key=/etc/sandpool/derived/signing.pub
 {{- end }}
-{{- range .Values.proxy.extraArgs }}
+{{- range .Values.api.extraArgs }}
 - {{ . | quote }}
 {{- end }}
 {{- end -}}
 
-{{/* The scheduler's command line (flags of `sandpool scheduler`, services/sandpool/sessions/settings.py). */}}
-{{- define "sandpool.sessions.args" -}}
-- scheduler
+{{/* The controller's command line (flags of `sandpool controller`, services/sandpool/controller/settings.py,
+     and of the kubernetes provider). */}}
+{{- define "sandpool.controller.args" -}}
+- controller
 - --host=0.0.0.0
-- --port={{ .Values.scheduler.port }}
-- --internal-token-file=/etc/sandpool/internal/token
+- --port={{ .Values.controller.port }}
 - --pools-file=/etc/sandpool/pools.yaml
-- --provider={{ .Values.scheduler.provider }}
-{{- if eq .Values.scheduler.provider "kubernetes" }}
+- --provider={{ .Values.controller.provider }}
 - --kube-namespace={{ include "sandpool.sandboxNamespace" . }}
 - --kube-installation={{ include "sandpool.installation" . }}
 - --kube-agent-port={{ .Values.sandboxes.agentPort }}
@@ -342,13 +345,7 @@ pools:
 {{- if .Values.egress.enabled }}
 - --kube-egress-proxy={{ include "sandpool.egress.fullname" . }}.{{ .Release.Namespace }}.svc:{{ .Values.egress.port }}
 {{- end }}
-{{- end }}
-{{- if eq .Values.scheduler.provider "local" }}
-{{- /* A directory the scheduler (uid securityContext.runAsUser) makes inside the emptyDir: it
-       chmods its data dir, and the emptyDir's root belongs to root, not to that uid. */}}
-- --data-dir=/var/lib/sandpool/data
-{{- end }}
-{{- range .Values.scheduler.extraArgs }}
+{{- range .Values.controller.extraArgs }}
 - {{ . | quote }}
 {{- end }}
 {{- end -}}
