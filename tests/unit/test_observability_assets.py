@@ -5,6 +5,9 @@ asset references must be in it (a histogram may be read through its `_bucket`,
 `_sum` and `_count` series), every label a query selects or groups on must be
 one of that metric's labels, a literal label value must be in the table's closed
 set where it lists one, and every metric of the table must be on the dashboard.
+The table itself is checked against what the two processes register: the api's
+`ApiMetrics` and the controller's `ControllerMetrics` (same names, same labels), and
+the `service` label takes the two processes' names only (`api`, `controller`).
 """
 
 from __future__ import annotations
@@ -56,9 +59,40 @@ def parse_metrics_table(markdown: str) -> dict[str, Metric]:
     return metrics
 
 
+def services() -> frozenset[str]:
+    """The values of the `service` label: what each process puts there."""
+    from sandpool.controller.metrics import SERVICE as CONTROLLER
+    from sandpool.sessions.metrics import SERVICE as API
+
+    return frozenset({API, CONTROLLER})
+
+
 @pytest.fixture(scope="module")
 def table() -> dict[str, Metric]:
-    return parse_metrics_table(ARCHITECTURE.read_text())
+    """The documented table; `service` closed to the processes' names (where the table lists none)."""
+    metrics = parse_metrics_table(ARCHITECTURE.read_text())
+    for metric in metrics.values():
+        if "service" in metric.labels and metric.labels["service"] is None:
+            metric.labels["service"] = services()
+    return metrics
+
+
+def registered() -> dict[str, tuple[str, frozenset[str]]]:
+    """name -> (type, label names) of every metric the api and the controller register."""
+    from sandpool.controller.metrics import ControllerMetrics
+    from sandpool.sessions.metrics import ApiMetrics
+
+    found: dict[str, tuple[str, frozenset[str]]] = {}
+    for registry in (ApiMetrics().registry, ControllerMetrics.create().registry):
+        for collector in list(registry._collector_to_names):  # prometheus_client: no public list of collectors
+            name = collector._name  # type: ignore[attr-defined]  # every metric class has one
+            kind = collector._type  # type: ignore[attr-defined]
+            labels = frozenset(collector._labelnames)  # type: ignore[attr-defined]
+            if kind == "counter":
+                name += "_total"
+            assert found.get(name, (kind, labels)) == (kind, labels), f"{name}: the two processes disagree"
+            found[name] = (kind, labels)
+    return found
 
 
 def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
@@ -146,12 +180,28 @@ def test_the_metrics_table_parses(table: dict[str, Metric]) -> None:
     assert len(table) >= 13
     outcomes = frozenset({"granted", "capacity", "quota", "start_timeout"})
     assert table["sandpool_leases_total"].labels == {"outcome": outcomes}
-    assert table["sandpool_requests_total"].labels == {"service": None, "operation": None, "status": None}
+    assert set(table["sandpool_requests_total"].labels) == {"service", "operation", "status"}
     assert table["sandpool_sandbox_start_seconds"].type == "histogram"
     for metric in table.values():
         assert metric.type in ("counter", "gauge", "histogram"), metric
         assert metric.labels, f"{metric.name}: no labels parsed"
         assert not metric.type == "counter" or metric.name.endswith("_total"), metric.name
+
+
+def test_the_table_is_what_the_api_and_the_controller_register(table: dict[str, Metric]) -> None:
+    code = registered()
+    assert sorted(code.keys() - table.keys()) == [], "registered but not documented"
+    assert sorted(table.keys() - code.keys()) == [], "documented but registered by neither process"
+    for name, (kind, labels) in code.items():
+        assert table[name].type == kind, (name, table[name].type, kind)
+        assert set(table[name].labels) == labels, (name, sorted(table[name].labels), sorted(labels))
+
+
+def test_the_service_label_names_the_two_processes(table: dict[str, Metric]) -> None:
+    assert services() == {"api", "controller"}
+    for metric in table.values():
+        if "service" in metric.labels:
+            assert metric.labels["service"] == services(), (metric.name, metric.labels["service"])
 
 
 def test_the_checker_catches_what_it_should(table: dict[str, Metric]) -> None:
@@ -163,6 +213,11 @@ def test_the_checker_catches_what_it_should(table: dict[str, Metric]) -> None:
         "sandpool_leases_total{outcome} has no value 'nope'"]
     assert problems_in("sum by (workspace) (sandpool_leases_total)", table)
     assert problems_in("sandpool_leases_total_bucket", table)  # a counter has no buckets
+    assert problems_in('sandpool_redis_errors_total{service="api"}', table) == []
+    assert problems_in('sandpool_requests_total{service="proxy"}', table) == [
+        "sandpool_requests_total{service} has no value 'proxy'"]
+    assert problems_in('sandpool_redis_errors_total{service=~"scheduler|controller"}', table) == [
+        "sandpool_redis_errors_total{service} has no value 'scheduler'"]
     assert problems_in('histogram_quantile(0.5, sum by (le) (rate(sandpool_sandbox_start_seconds_bucket[5m])))',
                        table) == []
 
