@@ -1,4 +1,5 @@
-"""The proxy refuses to start on configuration that would leave it open or ambiguous."""
+"""The api refuses to start on configuration that would leave it open or ambiguous: one explicit mode (trusted
+keys, or --no-auth), asymmetric algorithms only, trusted keys that are public keys."""
 
 from __future__ import annotations
 
@@ -9,40 +10,53 @@ from typing import Any
 
 import pytest
 
-from sandpool.core.settings import ConfigurationError
-from sandpool.edge.app import create_app
-from sandpool.edge.settings import ProxySettings
+from sandpool.api.app import create_app
+from sandpool.api.settings import ApiSettings
+from sandpool.cli import build_parser
+from sandpool.core.settings import ConfigurationError, settings_from_args
+from sandpool.edge.settings import EdgeSettings
 
 from .conftest import Keys
 
 
-def settings(keys: Keys, **overrides: Any) -> ProxySettings:
-    values: dict[str, Any] = {"auth_public_keys": [str(keys.public)], "internal_token": "x"}
+def settings(keys: Keys, **overrides: Any) -> ApiSettings:
+    values: dict[str, Any] = {"auth_public_keys": [str(keys.public)]}
     values.update(overrides)
-    return ProxySettings(**values)
+    return ApiSettings(**values)
 
 
 @pytest.mark.parametrize("algorithms", [["HS256"], ["EdDSA", "none"], ["HS512"], ["RS512"], []])
 def test_symmetric_none_and_unknown_algorithms_are_refused(keys: Keys, algorithms: list[str]) -> None:
     with pytest.raises(ValueError, match="auth_algorithms"):
         settings(keys, auth_algorithms=algorithms)
+    with pytest.raises(ValueError, match="auth_algorithms"):
+        EdgeSettings(auth_algorithms=algorithms)
 
 
-def test_no_trusted_key_refuses_to_start(keys: Keys) -> None:
-    with pytest.raises(ConfigurationError, match="no trusted key"):
-        create_app(settings(keys, auth_public_keys=[]))
+def test_asymmetric_algorithms_are_accepted(keys: Keys) -> None:
+    assert settings(keys, auth_algorithms=["EdDSA", "RS256", "ES256"]).auth_algorithms == ["EdDSA", "RS256", "ES256"]
+    assert EdgeSettings().auth_algorithms == ["EdDSA"]
 
 
-def test_no_internal_credential_refuses_to_start(keys: Keys, tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="SANDPOOL_INTERNAL_TOKEN"):
-        create_app(settings(keys, internal_token=None))
-    empty = tmp_path / "empty"
-    empty.write_text("\n")
-    with pytest.raises(ConfigurationError, match="empty"):
-        create_app(settings(keys, internal_token=None, internal_token_file=empty))
-    good = tmp_path / "token"
-    good.write_text("from-a-file\n")
-    assert settings(keys, internal_token=None, internal_token_file=good).resolved_internal_token() == "from-a-file"
+def test_no_mode_or_both_modes_refuse_to_start(keys: Keys, tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="no mode"):
+        create_app(ApiSettings())
+    with pytest.raises(ConfigurationError, match="exclude each other"):
+        create_app(settings(keys, no_auth=True))
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text('{"keys": []}')
+    with pytest.raises(ConfigurationError, match="exclude each other"):
+        create_app(ApiSettings(auth_jwks=str(jwks), no_auth=True))
+    assert settings(keys).has_trusted_keys and not ApiSettings(no_auth=True).has_trusted_keys
+    create_app(ApiSettings(no_auth=True))  # standalone: builds (nothing connects before its lifespan)
+    create_app(settings(keys))
+
+
+def test_tls_certificate_and_key_go_together(keys: Keys, tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="--tls-cert and --tls-key"):
+        create_app(settings(keys, tls_cert=tmp_path / "tls.crt"))
+    with pytest.raises(ConfigurationError, match="--tls-cert and --tls-key"):
+        create_app(settings(keys, tls_key=tmp_path / "tls.key"))
 
 
 def test_private_key_or_garbage_as_trusted_key_is_refused(keys: Keys, tmp_path: Path) -> None:
@@ -56,21 +70,31 @@ def test_private_key_or_garbage_as_trusted_key_is_refused(keys: Keys, tmp_path: 
         create_app(settings(keys, auth_public_keys=[str(tmp_path / "missing.pem")]))
 
 
-def test_scheduler_url_scheme_is_checked(keys: Keys) -> None:
-    with pytest.raises(ValueError, match="scheduler_url"):
-        settings(keys, scheduler_url="ftp://x")
-    assert settings(keys, scheduler_url="unix:///run/s.sock").scheduler_url == "unix:///run/s.sock"
+def test_the_retired_topology_settings_are_gone() -> None:
+    """No internal credential and no upstream URL: the edge hands the session layer its caller in process."""
+    for name in ("scheduler_url", "internal_token", "internal_token_file", "standalone", "controller",
+                 "reap_interval_seconds", "provider", "data_dir"):
+        assert name not in ApiSettings.model_fields, name
 
 
-def test_command_refuses_without_key_and_accepts_repeatable_key_flag(keys: Keys, tmp_path: Path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "SANDPOOL_INTERNAL_TOKEN": "x"}
-    refused = subprocess.run([sys.executable, "-m", "sandpool", "proxy"], capture_output=True, text=True,
-                             timeout=60, env=env)
-    assert refused.returncode == 2 and "no trusted key" in refused.stderr
-    hs = subprocess.run([sys.executable, "-m", "sandpool", "proxy", "--auth-public-key", str(keys.public),
-                         "--auth-algorithms", "EdDSA,HS256"], capture_output=True, text=True, timeout=60, env=env)
+def test_the_key_flag_is_repeatable(keys: Keys, other_keys: Keys) -> None:
+    args = build_parser("api").parse_args(["api", "--auth-public-key", str(keys.public),
+                                           "--auth-public-key", str(other_keys.public)])
+    parsed = settings_from_args(ApiSettings, args)
+    assert parsed.auth_public_keys == [str(keys.public), str(other_keys.public)] and not parsed.no_auth
+
+
+def test_command_refuses_without_a_mode_or_with_a_symmetric_algorithm(keys: Keys) -> None:
+    env = {"PATH": "/usr/bin:/bin"}
+
+    def api(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sandpool", "api", *args], capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    refused = api()
+    assert refused.returncode == 2 and "no mode" in refused.stderr and "--no-auth" in refused.stderr
+    assert "--auth-public-key" in refused.stderr
+    both = api("--no-auth", "--auth-public-key", str(keys.public))
+    assert both.returncode == 2 and "exclude each other" in both.stderr
+    hs = api("--auth-public-key", str(keys.public), "--auth-algorithms", "EdDSA,HS256")
     assert hs.returncode == 2 and "HS256" in hs.stderr and "--auth-algorithms" in hs.stderr
-    no_token = subprocess.run([sys.executable, "-m", "sandpool", "proxy", "--auth-public-key", str(keys.public),
-                               "--auth-public-key", str(keys.public)], capture_output=True, text=True, timeout=60,
-                              env={"PATH": "/usr/bin:/bin"})
-    assert no_token.returncode == 2 and "SANDPOOL_INTERNAL_TOKEN" in no_token.stderr
