@@ -158,3 +158,12 @@ def destroy_sandboxes(path: Path) -> None:
 
     asyncio.run(destroy_all())
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A local provider's directory for a test that runs one itself; every sandbox left in it is
+    destroyed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="sps", dir="/tmp"))
+    yield path
+    destroy_sandboxes(path)

@@ -1,4 +1,4 @@
-"""Several `sandpool scheduler` processes on one Redis: no double lease, nothing lost to a crash."""
+"""Several `sandpool api` processes on one Redis: no double lease, nothing lost to a crash."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sched_harness import SchedulerProcess, publish
+from sessions_harness import ApiProcess, publish
 from testkit import scrubbed_env, wait_for
 
 from sandpool.contract import tenancy
@@ -16,11 +16,10 @@ from sandpool.contract import tenancy
 
 @pytest.fixture
 def replicas(redis_url, redis_prefix):
-    started: list[SchedulerProcess] = []
+    started: list[ApiProcess] = []
 
-    def make(count: int, *extra: str) -> list[SchedulerProcess]:
-        fresh = [SchedulerProcess(redis_url, redis_prefix, "--reap-interval-seconds", "0.2", *extra)
-                 for _ in range(count)]
+    def make(count: int, *extra: str) -> list[ApiProcess]:
+        fresh = [ApiProcess(redis_url, redis_prefix, *extra) for _ in range(count)]
         started.extend(fresh)
         for proc in fresh:
             proc.wait_ready()
@@ -35,7 +34,7 @@ def code(source: str) -> dict[str, object]:
     return {"tool": "code_execution", "input": {"code": source}}
 
 
-def test_two_schedulers_never_lease_one_sandbox_twice(replicas, r, keys) -> None:
+def test_two_apis_never_lease_one_sandbox_twice(replicas, r, keys) -> None:
     a, b = replicas(2)
     published = {publish(r, keys) for _ in range(12)}
     urls = [a.url, b.url] * 20
@@ -72,11 +71,11 @@ def test_log_lines_carry_the_request_id(replicas, r, keys) -> None:
         return [line for line in lines if line.get("msg") == "session created"]
 
     (line,) = wait_for(logged, timeout=10, what="the log line")
-    assert line["request_id"] == "rid-log-check" and line["service"] == "scheduler"
+    assert line["request_id"] == "rid-log-check" and line["service"] == "api"
     assert line["session"] == resp.json()["session_id"]
 
 
-def test_killing_a_scheduler_mid_load_loses_no_session(replicas, agents, r, keys) -> None:
+def test_killing_an_api_mid_load_loses_no_session(replicas, agents, r, keys) -> None:
     a, b = replicas(2)
     live = agents.start(2)
     for agent in live:
@@ -124,17 +123,20 @@ def test_killing_a_scheduler_mid_load_loses_no_session(replicas, agents, r, keys
         assert httpx.delete(f"{b.url}/sessions/{sid}", timeout=10).status_code == 204
 
 
-@pytest.mark.parametrize(("flags", "env", "message"), [
-    ([], {}, "no mode"),
-    (["--standalone"], {"SANDPOOL_INTERNAL_TOKEN": "x" * 32}, "exclude each other"),
-    (["--max-sandboxes", "1", "--pool-size", "5", "--standalone"], {}, "pool_size"),
+@pytest.mark.parametrize(("flags", "message"), [
+    ([], "no mode"),
+    (["--no-auth", "--auth-public-key", "{key}"], "exclude each other"),
+    (["--max-sandboxes", "1", "--pool-size", "5", "--no-auth"], "pool_size"),
 ])
-def test_the_command_refuses_an_unclear_mode(redis_url, flags, env, message) -> None:
+def test_the_command_refuses_an_unclear_mode(redis_url, tmp_path, flags, message) -> None:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "sandpool", "scheduler", "--redis-url", redis_url, *flags],
-                          env=scrubbed_env(**env), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
+    from sandpool.edge.keys_cli import generate_keypair
+
+    _, public = generate_keypair(tmp_path / "key.pem")
+    argv = [flag.format(key=public) for flag in flags]
+    proc = subprocess.run([sys.executable, "-m", "sandpool", "api", "--port", "0", "--redis-url", redis_url, *argv],
+                          env=scrubbed_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
-    assert "x" * 32 not in proc.stderr

@@ -1,6 +1,6 @@
 """Bursts past the warm pool: callers below the ceiling wait for a sandbox started for them, 503 means full.
 
-Real Redis, the real scheduler with its pool controller, real local sandboxes.
+Real Redis, the real api beside the real controller (sharing only Redis), real local sandboxes.
 """
 
 from __future__ import annotations
@@ -15,21 +15,27 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sched_harness import ServedApp, tenant_headers
+from sessions_harness import ServedApp
 from testkit import descendants, wait_for
 
 PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
 
 
 
+POOL_SETTINGS = ("pool_size", "max_warm", "max_sandboxes", "image", "pools_file")
+"""The settings both processes read (the api to lease within the ceiling, the controller to keep it warm)."""
+
+
 @pytest.fixture
-def pool(data_dir: Path, scheduler: Callable[..., ServedApp]) -> Callable[..., ServedApp]:
-    """A standalone scheduler with its controller and local sandboxes, warm before it is returned."""
+def pool(api: Callable[..., ServedApp], controller: Callable[..., ServedApp]) -> Callable[..., ServedApp]:
+    """A standalone api beside a controller with local sandboxes, both ready before the api is returned."""
 
     def make(**settings: object) -> ServedApp:
-        values = {"controller": True, "data_dir": data_dir, "capacity_wait_seconds": 30, **settings}
-        app = scheduler(**values)
-        wait_for(lambda: httpx.get(app.url + "/readyz").status_code == 200, timeout=30, what="ready")
+        pools = {name: value for name, value in settings.items() if name in POOL_SETTINGS}
+        ctl = controller(**pools)
+        app = api(**{"capacity_wait_seconds": 30, **settings})
+        wait_for(lambda: httpx.get(ctl.url + "/readyz").status_code == 200, timeout=30, what="controller ready")
+        wait_for(lambda: httpx.get(app.url + "/readyz").status_code == 200, timeout=30, what="api ready")
         return app
 
     return make
@@ -169,22 +175,15 @@ def test_a_wait_past_the_ceiling_that_no_release_ends_is_503_at_capacity_soon(po
     assert r.hgetall(keys.usage_total("_standalone"))["capacity_refusals"] == "1"
 
 
-def test_a_provider_that_cannot_start_gives_start_timeout_after_the_wait(redis_url, redis_prefix, r, keys,
-                                                                         data_dir) -> None:
+def test_a_provider_that_cannot_start_gives_start_timeout_after_the_wait(api, controller, r, keys) -> None:
     from sandpool.providers.local.provider import LocalProvider
     from sandpool.providers.local.settings import LocalProviderSettings
-    from sandpool.sessions.app import create_app
-    from sandpool.sessions.settings import SchedulerSettings
 
-    broken = LocalProvider(LocalProviderSettings(data_dir=data_dir, launcher="subprocess",
+    broken = LocalProvider(LocalProviderSettings(data_dir=controller.data_dir, launcher="subprocess",
                                                  agent_python="/nonexistent/python"))
-    settings = SchedulerSettings(standalone=True, redis_url=redis_url, redis_prefix=redis_prefix, pool_size=0,
-                                 max_sandboxes=4, capacity_wait_seconds=2)
-    app = ServedApp(create_app(settings, provider=broken)).start()
-    try:
-        answer = httpx.post(app.url + "/sessions", json={}, timeout=30)
-    finally:
-        app.stop()
+    controller(provider=broken, pool_size=0, max_sandboxes=4)
+    app = api(pool_size=0, max_sandboxes=4, capacity_wait_seconds=2)
+    answer = httpx.post(app.url + "/sessions", json={}, timeout=30)
     assert answer.status_code == 503 and answer.json()["reason"] == "start_timeout", answer.text
     assert no_waiters_left(r, keys)
     assert r.get(keys.pool_last_error("default")), "the provider's last error is kept for the log"
@@ -193,7 +192,7 @@ def test_a_provider_that_cannot_start_gives_start_timeout_after_the_wait(redis_u
 
 
 def zygotes() -> set[int]:
-    """The zygotes this test process runs (one per scheduler app; forked agents are not its children)."""
+    """The zygotes this test process runs (one per controller app; forked agents are not its children)."""
     found = set()
     for pid in descendants(os.getpid()):
         try:
@@ -209,7 +208,7 @@ def test_a_waiter_that_disconnects_leaks_nothing_and_its_sandbox_goes_to_the_poo
     others = zygotes()  # of apps other fixtures of this run still serve
     app = pool(pool_size=0, max_sandboxes=3)
     # The caller must leave before its sandbox is ready, however fast sandboxes start on this machine:
-    # the zygote that starts them is stopped until the scheduler has seen the caller go.
+    # the zygote that starts them is stopped until the api has seen the caller go.
     [zygote] = zygotes() - others
     host, port = app.url.removeprefix("http://").rsplit(":", 1)
     os.kill(zygote, signal.SIGSTOP)
@@ -231,10 +230,11 @@ def test_a_waiter_that_disconnects_leaks_nothing_and_its_sandbox_goes_to_the_poo
     assert "sessions_created" not in r.hgetall(keys.usage_total("_standalone"))
 
 
-def test_one_workspaces_burst_does_not_starve_another_asking_for_one(data_dir, tenant_scheduler, r, keys) -> None:
-    app = tenant_scheduler(controller=True, data_dir=data_dir, capacity_wait_seconds=60, pool_size=0,
-                           max_sandboxes=32)
-    wait_for(lambda: httpx.get(app.url + "/readyz").status_code == 200, timeout=30, what="ready")
+def test_one_workspaces_burst_does_not_starve_another_asking_for_one(tenant_api, controller, r, keys) -> None:
+    ctl = controller(pool_size=0, max_sandboxes=32)
+    app = tenant_api(capacity_wait_seconds=60, pool_size=0, max_sandboxes=32)
+    wait_for(lambda: httpx.get(ctl.url + "/readyz").status_code == 200, timeout=30, what="controller ready")
+    bursty, quiet = app.headers("bursty", max_concurrent=20), app.headers("quiet")
 
     def created() -> list[str]:
         return [e["workspace"] for _, e in r.xrange(keys.usage_events) if e["type"] == "session_created"]
@@ -246,11 +246,11 @@ def test_one_workspaces_burst_does_not_starve_another_asking_for_one(data_dir, t
             await asyncio.sleep(0.01)
 
     async def scenario() -> tuple[list[httpx.Response], httpx.Response, int]:
-        bursting = asyncio.ensure_future(burst(app.url, 50, headers=tenant_headers("bursty", max_concurrent=20)))
+        bursting = asyncio.ensure_future(burst(app.url, 50, headers=bursty))
         # The burst's 20 admitted callers are waiting or served (30 are refused by its own quota),
         await until(lambda: r.scard(keys.pool_waiters("default")) + len(created()) >= 20, "the burst queued")
         async with httpx.AsyncClient(base_url=app.url, timeout=60) as client:
-            lone = asyncio.ensure_future(client.post("/sessions", json={}, headers=tenant_headers("quiet")))
+            lone = asyncio.ensure_future(client.post("/sessions", json={}, headers=quiet))
             # ... then the lone caller queues behind them: how many of them were served by then?
             await until(lambda: bool(r.exists(keys.pool_wait_queue("default", "quiet"))) or "quiet" in created(),
                         "the lone caller queued")

@@ -272,7 +272,8 @@ def test_inbound_tenancy_headers_change_neither_the_workspace_nor_its_limits(ten
     assert not r.exists(keys.workspace_sessions("victim")) and not r.exists(keys.usage_total("victim"))
 
 
-@pytest.mark.parametrize(("mode", "message"), [({}, "no mode"), ({"no_auth": True, "trusted": True}, "exclude each other")])
+@pytest.mark.parametrize(("mode", "message"), [({}, "no mode"),
+                                               ({"no_auth": True, "trusted": True}, "exclude each other")])
 def test_an_api_without_a_clear_mode_refuses_to_start(redis_url, redis_prefix, signing_key, mode, message) -> None:
     from sandpool.api.app import create_app
     from sandpool.api.settings import ApiSettings
