@@ -1,4 +1,4 @@
-"""Chaos under load: kill -9 of an agent, of a scheduler replica (two running), of the proxy, and
+"""Chaos under load: kill -9 of an agent, of the leading controller (two running), of the api, and
 Redis restarted gracefully or crashed, each while client threads are working.
 
 After each: every session a client was given either still works or is cleanly
@@ -30,9 +30,11 @@ from workload import Workload
 from sandpool.state.keys import Keys
 
 POOL = 3
-# Sessions nobody can destroy (their create's answer was lost with a killed process) are reaped quickly.
-CHAOS_ARGS = ["--capacity-wait-seconds", "5", "--exec-grace-seconds", "3", "--default-idle-timeout-seconds", "4",
-               "--reap-interval-seconds", "0.2", "--forward-connect-timeout-seconds", "1"]
+# Sessions nobody can destroy (their create's answer was lost with a killed process) are reaped quickly:
+# the api gives them a short idle timeout, the controller's session reaper runs often.
+CHAOS_API_ARGS = ["--capacity-wait-seconds", "5", "--exec-grace-seconds", "3", "--default-idle-timeout-seconds", "4",
+                  "--forward-connect-timeout-seconds", "1"]
+CHAOS_CONTROLLER_ARGS = ["--reap-interval-seconds", "0.2"]
 SHORT, LONG_RUN = (45, 1), (400, 4)  # (sessions, faults)
 # Under a fault a create may also end its capacity wait with `start_timeout` (the leader died
 # with its sandboxes and the next one is still taking over): a correct answer, retried, never a
@@ -44,7 +46,7 @@ RUNS = [pytest.param(SHORT, id="short", marks=pytest.mark.timeout(300)),
 
 
 def standalone_workload(stack: Stack, sessions: int, urls: list[str] | None = None, **kw: object) -> Workload:
-    return Workload(urls or [s.url for s in stack.schedulers], Keys(stack.prefix), stack.rdb,
+    return Workload(urls or [s.url for s in stack.apis], Keys(stack.prefix), stack.rdb,
                     threads=3, sessions=sessions, calls_per_session=2, allowed_5xx=CHAOS_5XX, **kw)  # type: ignore[arg-type]  # kw: more of Workload's own arguments
 
 
@@ -66,7 +68,8 @@ def settle_and_check(stack: Stack, workspace: str, workload: Workload, clients: 
 @pytest.mark.parametrize("run", RUNS)
 def test_kill_9_of_agents_under_load(stacks: list[Stack], run: tuple[int, int]) -> None:
     sessions, faults = run
-    stack = build_stack(pool_size=POOL, max_sandboxes=POOL * 3, scheduler_args=CHAOS_ARGS)
+    stack = build_stack(pool_size=POOL, max_sandboxes=POOL * 3, api_args=CHAOS_API_ARGS,
+                        controller_args=CHAOS_CONTROLLER_ARGS)
     stacks.append(stack)
     workload = standalone_workload(stack, sessions).start()
     killed = []
@@ -84,23 +87,21 @@ def test_kill_9_of_agents_under_load(stacks: list[Stack], run: tuple[int, int]) 
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_kill_9_of_a_scheduler_replica_with_two_running(stacks: list[Stack], run: tuple[int, int]) -> None:
-    """The leading replica dies with its pool controller and (local provider) every sandbox it made."""
+def test_kill_9_of_the_leading_controller_with_two_running(stacks: list[Stack], run: tuple[int, int]) -> None:
+    """The leading controller dies with (local provider) every sandbox it made; the standby takes over,
+    the two apis (clients round-robin over them) carry on."""
     sessions, faults = run
-    stack = build_stack(pool_size=POOL, max_sandboxes=POOL * 3, replicas=2, scheduler_args=CHAOS_ARGS)
+    stack = build_stack(pool_size=POOL, max_sandboxes=POOL * 3, replicas=2, apis=2, api_args=CHAOS_API_ARGS,
+                        controller_args=CHAOS_CONTROLLER_ARGS)
     stacks.append(stack)
-    workload = standalone_workload(stack, sessions)
-    workload.urls = [s.url for s in stack.schedulers]
-    workload.start()
+    workload = standalone_workload(stack, sessions).start()
     for fault in range(faults):
         wait_progress(workload, (fault + 1) * sessions // (faults + 2))
         victim = leader_service(stack)
         victim.kill9()
         if fault + 1 < faults:  # a replacement replica on the dead one's port, for the next fault
-            stack.schedulers.remove(victim)
-            stack.schedulers.append(type(victim)(victim.name, victim.argv, stack.root, port=victim.port).start())
-            stack.schedulers[-1].wait_ready()
-    clients = [httpx.Client(base_url=s.url, timeout=30) for s in stack.schedulers if s.running()]
+            stack.replace(victim)
+    clients = [httpx.Client(base_url=s.url, timeout=30) for s in stack.apis]
     try:
         record = workload.join()
         assert record.bad == [], record.bad[:10]
@@ -115,22 +116,25 @@ def test_kill_9_of_a_scheduler_replica_with_two_running(stacks: list[Stack], run
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_kill_9_of_the_proxy_loses_no_session(stacks: list[Stack], run: tuple[int, int]) -> None:
+def test_kill_9_of_the_api_loses_no_session(stacks: list[Stack], run: tuple[int, int]) -> None:
+    """Multi-tenant: the api holds no session (they live in Redis and the sandboxes, which the
+    controller keeps): kill -9 of it mid-call loses none, and one started again carries on."""
     sessions, faults = run
-    stack = build_stack(proxy=True, pool_size=POOL, max_sandboxes=POOL * 3, scheduler_args=CHAOS_ARGS)
+    stack = build_stack(auth=True, pool_size=POOL, max_sandboxes=POOL * 3, api_args=CHAOS_API_ARGS,
+                        controller_args=CHAOS_CONTROLLER_ARGS)
     stacks.append(stack)
     token = stack.token("chaos", ttl_seconds=3600)
-    workload = Workload([stack.proxy.url], Keys(stack.prefix), stack.rdb,  # type: ignore[union-attr]  # this stack has a proxy
+    workload = Workload([stack.api.url], Keys(stack.prefix), stack.rdb,
                         headers={"Authorization": f"Bearer {token}"}, threads=3, sessions=sessions,
                         calls_per_session=2, allowed_5xx=CHAOS_5XX).start()
     for fault in range(faults):
         wait_progress(workload, (fault + 1) * sessions // (faults + 2))
-        stack.proxy.kill9()  # type: ignore[union-attr]  # this stack has a proxy
-        stack.add_proxy()    # same port, same key: it keeps nothing, so it carries on
-    with httpx.Client(base_url=stack.proxy.url, headers={"Authorization": f"Bearer {token}"},  # type: ignore[union-attr]  # this stack has a proxy
+        stack.api.kill9()
+        stack.replace(stack.api)  # same port, same key: it keeps nothing, so it carries on
+    with httpx.Client(base_url=stack.api.url, headers={"Authorization": f"Bearer {token}"},
                       timeout=30) as client:
         outcome = settle_and_check(stack, "chaos", workload, [client])
-    # The proxy holds nothing: no session died with it.
+    # The api holds nothing: no session died with it.
     assert outcome.get("gone", 0) == 0 and not workload.record.gone, outcome
 
 
@@ -140,7 +144,8 @@ def test_redis_restarted_gracefully_then_crashed_under_load(stacks: list[Stack],
     switched to `appendfsync always`, a kill -9 loses no write a client was answered for."""
     sessions, faults = run
     stack = build_stack(pool_size=POOL, max_sandboxes=POOL * 3, appendonly=True, appendfsync="everysec",
-                        scheduler_args=[*CHAOS_ARGS, "--redis-timeout-seconds", "2"])
+                        api_args=[*CHAOS_API_ARGS, "--redis-timeout-seconds", "2"],
+                        controller_args=[*CHAOS_CONTROLLER_ARGS, "--redis-timeout-seconds", "2"])
     stacks.append(stack)
     with stack.client() as client:
         keeper = client.post("/sessions", json={"idle_timeout_seconds": 600}).json()["session_id"]  # lives on
@@ -155,7 +160,7 @@ def test_redis_restarted_gracefully_then_crashed_under_load(stacks: list[Stack],
         stack.redis.start()
     with stack.client() as client:
         kept = client.get(f"/sessions/{keeper}/files", params={"path": "k.txt"})
-        assert kept.content == b"kept", (kept.status_code, kept.text, stack.schedulers[0].log_tail())
+        assert kept.content == b"kept", (kept.status_code, kept.text, stack.api.log_tail())
     assert workload.record.gone == set(), "a graceful restart lost a session"
     # 2. Crashes with every write fsynced: what a client was answered for survives.
     with stack.rdb() as r:

@@ -1,7 +1,7 @@
 """Soak: many sessions through the whole stack, then nothing left over and memory back where it was.
 
-Through `sandpool proxy` -> `sandpool scheduler` (pool controller, local
-provider) -> real sandboxes, client threads cycle sessions: create, every tool
+Through `sandpool api` -> real sandboxes kept warm by `sandpool controller`
+(pool controller, local provider), client threads cycle sessions: create, every tool
 kind, upload, download, list, destroy. Afterwards: exactly the warm target of
 sandboxes (in Redis, on disk, as processes), the same Redis key names as after
 the warm-up (sandbox ids aside), no extra descriptor in any service, the RSS of
@@ -39,12 +39,12 @@ FILES_EVERY = 5                # upload + download + list in every 5th session (
 
 
 def services(stack: Stack) -> dict[str, int]:
-    """The long-lived processes: proxy, scheduler, the scheduler's zygote(s), Redis."""
-    scheduler = stack.schedulers[0].pid
-    out = {"proxy": stack.proxy.pid, "scheduler": scheduler, "redis": stack.redis.proc.pid}  # type: ignore[union-attr]  # this stack has a proxy and its own Redis
-    for child in sorted(descendants(scheduler)):
-        if _ppid(child) == scheduler:
-            out[f"scheduler-child-{len(out)}"] = child  # the zygote (its children are the sandboxes)
+    """The long-lived processes: api, controller, the controller's zygote(s), Redis."""
+    controller = stack.controllers[0].pid
+    out = {"api": stack.api.pid, "controller": controller, "redis": stack.redis.proc.pid}  # type: ignore[union-attr]  # the stack's own Redis runs
+    for child in sorted(descendants(controller)):
+        if _ppid(child) == controller:
+            out[f"controller-child-{len(out)}"] = child  # the zygote (its children are the sandboxes)
     return out
 
 
@@ -82,7 +82,7 @@ def snapshot(stack: Stack) -> dict[str, Any]:
         info = r.info("memory")
         stream = r.memory_usage(Keys(stack.prefix).usage_events) or 0
     return {"rss": {n: rss_kib(p) for n, p in procs.items()}, "fds": {n: fd_count(p) for n, p in procs.items()},
-            "procs": len(descendants(stack.schedulers[0].pid)), "keys": key_shape(stack),
+            "procs": len(descendants(stack.controllers[0].pid)), "keys": key_shape(stack),
             "redis_mem": int(info["used_memory"]) - int(stream)}
 
 
@@ -96,7 +96,7 @@ def settle(stack: Stack) -> None:
 
 
 def run(stack: Stack, sessions: int) -> Workload:
-    workload = Workload([stack.proxy.url], Keys(stack.prefix), stack.rdb,  # type: ignore[union-attr]  # this stack has a proxy
+    workload = Workload([stack.api.url], Keys(stack.prefix), stack.rdb,
                         headers={"Authorization": f"Bearer {stack.token('soak', ttl_seconds=86400)}"},
                         threads=THREADS, sessions=sessions, deadline_s=3600, files_every=FILES_EVERY)
     record = workload.start().join(timeout=3600)
@@ -109,8 +109,7 @@ def run(stack: Stack, sessions: int) -> Workload:
 
 @pytest.mark.timeout(14400 if LONG else 600)
 def test_soak_leaves_nothing_behind_and_memory_returns(stacks: list[Stack]) -> None:
-    stack = build_stack(proxy=True, pool_size=POOL, max_sandboxes=POOL * 2,
-                        scheduler_args=["--capacity-wait-seconds", "5"])
+    stack = build_stack(auth=True, pool_size=POOL, max_sandboxes=POOL * 2, api_args=["--capacity-wait-seconds", "5"])
     stacks.append(stack)
     run(stack, WARMUP)  # fill caches, pools and allocator arenas once
     settle(stack)
@@ -120,7 +119,7 @@ def test_soak_leaves_nothing_behind_and_memory_returns(stacks: list[Stack]) -> N
     elapsed = time.monotonic() - started
     settle(stack)
     wait_for(lambda: snapshot(stack)["procs"] == before["procs"], timeout=30,
-             what=f"the scheduler's process tree back to {before['procs']}")
+             what=f"the controller's process tree back to {before['procs']}")
     after = snapshot(stack)
 
     # Nothing left over: sandboxes (Redis, disk, processes), keys, descriptors.
