@@ -63,8 +63,8 @@ def test_a_busy_port(data_dir: Path, auth: bool) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         line = the_line(up(data_dir, *([] if auth else ["--no-auth"]), port=port))
-    who = "proxy" if auth else "scheduler"
-    assert line == f"sandpool up: the {who} could not start: port {port} is in use (choose another with --port)"
+    # The api binds the public port, with auth or without.
+    assert line == f"sandpool up: the api could not start: port {port} is in use (choose another with --port)"
     nothing_left_of(data_dir)
 
 
@@ -128,14 +128,14 @@ def test_an_unusable_public_key(data_dir: Path, content: str | None, says: str) 
         line = the_line(up(data_dir / "d", "--auth-public-key", str(key)))
     finally:
         key.unlink(missing_ok=True)
-    assert line == f"sandpool up: the proxy could not start: --auth-public-key {key}: {says}"
+    assert line == f"sandpool up: the api could not start: --auth-public-key {key}: {says}"
 
 
 def test_a_corrupt_dev_key(data_dir: Path) -> None:
     (data_dir / "auth").mkdir(mode=0o700)
     (data_dir / "auth" / "dev-key.pem").write_text("garbage")
     line = the_line(up(data_dir))
-    assert line.startswith(f"sandpool up: the proxy could not start: the dev key {data_dir}/auth/dev-key.pem is "
+    assert line.startswith(f"sandpool up: the api could not start: the dev key {data_dir}/auth/dev-key.pem is "
                            "unreadable: not a PEM private key"), line
 
 
@@ -153,7 +153,7 @@ def test_a_bad_pools_file(data_dir: Path, text: str | None, says: str) -> None:
         line = the_line(up(data_dir / "d", "--pools-file", str(pools)))
     finally:
         pools.unlink(missing_ok=True)
-    assert line.startswith("sandpool up: the scheduler could not start: ") and says in line, line
+    assert line.startswith("sandpool up: the controller could not start: ") and says in line, line
     assert not (data_dir / "d").exists()
 
 
@@ -163,7 +163,7 @@ def test_isolation_required_on_a_host_that_forbids_namespaces(data_dir: Path) ->
     # profile does: to this process and its children, the host offers no namespaces.
     forbid = "from sandpool.agent import seccomp; assert seccomp.install_filter()"
     line = the_line(up(data_dir, "--isolation-required", prelude=forbid))
-    assert line.startswith("sandpool up: the scheduler could not start: isolation is required but this host "
+    assert line.startswith("sandpool up: the controller could not start: isolation is required but this host "
                            "lacks namespaces (cannot unshare namespaces"), line
     assert line.endswith("(run as root on a host that offers them, or drop --isolation-required)")
     nothing_left_of(data_dir)
@@ -171,22 +171,27 @@ def test_isolation_required_on_a_host_that_forbids_namespaces(data_dir: Path) ->
 
 def test_isolation_required_with_plain_subprocesses(data_dir: Path) -> None:
     line = the_line(up(data_dir, "--isolation-required", "--launcher", "subprocess"))
-    assert line == ("sandpool up: the scheduler could not start: isolation is required but --launcher subprocess "
+    assert line == ("sandpool up: the controller could not start: isolation is required but --launcher subprocess "
                     "starts plain processes (use --launcher zygote or auto)")
 
 
 def test_a_child_that_fails_later_is_named_with_its_reason(data_dir: Path) -> None:
-    """Past the checks: the scheduler's provider refuses to start; up's last line says which and why."""
+    """Past the checks: the controller's provider refuses to start; up's last line says which and why."""
     result = up(data_dir, "--no-auth", "--launcher", "zygote", "--agent-python", "/nonexistent/python")
     assert result.returncode == 2 and result.stdout == ""
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("sandpool up: the scheduler could not start: local provider: the zygote did not "
+    assert last.startswith("sandpool up: the controller could not start: local provider: the zygote did not "
                            "start"), result.stderr[-3000:]
     nothing_left_of(data_dir)
 
 
-def test_flags_are_checked_before_the_data_dir_is_made(data_dir: Path) -> None:
-    line = the_line(up(data_dir / "never", "--max-exec-timeout-seconds", "0"))
-    assert line.startswith("sandpool up: the scheduler could not start: invalid configuration: "
-                           "--max-exec-timeout-seconds / SANDPOOL_MAX_EXEC_TIMEOUT_SECONDS: "), line
+@pytest.mark.parametrize(("flag", "value", "who"), [
+    ("--max-exec-timeout-seconds", "0", "api"),  # a session setting: the api's
+    ("--memory-mb", "-5", "controller"),  # a sandbox setting: the controller's (its provider's)
+])
+def test_flags_are_checked_before_the_data_dir_is_made(data_dir: Path, flag: str, value: str, who: str) -> None:
+    line = the_line(up(data_dir / "never", flag, value))
+    variable = "SANDPOOL_" + flag[2:].upper().replace("-", "_")
+    assert line.startswith(f"sandpool up: the {who} could not start: invalid configuration: {flag} / {variable}: "), \
+        line
     assert not (data_dir / "never").exists()
