@@ -8,7 +8,7 @@ addresses the address policy must refuse. Loopback is admitted only through
 the test-only setting, and the tests of loopback refusal turn it off.
 
 Sessions are real: a sandbox record published with its egress credential's
-digest and leased with the scheduler's own scripts, which bind the credential to
+digest and leased with the session layer's own scripts, which bind the credential to
 the session and its allow-list (and the release unbinds it).
 """
 
@@ -116,7 +116,7 @@ class Egress:
         return f"http://{user}:{credential}@{self.address}"
 
     async def bind_session(self, allow: list[str], *, workspace: str = WORKSPACE) -> Bound:
-        """A live session with a fresh egress credential bound to it, as the scheduler leases it: the sandbox
+        """A live session with a fresh egress credential bound to it, as the api leases it: the sandbox
         published with the credential's digest, the lease binding it to the session and `allow`."""
         now = time.time()
         sandbox, session = f"sb-{uuid.uuid4().hex[:10]}", f"se-{uuid.uuid4().hex[:10]}"

@@ -1,6 +1,6 @@
 """The lease binds a sandbox's egress credential to its session, the release unbinds it: inside their own scripts.
 
-Real Redis, the scheduler's own stores: a sandbox published with its
+Real Redis, the session layer's own stores: a sandbox published with its
 credential's digest, leased directly or through the waiters' queue (the claim),
 released by each path there is (destroy, reap, an admin, a dead sandbox).
 """
