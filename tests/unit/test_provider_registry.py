@@ -1,7 +1,7 @@
-"""A new provider is one registry entry: the scheduler, its flags and the pools file find it there.
+"""A new provider is one registry entry: the controller, its flags and the pools file find it there.
 
 The dummy provider below is declared only in this file and registered for one test;
-nothing else in the code base is touched, and it reaches `--provider`, the scheduler's
+nothing else in the code base is touched, and it reaches `--provider`, the controller's
 flags, `build_provider` and the pools file (its options typed, validated with the file).
 """
 
@@ -14,10 +14,10 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandpool.cli import build_parser
-from sandpool.core.settings import ConfigurationError, ServiceSettings, settings_from_args
+from sandpool.controller.settings import ControllerSettings
 from sandpool.controller.templates import parse_pools, pool_model, pools_file_model
+from sandpool.core.settings import ConfigurationError, ServiceSettings, settings_from_args
 from sandpool.providers import build_provider, registry
-from sandpool.sessions.settings import SchedulerSettings
 
 
 class DummySettings(ServiceSettings):
@@ -54,17 +54,17 @@ def dummy(monkeypatch: pytest.MonkeyPatch) -> Iterator[registry.ProviderKind]:
 
 
 def test_a_registered_provider_is_chosen_configured_and_built(dummy: registry.ProviderKind) -> None:
-    assert SchedulerSettings(provider="dummy").provider == "dummy"
+    assert ControllerSettings(provider="dummy").provider == "dummy"
     built: Any = build_provider("dummy", None, dummy_depth=3)
     assert isinstance(built, DummyProvider) and built.settings.dummy_depth == 3
     with pytest.raises(ConfigurationError, match="--dummy-depth / SANDPOOL_DUMMY_DEPTH: Input should be greater"):
         build_provider("dummy", None, dummy_depth=0)
 
 
-def test_its_flags_join_the_schedulers(dummy: registry.ProviderKind) -> None:
-    scheduler = build_parser("scheduler")
-    args = scheduler.parse_args(["scheduler", "--provider", "dummy", "--dummy-depth", "4"])
-    assert settings_from_args(SchedulerSettings, args).provider == "dummy"
+def test_its_flags_join_the_controllers(dummy: registry.ProviderKind) -> None:
+    controller = build_parser("controller")
+    args = controller.parse_args(["controller", "--provider", "dummy", "--dummy-depth", "4"])
+    assert settings_from_args(ControllerSettings, args).provider == "dummy"
     assert settings_from_args(DummySettings, args).dummy_depth == 4
 
 
@@ -77,7 +77,7 @@ def test_its_pool_options_are_read_and_checked_with_the_pools_file(dummy: regist
 
 def test_an_unregistered_provider_is_refused_by_name() -> None:
     with pytest.raises(ValidationError, match="unknown provider 'dummy' \\(expected one of local, kubernetes\\)"):
-        SchedulerSettings(provider="dummy")
+        ControllerSettings(provider="dummy")
     with pytest.raises(ConfigurationError, match="unknown provider 'dummy'"):
         build_provider("dummy")
     with pytest.raises(ConfigurationError, match=r"pools\[0\]\.flavour: Extra inputs are not permitted"):
