@@ -1,6 +1,6 @@
 """Cross-tenant probes through the deployed stack: workspace B against workspace A's session.
 
-Beyond tests/edge/test_e2e_scheduler.py (every session operation is a 404 to
+Beyond tests/edge/test_e2e.py (every session operation is a 404 to
 another workspace): the answers are byte-identical to an unknown id's, injected
 `X-Sandpool-*` headers do not help, the admin API does not open A's usage,
 sessions or policy to B, and A's usage is not moved by any of B's probes.

@@ -1,12 +1,12 @@
-"""Escape probes from inside a sandbox of the deployed stack (proxy -> scheduler -> local provider).
+"""Escape probes from inside a sandbox of the deployed stack (api; controller -> local provider).
 
 tests/isolation probes the launcher's layers one by one with its own harness;
-these run hostile code in a session leased through the proxy, aimed at the
-concrete pieces of a running installation: the scheduler's and the proxy's
-ports, this stack's Redis and its data, the internal credential and the
-signing key on disk, another live session's agent socket, files and processes,
-shared temp dirs, and the network. Each target is first shown reachable from
-the host (so every probe can fail).
+these run hostile code in a session leased through the api, aimed at the
+concrete pieces of a running installation: the api's and the controller's
+ports and processes, this stack's Redis and its data, the signing key and the
+services' logs on disk, another live session's agent socket, files and
+processes, shared temp dirs, and the network. Each target is first shown
+reachable from the host (so every probe can fail).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sp_harness import INTERNAL_TOKEN, Stack
+from sp_harness import Stack
 
 from sandpool.state.keys import Keys
 
@@ -62,10 +62,11 @@ for name, path in T["files"].items():
     res["read:" + name] = read(path)
 for name, path in T["dirs"].items():
     res["list:" + name] = listing(path)
-try:
-    os.kill(T["scheduler_pid"], 0); res["signal:scheduler"] = "signalled"
-except OSError as e:
-    res["signal:scheduler"] = type(e).__name__
+for name, pid in T["pids"].items():
+    try:
+        os.kill(pid, 0); res["signal:" + name] = "signalled"
+    except OSError as e:
+        res["signal:" + name] = type(e).__name__
 res["environ:1"] = read("/proc/1/environ")
 res["ifaces"] = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
 res["uid"] = os.getuid()
@@ -97,33 +98,34 @@ def test_a_sandbox_reaches_nothing_of_the_installation(stack: Stack) -> None:
         v_sid = victim.post("/sessions", json={}).json()["session_id"]
         run(victim, v_sid, "open('secret.txt', 'w').write('victim-secret')")
         victim_dir = sandbox_of(stack, v_sid)
-        scheduler, proxy = stack.schedulers[0], stack.proxy
-        assert proxy is not None and stack.private_key is not None
+        controller, api = stack.controllers[0], stack.api
+        assert stack.private_key is not None
         targets = {
-            "ports": {"scheduler": scheduler.port, "proxy": proxy.port, "redis": stack.redis.port},
+            "ports": {"controller": controller.port, "api": api.port, "redis": stack.redis.port},
             "other_socket": json.loads((victim_dir / "meta.json").read_text())["socket"],
             "files": {"other_secret": str(victim_dir / "secret"), "other_meta": str(victim_dir / "meta.json"),
                       "other_workspace_file": str(victim_dir / "workspace" / "secret.txt"),
-                      "internal_token": str(stack.token_file), "signing_key": str(stack.private_key),
-                      "redis_log": str(stack.redis.log), "scheduler_log": str(scheduler.log),
-                      "host_shadow": "/etc/shadow", "scheduler_environ": f"/proc/{scheduler.pid}/environ"},
+                      "signing_key": str(stack.private_key), "redis_log": str(stack.redis.log),
+                      "controller_log": str(controller.log), "api_log": str(api.log), "host_shadow": "/etc/shadow",
+                      "controller_environ": f"/proc/{controller.pid}/environ",
+                      "api_environ": f"/proc/{api.pid}/environ"},
             "dirs": {"data_dir": str(stack.root), "sandboxes": str(stack.root / "sandboxes"),
                      "redis_dir": str(stack.redis.dir), "other_workspace": str(victim_dir / "workspace")},
-            "scheduler_pid": scheduler.pid,
+            "pids": {"controller": controller.pid, "api": api.pid},
         }
         # Every target is there and reachable from the host: the probes below can fail.
         for port in targets["ports"].values():
             with socket.create_connection(("127.0.0.1", port), timeout=2):
                 pass
-        assert os.path.exists(targets["other_socket"]) and stack.token_file.read_text() == INTERNAL_TOKEN
+        assert os.path.exists(targets["other_socket"]) and stack.private_key.exists()
         out = run(attacker, a_sid, f"TARGETS = {json.dumps(json.dumps(targets))}\n" + PROBE)
         res = json.loads(out["stdout"])
         assert all(v != "connected" for k, v in res.items() if k.startswith(("tcp:", "unix:"))), res
         leaked = {k: v for k, v in res.items() if k.startswith("read:") and v.startswith("READ:") and v != "READ:"}
         assert leaked == {}, leaked
         assert not any(v.startswith("LISTED:") and v != "LISTED:" for k, v in res.items() if k.startswith("list:")), res
-        assert res["signal:scheduler"] != "signalled", res
-        for secret in (INTERNAL_TOKEN, "SANDPOOL_", stack.redis.url, str(stack.root)):
+        assert res["signal:controller"] != "signalled" and res["signal:api"] != "signalled", res
+        for secret in ("SANDPOOL_", stack.redis.url, str(stack.root)):
             assert secret not in res["environ:1"], res["environ:1"]
         assert res["ifaces"] in ([], ["lo"]), res["ifaces"]
         assert res["uid"] != 0

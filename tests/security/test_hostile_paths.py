@@ -1,4 +1,4 @@
-"""Hostile paths through the whole path (proxy -> scheduler -> a real sandbox's agent), every file operation.
+"""Hostile paths through the whole path (api -> a real sandbox's agent), every file operation.
 
 The agent's own table (tests/agent/test_files.py `HOSTILE`) is read from that
 file and extended here with paths that only make sense in a real sandbox:
@@ -106,8 +106,7 @@ def assert_clean(response: httpx.Response, stack: Stack, path: str) -> None:
 
 @pytest.mark.parametrize(("path", "status"), agent_hostile_table() + SANDBOX_MADE,
                          ids=[repr(p)[:40] for p, _ in agent_hostile_table() + SANDBOX_MADE])
-def test_hostile_path_through_the_proxy_and_scheduler(stack: Stack, pair: tuple[Tenant, Tenant], path: str,
-                                                      status: int) -> None:
+def test_hostile_path_through_the_api(stack: Stack, pair: tuple[Tenant, Tenant], path: str, status: int) -> None:
     attacker, victim = pair
     before = snapshot(stack, victim)
     url = f"/sessions/{attacker.sid}"
