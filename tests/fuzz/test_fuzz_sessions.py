@@ -1,7 +1,8 @@
-"""Property-based fuzzing of a standalone `sandpool scheduler` process with real local sandboxes.
+"""Property-based fuzzing of a standalone `sandpool api --no-auth` process (the session layer) beside a
+`sandpool controller` with real local sandboxes.
 
 Arbitrary CreateSession bodies, session ids, exec bodies, file paths, uploads and
-stray `X-Sandpool-*`/credential headers go through the scheduler to real agents.
+stray `X-Sandpool-*`/credential headers go through the api to real agents.
 For every input: no 500 (the only 5xx allowed is 503 `at_capacity`), no hang,
 every 4xx is `{"detail","reason"}`, no traceback or host path; afterwards no
 session, deadline or workspace key is left in Redis and the pool is back at its
@@ -77,8 +78,8 @@ class Live:
 @pytest.fixture(scope="module")
 def live() -> Iterator[Live]:
     stack = build_stack(pool_size=POOL, max_sandboxes=POOL + 3,
-                        scheduler_args=["--capacity-wait-seconds", "3", "--max-exec-timeout-seconds", "3",
-                                        "--default-exec-timeout-seconds", "2", "--max-body-bytes", "65536"])
+                        api_args=["--capacity-wait-seconds", "3", "--max-exec-timeout-seconds", "3",
+                                  "--default-exec-timeout-seconds", "2", "--max-body-bytes", "65536"])
     state = Live(stack)
     yield state
     state.client.close()
@@ -90,10 +91,10 @@ def forbidden(live: Live) -> tuple[str, ...]:
 
 
 def test_every_documented_operation_is_fuzzed() -> None:
-    from sandpool.sessions.app import create_app
-    from sandpool.sessions.settings import SchedulerSettings
+    from sandpool.api.app import create_app
+    from sandpool.api.settings import ApiSettings
 
-    assert operations_of(create_app(SchedulerSettings(standalone=True, controller=False))) == FUZZED
+    assert operations_of(create_app(ApiSettings(no_auth=True))) == FUZZED
 
 
 create_documents = st.one_of(
@@ -125,7 +126,7 @@ def test_create_session_never_500s(live: Live, body: bytes, ctype: str) -> None:
 
 
 LONE_SURROGATE_BODIES = [
-    # Found by the long fuzz run: the scheduler re-serialises an exec body to fill in its timeout and
+    # Found by the long fuzz run: the session layer re-serialises an exec body to fill in its timeout and
     # json.dumps(...).encode() failed on a lone surrogate (500 and a reset connection); the agent
     # failed the same way echoing a tool_use_id. Now every contract body refuses one with a 422.
     b'{"tool": "text_editor_code_execution", "input": {"command": "view", "path": "notes.txt", '
