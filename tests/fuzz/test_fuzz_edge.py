@@ -1,12 +1,12 @@
-"""Property-based fuzzing of a real `sandpool proxy` in front of a real multi-tenant scheduler.
+"""Property-based fuzzing of the edge of a real multi-tenant `sandpool api` (a controller keeping its pool warm).
 
-Bodies of the admin API come from the proxy's own OpenAPI schemas (valid, one
+Bodies of the admin API come from the api's own OpenAPI schemas (valid, one
 step off, or any JSON); contract bodies from the hand-written strategies; tokens
 are anything from noise to well-signed tokens with hostile claims; inbound
 `X-Sandpool-*` headers are arbitrary. What must hold: no 500 (5xx only as a
-reasoned `at_capacity`), every 4xx is `{"detail","reason"}`, a token the proxy
-did not sign never reaches the scheduler, an injected header never changes the
-tenant, and afterwards no session is left over.
+reasoned `at_capacity`), every 4xx is `{"detail","reason"}`, a token the stack
+did not sign never gets past the edge (a 401 with a cause), an injected header
+never changes the tenant, and afterwards no session is left over.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Edge:
         self.renew()
 
     def _spec(self) -> dict[str, Any]:
-        # The proxy serves its own document: fuzz what the running process says it accepts.
+        # The api serves its own document: fuzz what the running process says it accepts.
         response = self.client.get("/openapi.json")
         assert response.status_code == 200, response.text
         return response.json()
@@ -87,9 +87,9 @@ class Edge:
 
 @pytest.fixture(scope="module")
 def edge() -> Iterator[Edge]:
-    stack = build_stack(proxy=True, pool_size=POOL, max_sandboxes=POOL + 3,
-                        scheduler_args=["--capacity-wait-seconds", "3", "--max-exec-timeout-seconds", "3",
-                                        "--default-exec-timeout-seconds", "2"])
+    stack = build_stack(auth=True, pool_size=POOL, max_sandboxes=POOL + 3,
+                        api_args=["--capacity-wait-seconds", "3", "--max-exec-timeout-seconds", "3",
+                                  "--default-exec-timeout-seconds", "2"])
     state = Edge(stack)
     yield state
     state.client.close()
@@ -98,7 +98,8 @@ def edge() -> Iterator[Edge]:
 
 
 def forbidden(edge: Edge) -> tuple[str, ...]:
-    return (str(edge.stack.root), edge.stack.token_file.read_text())
+    assert edge.stack.private_key is not None
+    return (str(edge.stack.root), edge.stack.private_key.read_text())
 
 
 def test_every_documented_operation_is_fuzzed(edge: Edge) -> None:
@@ -180,7 +181,7 @@ def test_any_bad_credential_is_a_reasoned_401_that_reaches_nobody(edge: Edge, da
     url = template.replace("{session_id}", "nope").replace("{workspace}", TENANT)
     headers = {"Authorization": authorization} if authorization is not None else {}
     try:
-        response = httpx.request(method, edge.stack.proxy.url + url, headers=headers, timeout=30,  # type: ignore[union-attr]  # this stack has a proxy
+        response = httpx.request(method, edge.stack.api.url + url, headers=headers, timeout=30,
                                  json={} if method in ("POST", "PUT") else None)
     except (httpx.LocalProtocolError, UnicodeEncodeError):
         return
@@ -190,7 +191,7 @@ def test_any_bad_credential_is_a_reasoned_401_that_reaches_nobody(edge: Edge, da
     assert response.json().get("cause"), response.text
 
 
-# --- the contract through the proxy -----------------------------------------------------------
+# --- the contract through the edge -------------------------------------------------------------
 
 @given(body=encoded(st.one_of(st.fixed_dictionaries({}, optional={
     "idle_timeout_seconds": st.integers(min_value=-2, max_value=2**63), "max_lifetime_seconds": st.integers(),
@@ -201,7 +202,7 @@ def test_any_bad_credential_is_a_reasoned_401_that_reaches_nobody(edge: Edge, da
                              st.one_of(st.sampled_from(["victim", "0", "999999", "-1"]), header_texts), max_size=3))
 @fuzz_settings(30)
 @example(body=b'{"image": "python", "image": "other"}', injected={"X-Sandpool-Workspace": "victim"})
-def test_create_through_the_proxy_never_500s_and_injection_never_moves_the_tenant(
+def test_create_through_the_edge_never_500s_and_injection_never_moves_the_tenant(
         edge: Edge, body: bytes, injected: dict[str, str]) -> None:
     try:
         response = edge.client.post("/sessions", content=body,
@@ -220,7 +221,7 @@ def test_create_through_the_proxy_never_500s_and_injection_never_moves_the_tenan
 
 @given(data=st.data())
 @fuzz_settings(50)
-def test_session_calls_through_the_proxy_never_500(edge: Edge, data: Any) -> None:
+def test_session_calls_through_the_edge_never_500(edge: Edge, data: Any) -> None:
     sid = edge.ensure()
     kind = data.draw(st.sampled_from(["exec", "list", "get", "put", "handle", "other-id", "cancel"]), label="kind")
     if kind == "cancel":
