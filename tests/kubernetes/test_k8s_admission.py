@@ -3,8 +3,9 @@
 - Every pod the builder makes for the shipped pool examples passes `restricted`
   admission with strict field validation (an unknown field is an error, not
   silently dropped); a pod without the hardening is refused, so the check can fail.
-- The provider does its whole job with exactly the chart's Role (rendered by helm),
-  as the chart's ServiceAccount (a token from the TokenRequest API), and nothing more.
+- The controller's provider does its whole job with exactly the chart's Role (rendered
+  by helm), as the chart's ServiceAccount (a token from the TokenRequest API), and
+  nothing more; the api's pods get no token at all.
 - The rendered chart passes a server-side dry run (`kubectl apply --server-side
   --dry-run=server`): every object is one this API server version accepts.
 """
@@ -43,7 +44,7 @@ def render(helm: str, release_namespace: str, sandbox_namespace: str) -> str:
     return subprocess.run(
         [helm, "template", RELEASE, str(CHART), "--namespace", release_namespace,
          "--set", f"sandboxes.namespace={sandbox_namespace}", "--set", "sandboxes.createNamespace=true",
-         "--set", "scheduler.provider=kubernetes"],
+         "--set", "controller.provider=kubernetes"],
         capture_output=True, text=True, timeout=60, check=True).stdout
 
 
@@ -97,12 +98,20 @@ async def test_the_rendered_chart_passes_a_server_side_dry_run_and_its_role_is_e
         return found
 
     account, role, binding = one("ServiceAccount"), one("Role"), one("RoleBinding")
+    # The one account is the controller's; the api runs as no account of the chart's, without a token.
+    (controller,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-controller")]
+    (api,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-api")]
+    assert controller["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": release_namespace}]
+    assert "serviceAccountName" not in api["spec"]["template"]["spec"]
+    assert api["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert role["metadata"]["namespace"] == namespace and binding["metadata"]["namespace"] == namespace
     cluster.request("POST", f"/api/v1/namespaces/{release_namespace}/serviceaccounts", body=account)
     cluster.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles", body=role)
     cluster.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", body=binding)
     token = cluster.service_account_token(release_namespace, account["metadata"]["name"])
-    kubeconfig = cluster.kubeconfig(tmp_path / "scheduler-kubeconfig", token=token)
+    kubeconfig = cluster.kubeconfig(tmp_path / "controller-kubeconfig", token=token)
     assert not any(o["kind"] in ("ClusterRole", "ClusterRoleBinding") for o in objects)
 
     provider = KubernetesProvider(make_settings(kubeconfig=kubeconfig))

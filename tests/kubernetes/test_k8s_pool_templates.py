@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sandpool.core.settings import ConfigurationError
 from sandpool.controller.provider import PoolSpec
 from sandpool.controller.templates import load_pools, parse_pools, parse_quantity
+from sandpool.core.settings import ConfigurationError
 from sandpool.providers.kubernetes.pool_options import KubernetesPoolOptions, Toleration
 from sandpool.providers.local.pool_options import LocalPoolOptions
 

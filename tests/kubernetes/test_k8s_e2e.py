@@ -1,10 +1,13 @@
-"""`sandpool scheduler --provider kubernetes` end to end, against the real API server and real agents.
+"""`sandpool controller --provider kubernetes` and `sandpool api` end to end, against the real API server
+and real agents.
 
-The scheduler runs as a real process configured only by its flags (kubeconfig,
-pools file); the stand-in kubelet runs each pod's own command line, so the
-sessions below execute code in a real `sandpool agent` reached at its pod IP.
-While the API server is down, sessions are still leased and run: CreateSession
-never calls the Kubernetes API.
+Both run as real processes configured only by their flags: the controller with a
+kubeconfig and the pools file (it creates, watches and deletes the pods), the api
+with the same pools file and no Kubernetes credential at all. The stand-in kubelet
+runs each pod's own command line, so the sessions below execute code in a real
+`sandpool agent` that the api reaches at its pod IP. While the API server is down,
+sessions are still leased and run: nothing on the request path calls the Kubernetes
+API.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -39,36 +43,45 @@ pools:
 
 
 @pytest.fixture
-def scheduler(cluster: RealCluster, namespace: str, kubelet: Any, tmp_path: Path, redis_url: str,
-              redis_prefix: str, agent_port: int) -> Iterator[str]:
+def control_plane(cluster: RealCluster, namespace: str, kubelet: Any, tmp_path: Path, redis_url: str,
+                  redis_prefix: str, agent_port: int) -> Iterator[dict[str, str]]:
+    """The controller (the kubernetes provider) and the api (standalone), sharing Redis and the pools file."""
     cluster.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", ok=(201, 409),
                     body={"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "gvisor"},
                           "handler": "runsc"})
     (tmp_path / "pools.yaml").write_text(POOLS)
-    port = free_port()
-    log_path = tmp_path / "scheduler.log"
-    log = log_path.open("wb")
-    env = scrubbed_env()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sandpool", "scheduler", "--standalone", "--port", str(port),
-         "--redis-url", redis_url, "--redis-prefix", redis_prefix, "--provider", "kubernetes",
-         "--pools-file", str(tmp_path / "pools.yaml"), "--kubeconfig", str(cluster.kubeconfig(tmp_path / "kc")),
-         "--kube-namespace", namespace, "--kube-installation", "e2e", "--kube-agent-port", str(agent_port),
-         "--kube-ready-timeout-seconds", "30", "--kube-backoff-max-seconds", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/readyz", proc=proc, log=log_path, timeout=30, what="scheduler ready")
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
+    shared = ["--redis-url", redis_url, "--redis-prefix", redis_prefix, "--pools-file", str(tmp_path / "pools.yaml")]
+    commands = {
+        "controller": ["controller", *shared, "--provider", "kubernetes",
+                       "--kubeconfig", str(cluster.kubeconfig(tmp_path / "kc")), "--kube-namespace", namespace,
+                       "--kube-installation", "e2e", "--kube-agent-port", str(agent_port),
+                       "--kube-ready-timeout-seconds", "30", "--kube-backoff-max-seconds", "1"],
+        # No kubeconfig, no service account: the api could not call the Kubernetes API if it tried.
+        "api": ["api", *shared, "--no-auth"],
+    }
+    urls: dict[str, str] = {}
+    with ExitStack() as stack:
+        for name, command in commands.items():
+            port = free_port()
+            log_path = tmp_path / f"{name}.log"
+            log = stack.enter_context(log_path.open("wb"))
+            env = {k: v for k, v in scrubbed_env().items() if k != "KUBECONFIG"}
+            proc = subprocess.Popen([sys.executable, "-m", "sandpool", *command, "--port", str(port)],
+                                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            stack.callback(_stop, proc)
+            urls[name] = f"http://127.0.0.1:{port}"
+            wait_http(urls[name] + "/readyz", proc=proc, log=log_path, timeout=30, what=f"{name} ready")
+        yield urls
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def ready_pods(cluster: RealCluster, namespace: str, pool: str) -> list[dict[str, Any]]:
@@ -79,8 +92,9 @@ def ready_pods(cluster: RealCluster, namespace: str, pool: str) -> list[dict[str
 
 @pytest.mark.kubelet("agent")
 def test_sessions_run_in_pods_and_survive_an_api_server_outage(
-        scheduler: str, cluster: RealCluster, namespace: str) -> None:
-    with httpx.Client(base_url=scheduler, timeout=30) as client:
+        control_plane: dict[str, str], cluster: RealCluster, namespace: str) -> None:
+    with httpx.Client(base_url=control_plane["api"], timeout=30) as client, \
+            httpx.Client(base_url=control_plane["controller"], timeout=30) as controller:
         def warm() -> bool:
             return bool(ready_pods(cluster, namespace, "default")) and bool(ready_pods(cluster, namespace, "gvisor"))
 
@@ -119,12 +133,12 @@ def test_sessions_run_in_pods_and_survive_an_api_server_outage(
 
         wait_for(replaced, what="used pods destroyed and both pools refilled")
 
-        # What the provider saw is on the scheduler's /metrics, for rates and alerts. A sandbox counts
+        # What the provider saw is on the controller's /metrics, for rates and alerts. A sandbox counts
         # as created once its agent answers the provider, which may come a moment after the pod's
         # Ready condition that `replaced` read: scrape until it has.
         def scrape() -> dict[str, float]:
             return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                    for line in client.get("/metrics").text.splitlines() if line.startswith("sandpool_kube_")}
+                    for line in controller.get("/metrics").text.splitlines() if line.startswith("sandpool_kube_")}
 
         def counted() -> dict[str, float] | None:
             now = scrape()
@@ -136,3 +150,12 @@ def test_sessions_run_in_pods_and_survive_an_api_server_outage(
         assert scraped['sandpool_kube_api_failures_total{kind="connection"}'] >= 1  # the outage, as seen
         assert scraped["sandpool_kube_watch_lists_total"] >= 1
         assert scraped["sandpool_kube_watched_pods"] >= 2
+        # The split, as a scraper sees it: the api counted the execution it forwarded and has no
+        # provider to report on; the controller's pool gauges show both pools.
+        api_metrics = client.get("/metrics").text
+        assert not [line for line in api_metrics.splitlines() if line.startswith("sandpool_kube_")]
+        assert any(line.startswith("sandpool_executions_total{") and float(line.rsplit(" ", 1)[1]) >= 1
+                   for line in api_metrics.splitlines())
+        gauges = controller.get("/metrics").text
+        assert 'sandpool_pool_ceiling{pool="default"} 4.0' in gauges
+        assert 'sandpool_pool_ceiling{pool="gvisor"} 2.0' in gauges
