@@ -95,7 +95,7 @@ def test_up_works_from_a_data_dir_of_any_length(up_factory, tmp_path: Path) -> N
     assert_stopped_clean(up)
 
 
-def test_a_request_is_followed_through_proxy_scheduler_and_agent_logs_by_its_id(up_factory) -> None:
+def test_a_request_is_followed_through_api_and_agent_logs_by_its_id(up_factory) -> None:
     up = up_factory("--log-level", "info")
     url, token = up.printed("SANDPOOL_URL="), up.printed("SANDPOOL_TOKEN=")
     with httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"}) as client:
@@ -121,12 +121,13 @@ def test_a_request_is_followed_through_proxy_scheduler_and_agent_logs_by_its_id(
     assert_stopped_clean(up)
     control_plane = json_lines((up.data_dir.parent / f"{up.data_dir.name}.log").read_text(errors="replace"))
     followed = [line for line in control_plane + agent_lines if line.get("request_id") == "follow-me-42"]
-    assert {line["service"] for line in followed} == {"proxy", "scheduler", "agent"}, followed
+    # The request path is the api and the agent (the controller serves no request).
+    assert {line["service"] for line in followed} == {"api", "agent"}, followed
     at_agent = [line for line in followed if line["service"] == "agent"]
     assert at_agent[0]["tool"] == "bash_code_execution" and at_agent[0]["outcome"] == "ok", at_agent
-    # An id the proxy generated is followed the same way; the token is in no line at all.
+    # An id the api generated is followed the same way; the token is in no line at all.
     assert {line["service"] for line in control_plane + agent_lines if line.get("request_id") == generated} \
-        == {"proxy", "scheduler", "agent"}
+        == {"api", "agent"}
     assert token.split(".")[2] not in json.dumps(control_plane + agent_lines)
 
 
