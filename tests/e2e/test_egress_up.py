@@ -1,9 +1,9 @@
 """Egress end to end: `sandpool up --egress-allow-ceiling`, tokens of workspaces with different allow-lists,
 and what code in their leased sandboxes can and cannot reach.
 
-The whole stack as a user runs it (Redis, the egress proxy, the scheduler with
-isolated local sandboxes, the authenticating proxy); policies set through the
-admin API; code sent through the proxy with each workspace's token. The outside
+The whole stack as a user runs it (Redis, the egress proxy, the controller with
+isolated local sandboxes, the authenticating api); policies set through the
+admin API; code sent through the api with each workspace's token. The outside
 world is HTTPS and HTTP origins on the host's loopback behind counting taps, which
 the egress proxy's resolver maps the test names to (`SANDPOOL_RESOLVE_OVERRIDES`,
 and loopback admitted by the test-only setting, which reaches the egress proxy

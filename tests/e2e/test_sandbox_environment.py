@@ -2,7 +2,7 @@
 
 With the built `python` environment (`.ci/run` builds it): numpy, pandas, scipy,
 sympy and matplotlib import, and a plotted figure comes back as a file through the
-proxy and through the Python client. Without a package index: `up` builds small
+api and through the Python client. Without a package index: `up` builds small
 environments itself on first use (progress on stderr), finds them the next time,
 the CreateSession `image` hint picks one, and a build that cannot work stops `up`
 in one line before anything starts.
@@ -37,7 +37,7 @@ def tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_the_scientific_stack_and_a_figure_through_the_proxy_and_the_client(up_factory) -> None:
+def test_the_scientific_stack_and_a_figure_through_the_api_and_the_client(up_factory) -> None:
     python = sandbox_python()
     up = up_factory("--sandbox-python", python)
     url, token = up.printed("SANDPOOL_URL="), up.printed("SANDPOOL_TOKEN=")
@@ -136,5 +136,5 @@ def test_a_sandbox_python_that_does_not_run_stops_up_in_one_line(tmp: Path) -> N
     argv = ["up", "--port", str(free_port()), "--data-dir", str(tmp / "data"), "--sandbox-python", str(tmp / "nope")]
     result = subprocess.run([sys.executable, "-m", "sandpool", *argv], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.splitlines() == [f"sandpool up: the scheduler could not start: --sandbox-python "
+    assert result.stderr.splitlines() == [f"sandpool up: the controller could not start: --sandbox-python "
                                           f"{tmp / 'nope'} does not run: No such file or directory"]

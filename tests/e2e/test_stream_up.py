@@ -1,4 +1,4 @@
-"""Streamed Execute end to end: `sandpool up` (proxy with auth, scheduler, isolated sandboxes), read off
+"""Streamed Execute end to end: `sandpool up` (the api with auth, the controller, isolated sandboxes), read off
 the wire as `curl -N` reads it and with the Python client; cancel, disconnects, metering, auth."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def executions(http: httpx.Client) -> int:
     return int(http.get("/v1/usage").json()["total"].get("executions", 0))
 
 
-def test_lines_reach_the_client_through_the_proxy_before_the_program_ends(http: httpx.Client, session: str) -> None:
+def test_lines_reach_the_client_through_the_api_before_the_program_ends(http: httpx.Client, session: str) -> None:
     """The program's end marker is its last line, stamped with the (shared) host clock as it is written;
     the first line must have reached the client before that: an order of events, not a duration."""
     source = ("import time\n"
@@ -109,7 +109,7 @@ def test_auth_applies_to_streams_and_cancel(up: Live, session: str) -> None:
         assert anonymous.delete(session + "/exec").status_code == 401
 
 
-def test_cancel_and_disconnects_through_the_proxy(http: httpx.Client, session: str) -> None:
+def test_cancel_and_disconnects_through_the_api(http: httpx.Client, session: str) -> None:
     assert http.post(session + "/exec", json=code("kept = 'yes'")).status_code == 200
     before = executions(http)
     answers: list[int] = []
@@ -136,7 +136,7 @@ def test_cancel_and_disconnects_through_the_proxy(http: httpx.Client, session: s
     wait_for(lambda: executions(http) == before + 4, timeout=30, what="every call metered")
 
 
-def test_the_python_client_through_the_proxy(up: Live) -> None:
+def test_the_python_client_through_the_api(up: Live) -> None:
     with Client(up.url, up.token, max_retries=20) as client, client.session() as s:
         pieces: list[str] = []
         result = s.run_code("import time\nfor i in range(4):\n    print(i, flush=True); time.sleep(0.2)",
