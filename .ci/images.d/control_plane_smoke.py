@@ -1,13 +1,14 @@
-"""Smoke test of a running control plane (proxy, scheduler, Redis), as a client and a scraper see it.
+"""Smoke test of a running control plane (api, controller, Redis), as a client and a scraper see it.
 
 Runs inside the control-plane image on the host network:
 
-    python control_plane_smoke.py PROXY_URL SCHEDULER_URL TOKEN_FILE
+    python control_plane_smoke.py API_URL CONTROLLER_URL TOKEN_FILE
 
-A session goes through the proxy with the project's own client (CreateSession,
+A session goes through the api with the project's own client (CreateSession,
 Execute, DestroySession), with a token minted by the image's `sandpool token`;
-both services must answer /readyz and /metrics. Every check prints one line;
-the first failure ends the run with exit 1.
+both services must answer /readyz and /metrics: the api its request and
+execution counters, the controller its pool gauges and its leadership. Every
+check prints one line; the first failure ends the run with exit 1.
 """
 
 from __future__ import annotations
@@ -57,19 +58,19 @@ def metric_total(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def smoke(proxy: str, scheduler: str, token: str) -> None:
+def smoke(api: str, controller: str, token: str) -> None:
     with httpx.Client(trust_env=False) as http:
-        for name, url in (("scheduler", scheduler), ("proxy", proxy)):
+        for name, url in (("controller", controller), ("api", api)):
             waited = wait_ready(http, url)
             check(True, f"{name} /readyz answers 200 (after {waited:.1f} s)")
 
-        refused = http.post(f"{proxy}/sessions", json={})
+        refused = http.post(f"{api}/sessions", json={})
         check(refused.status_code == 401, "CreateSession without a token is refused (401)", refused.status_code)
 
-        with Client(proxy, token=token, http_client=http) as client:
+        with Client(api, token=token, http_client=http) as client:
             session = client.create_session()
             with session:
-                check(bool(session.id), f"CreateSession through the proxy ({session.id})")
+                check(bool(session.id), f"CreateSession through the api ({session.id})")
                 result = session.run_python("print(1)")
                 check((result.stdout, result.return_code) == ("1\n", 0), "Execute print(1) prints 1",
                       (result.stdout, result.stderr, result.return_code))
@@ -82,21 +83,26 @@ def smoke(proxy: str, scheduler: str, token: str) -> None:
             else:
                 raise SmokeFailure("the session still runs code after DestroySession")
 
-        for name, url in (("scheduler", scheduler), ("proxy", proxy)):
-            metrics = http.get(f"{url}/metrics")
-            check(metrics.status_code == 200 and "sandpool_requests_total" in metrics.text,
-                  f"{name} /metrics answers with sandpool's metrics", metrics.status_code)
-        scraped = http.get(f"{scheduler}/metrics").text
-        executions = metric_total(scraped, "sandpool_executions_total")
-        check(executions >= 2, f"the scheduler counted the executions ({executions:.0f})", executions)
+        # A sandbox was started and leased, so the one controller leads the pools.
+        checks = http.get(f"{controller}/readyz").json().get("checks", {})
+        check(checks.get("controller") == "leader", "the controller leads the pools", checks)
+        scraped = http.get(f"{api}/metrics")
+        check(scraped.status_code == 200 and "sandpool_requests_total" in scraped.text,
+              "api /metrics answers with sandpool's request metrics", scraped.status_code)
+        executions = metric_total(scraped.text, "sandpool_executions_total")
+        check(executions >= 2, f"the api counted the executions ({executions:.0f})", executions)
+        scraped = http.get(f"{controller}/metrics")
+        ceiling = metric_total(scraped.text, "sandpool_pool_ceiling", pool="default")
+        check(scraped.status_code == 200 and ceiling >= 1,
+              f"controller /metrics answers with the pool gauges (ceiling {ceiling:.0f})", scraped.status_code)
 
 
 def main() -> int:
-    proxy, scheduler, token_file = sys.argv[1:4]
+    api, controller, token_file = sys.argv[1:4]
     with open(token_file) as fh:
         token = fh.read().strip()
     try:
-        smoke(proxy.rstrip("/"), scheduler.rstrip("/"), token)
+        smoke(api.rstrip("/"), controller.rstrip("/"), token)
     except (SmokeFailure, httpx.HTTPError) as exc:
         print(f"images: control plane FAILED: {exc}", file=sys.stderr, flush=True)
         return 1

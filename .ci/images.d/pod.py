@@ -5,7 +5,7 @@ Runs inside the control-plane image (it has sandpool and PyYAML):
     python pod.py VALUES_YAML IMAGE SECRET_DIR NAME
 
 The pod comes from the provider's own `build_pod`, configured as the chart
-configures the scheduler (values.yaml: `sandboxes.uid`, `sandboxes.agentPort`,
+configures the controller (values.yaml: `sandboxes.uid`, `sandboxes.agentPort`,
 the first pool's resources and workspace size; the provider's defaults for the
 rest), so the image is run exactly as a cluster runs it. Every field of the pod
 is translated or refused: a field this script does not know stops the run
@@ -37,7 +37,7 @@ class Untranslatable(Exception):
 
 
 def pool_from_values(values: dict[str, Any], image: str) -> dict[str, Any]:
-    """The chart's first pool in the scheduler's pools.yaml form (templates/_helpers.tpl, sandpool.poolsFile)."""
+    """The chart's first pool in the pools.yaml form (templates/_helpers.tpl, sandpool.poolsFile)."""
     pool = values["pools"][0]
     out: dict[str, Any] = {"name": pool["name"], "image": image, "warm": 1, "ceiling": 1,
                            "workspace_size": pool.get("workspaceSize") or "1Gi",

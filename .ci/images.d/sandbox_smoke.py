@@ -1,12 +1,12 @@
-"""Smoke test of a running sandbox image, through the scheduler's own forwarding code.
+"""Smoke test of a running sandbox image, through the api's own forwarding code (its session layer).
 
 Runs inside the control-plane image, in the sandbox pod's network namespace
-(`podman run --network container:<sandbox>`), as the scheduler would reach a pod:
+(`podman run --network container:<sandbox>`), as the api reaches a pod:
 
     python sandbox_smoke.py PORT HEALTH_PATH SECRET_FILE UID
 
 Calls go through `sandpool.sessions.forward` (the pooled agent clients and the
-header rules of a forwarded call), so the agent sees exactly what a scheduler
+header rules of a forwarded call), so the agent sees exactly what the api
 sends it. Every check prints one line; the first failure ends the run with
 exit 1 and says what was expected.
 """
