@@ -43,7 +43,7 @@ def stack() -> Iterator[Stack]:
     """
     external = os.environ.get("SANDPOOL_CLIENT_TEST_URL")
     if external:
-        # Run against a stack someone else started (a deployment, a scheduler started by hand);
+        # Run against a stack someone else started (a deployment, an api started by hand);
         # the tests that need a known ceiling or body cap skip unless they are given.
         s = Stack.external(external, token=os.environ.get("SANDPOOL_CLIENT_TEST_TOKEN"), limits={
             name: int(os.environ[f"SANDPOOL_CLIENT_TEST_{name.upper()}"])
@@ -74,7 +74,7 @@ def stack() -> Iterator[Stack]:
 
 @pytest.fixture(scope="module")
 def auth_stack() -> Iterator[Stack]:
-    """`sandpool up` with authentication on (the proxy in front), a pool of 1, for one module."""
+    """`sandpool up` with authentication on (a multi-tenant api), a pool of 1, for one module."""
     try:
         up_help()
     except StackUnavailable as exc:

@@ -1,4 +1,4 @@
-"""The client through the authenticating proxy of a real `sandpool up`: the printed token works, others are 401."""
+"""The client against the multi-tenant api of a real `sandpool up`: the printed token works, others are 401."""
 
 from __future__ import annotations
 
@@ -36,16 +36,16 @@ def test_a_valid_token_cannot_reach_a_session_by_guessing_another_id(auth_stack:
         client.destroy_session("someone-elses-session")  # 204: nothing learned, nothing touched
 
 
-def test_proxy_metrics_match_the_architecture_table(auth_stack: Stack) -> None:
+def test_multi_tenant_api_metrics_match_the_architecture_table(auth_stack: Stack) -> None:
     with Client.from_env(auth_stack.env, max_retries=20) as client, client.session() as s:
         s.run_python("print(1)")
     with Client(auth_stack.url, token="not-a-jwt") as stranger, pytest.raises(Unauthorized):
         stranger.create_session()  # so an auth failure is counted
-    assert problems_of(auth_stack.url, "proxy") == []
+    assert problems_of(auth_stack.url, "api") == []
 
 
 def test_workspace_policy_refusals_map_to_forbidden_and_quota(auth_stack: Stack) -> None:
-    """403 image_not_allowed and 429 quota_exceeded from the proxy and the scheduler, as the client raises them."""
+    """403 image_not_allowed (the edge) and 429 quota_exceeded (the lease), as the client raises them."""
     key = auth_stack.data_dir / "auth" / "dev-key.pem"
     minted = subprocess.run([sys.executable, "-m", "sandpool", "token", "--workspace", "ops", "--admin",
                              "--key", str(key), "--ttl", "600"], capture_output=True, text=True, timeout=30)
