@@ -6,12 +6,13 @@
 One churned session is the contract's typical use: CreateSession, five `print(1)`
 Execute calls, DestroySession. `--clients` clients (each with its own connections, as
 independent callers have) churn `--sessions` sessions
-through the proxy (auth on: the printed dev token). CPU is read before and after
+through the api (auth on: the printed dev token). CPU is read before and after
 from the kernel's own accounting, the stack settled both times (no sandbox
 starting or doomed), so the warm-ups a session causes are counted:
 
-- proxy, scheduler (with its pool controller), redis, zygote, runner template:
-  each process's user+system time (/proc/<pid>/stat);
+- api (the edge over the session layer), controller (pool controller, session
+  reaper, provider), redis, zygote, runner template: each process's user+system
+  time (/proc/<pid>/stat);
 - sandboxes (agent, interpreter, shell, everything they ran): a cpuacct cgroup the
   zygote and its runner templates are put in before the run (cgroup v1), or the
   zygote's cgroup (v2), minus the zygote's and the templates' own time: charges stay
@@ -21,16 +22,20 @@ starting or doomed), so the warm-ups a session causes are counted:
   teardown runs in kernel threads nobody's cgroup pays for);
 - "kernel and rest" is the whole machine minus the components and the client.
 
-Then, with one client and the pool warm: `print(1)` through proxy and scheduler
+Then, with one client and the pool warm: `print(1)` through the api
 against the same call made straight to the session's agent (p50 overhead);
 CreateSession p50/p99 for one session every 100 ms (each destroyed after); and
 CreateSession to the first result, with that first call's share, and the same first
-call of a fresh session sent straight to its agent (what is left without the hops).
+call of a fresh session sent straight to its agent (what is left without the api).
 Then 64 clients: throughput against 16 and
 dropped connections. `--profile DIR` records py-spy profiles (collapsed stacks)
-of the proxy, the scheduler and the sandboxes (the zygote and its forks) during
-the churn, and reports which share of the scheduler's samples the pool
-controller took. Prints a table and writes JSON. Needs root (cgroups, py-spy).
+of the api, the controller and the sandboxes (the zygote and its forks) during
+the churn, and reports which share of the controller's samples the pool
+controller and the provider took. Prints a table and writes JSON. Needs root
+(cgroups, py-spy).
+
+The budget was set for the retired topology (proxy 5 ms, scheduler with its
+controller 10 ms); the api and the controller now share those 15 ms between them.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from load import PRINT_1, Client, Counters, StartedUp, callers, ms, pct
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
-BUDGET_MS = {"proxy": 5, "scheduler": 10, "redis": 3, "sandbox start and teardown (incl. kernel)": 25,
+BUDGET_MS = {"api and controller together": 15, "redis": 3, "sandbox start and teardown (incl. kernel)": 25,
              "agent and interpreter (5 x print(1))": 15, "whole machine minus client": 60}
 
 
@@ -120,16 +125,16 @@ class Stack:
     def find(self) -> None:
         for pid in children_of(self.up.proc.pid):
             line = cmdline(pid)
-            for name, needle in (("proxy", "sandpool proxy"), ("scheduler", "sandpool scheduler"),
+            for name, needle in (("api", "sandpool api"), ("controller", "sandpool controller"),
                                  ("redis", "redis-server")):
                 if needle in line:
                     self.pids[name] = pid
-        for pid in children_of(self.pids["scheduler"]):
+        for pid in children_of(self.pids.get("controller", -1)):
             if "zygote_server" in cmdline(pid):
                 self.pids["zygote"] = pid
         if "zygote" in self.pids:
             self.templates = [pid for pid in children_of(self.pids["zygote"]) if "--template" in cmdline(pid)]
-        missing = {"proxy", "scheduler", "redis", "zygote"} - set(self.pids)
+        missing = {"api", "controller", "redis", "zygote"} - set(self.pids)
         if missing:
             raise SystemExit(f"cpu_budget: not found in the stack: {', '.join(sorted(missing))} "
                              "(is auth on and the zygote launcher in use?)")
@@ -252,7 +257,7 @@ async def churn(url: str, token: str, clients: int, sessions: int, calls: int = 
 
 def agent_client(stack: Stack, session: str) -> httpx.AsyncClient:
     """A client straight to the session's agent, with its address and secret read from Redis as the
-    scheduler would."""
+    api reads them."""
     from sandpool.state.keys import Keys
 
     client = redis_of(stack)
@@ -297,7 +302,7 @@ async def latencies(stack: Stack, url: str, token: str, calls: int, creates: int
             await asyncio.sleep(max(0.0, 0.1 - (time.perf_counter() - started)))  # one every 100 ms
         first_direct = await first_calls_direct(stack, http, max(10, creates // 3))
     p50_through, p50_direct = pct(through, 50) * 1000, pct(direct, 50) * 1000
-    return {"print_1_through_proxy_and_scheduler": ms(through), "print_1_direct_to_agent": ms(direct),
+    return {"print_1_through_api": ms(through), "print_1_direct_to_agent": ms(direct),
             "print_1_overhead_p50_ms": round(p50_through - p50_direct, 2),
             "create_session_every_100ms": ms(create), "create_to_first_result": ms(first),
             "first_print_1_through": ms([f - c for f, c in zip(first, create, strict=True)]),
@@ -330,7 +335,7 @@ def start_profiles(stack: Stack, directory: Path, seconds: float) -> list[subpro
         raise SystemExit("cpu_budget: --profile needs py-spy (pip install py-spy)")
     directory.mkdir(parents=True, exist_ok=True)
     procs = []
-    for name in ("proxy", "scheduler", "zygote"):
+    for name in ("api", "controller", "zygote"):
         extra = ["--subprocesses"] if name == "zygote" else []
         procs.append(subprocess.Popen(
             [py_spy, "record", "--pid", str(stack.pids[name]), "--format", "raw", "--rate", "200", "--nonblocking",
@@ -340,7 +345,8 @@ def start_profiles(stack: Stack, directory: Path, seconds: float) -> list[subpro
 
 
 def controller_share(collapsed: Path) -> float | None:
-    """The share of the scheduler's samples spent in the pool controller (its module in the stack)."""
+    """The share of the controller process's samples spent in the pool controller and the provider (their
+    modules in the stack; the rest is its HTTP server, the session reaper, Redis I/O)."""
     total = controller = 0
     try:
         lines = collapsed.read_text().splitlines()
@@ -351,7 +357,7 @@ def controller_share(collapsed: Path) -> float | None:
         if not count.isdigit():
             continue
         total += int(count)
-        if "pool/controller.py" in stack_text or "providers/local" in stack_text:
+        if "controller/controller.py" in stack_text or "providers/local" in stack_text:
             controller += int(count)
     return round(controller / total, 3) if total else None
 
@@ -360,15 +366,17 @@ def controller_share(collapsed: Path) -> float | None:
 
 def per_session(before: dict[str, float], after: dict[str, float], sessions: int) -> dict[str, float]:
     spent = {name: after[name] - before[name] for name in before}
-    out = {name: round(spent[name] / sessions * 1000, 2) for name in ("proxy", "scheduler", "redis", "zygote")}
+    out = {name: round(spent[name] / sessions * 1000, 2) for name in ("api", "controller", "redis", "zygote")}
+    out["api and controller together"] = round(out["api"] + out["controller"], 2)
     out["runner template"] = round(spent["runner template"] / sessions * 1000, 2)
     out["sandboxes (agent, interpreter, shell)"] = round(
         (spent["sandbox group"] - spent["zygote"] - spent["runner template"]) / sessions * 1000, 2)
     out["whole machine minus client"] = round((spent["machine"] - spent["client"]) / sessions * 1000, 2)
     out["load client"] = round(spent["client"] / sessions * 1000, 2)
-    counted = sum(v for k, v in out.items() if k not in ("whole machine minus client", "load client"))
+    counted = sum(v for k, v in out.items()
+                  if k not in ("whole machine minus client", "load client", "api and controller together"))
     out["kernel and rest"] = round(out["whole machine minus client"] - counted, 2)
-    for name in ("proxy", "scheduler", "redis", "zygote"):
+    for name in ("api", "controller", "redis", "zygote"):
         out[f"{name}: of which system"] = round(spent[f"{name} system"] / sessions * 1000, 2)
     return out
 
@@ -405,7 +413,7 @@ async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         if calls > commands_before.get(name, 0) and name != "info"}
     if args.profile:
         report["profiles"] = str(args.profile)
-        report["scheduler_share_in_controller"] = controller_share(args.profile / "scheduler.txt")
+        report["controller_share_in_pool_controller"] = controller_share(args.profile / "controller.txt")
     if args.quick:
         return report
     report["latency"] = await latencies(stack, url, token, args.calls, args.creates)
@@ -452,7 +460,7 @@ def main() -> int:
     if args.quick:
         return _write(report, args.json)
     latency = report["latency"]
-    print(f"print(1) p50: through proxy+scheduler {latency['print_1_through_proxy_and_scheduler']['p50_ms']} ms, "
+    print(f"print(1) p50: through the api {latency['print_1_through_api']['p50_ms']} ms, "
           f"direct {latency['print_1_direct_to_agent']['p50_ms']} ms (+{latency['print_1_overhead_p50_ms']} ms); "
           f"CreateSession every 100 ms p50/p99 {latency['create_session_every_100ms']['p50_ms']}/"
           f"{latency['create_session_every_100ms']['p99_ms']} ms; "
@@ -462,9 +470,9 @@ def main() -> int:
     c64 = report["concurrent_64"]
     print(f"64 clients: {c64['sessions_per_s']} sessions/s ({report['throughput_64_over_16']} x 16 clients), "
           f"dropped {c64['dropped_connections']}, errors {c64['errors']}")
-    if "scheduler_share_in_controller" in report:
-        print(f"profiles in {report['profiles']}; scheduler samples in the controller and provider: "
-              f"{report['scheduler_share_in_controller']}")
+    if "controller_share_in_pool_controller" in report:
+        print(f"profiles in {report['profiles']}; controller samples in the pool controller and provider: "
+              f"{report['controller_share_in_pool_controller']}")
     return _write(report, args.json)
 
 

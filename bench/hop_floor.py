@@ -1,23 +1,25 @@
-"""The floor of the exec path's two hops: what bare forwarders add on this machine, before any of sandpool's work.
+"""The floor of the exec path's hops: what bare forwarders add on this machine, before any of sandpool's work.
 
     python bench/hop_floor.py [--requests 500] [--rounds 4] [--gap SECONDS]
 
-DESIGN.md puts two HTTP hops between a client and a sandbox's agent (proxy,
-scheduler) and asks that `print(1)` through both costs at most 1 ms more than a
-direct agent call. This measures the part of that millisecond no code of the
-hops can give back: a stub answering like an agent's Execute, and in front of
-it one or two forwarders built of exactly what the hops are built of (uvicorn
-with uvloop and httptools serving a raw ASGI callable, `sandpool.core.hop`
+DESIGN.md asks that `print(1)` through sandpool costs at most 1 ms more than a
+direct agent call. Between a client and a sandbox's agent there is now one HTTP
+hop, `sandpool api` (the edge over the session layer, in one process); there
+used to be two (proxy, scheduler). This measures the part of that millisecond no
+code of the hop can give back: a stub answering like an agent's Execute, and in
+front of it one or two forwarders built of exactly what the hops are built of
+(uvicorn with uvloop and httptools serving a raw ASGI callable, `sandpool.core.hop`
 forwarding over a Unix socket) and doing nothing else: no token, no Redis, no
 session lookup, no metering. Rounds are interleaved (stub, one hop, two hops);
 it prints each path's p50 per round, what one and two hops add at the median
-of the rounds, and each forwarder's CPU per request. It then times a Lua script
-call the way the services make them (redis-py's asyncio client, a real
-`redis-server` on a Unix socket): an Execute makes three such round trips on its
-way (the proxy's admission, the scheduler's touch and done), so the floor of
-`print(1)` through both hops is the two hops plus three of them. `--gap` pauses
-before each call, as `bench/cpu_budget.py`'s CreateSession phase does (one every
-100 ms): every process on the path then starts the call idle.
+of the rounds, and each forwarder's CPU per request on the two-hop path. It then
+times a Lua script call the way the services make them (redis-py's asyncio client,
+a real `redis-server` on a Unix socket): an Execute through the api with auth on
+makes three such round trips on its way (the edge's admission, the session
+layer's touch and done), so the floor of `print(1)` through the api is one hop
+plus three of them (the retired two-hop path's: two hops plus three). `--gap`
+pauses before each call, as `bench/cpu_budget.py`'s CreateSession phase does (one
+every 100 ms): every process on the path then starts the call idle.
 """
 
 from __future__ import annotations
@@ -186,9 +188,10 @@ def main() -> int:
     calls = args.rounds * (args.requests + 50)
     print("CPU per request on the two-hop path: " + ", ".join(
         f"{name} forwarder {spent[name] / calls * 1000:.3f} ms" for name in forwarders))
-    hops = median["two hops"] - median["stub"]
-    print(f"a script round trip to Redis: p50 {round_trip:.3f} ms; the floor of print(1) through both hops "
-          f"(two hops + 3 round trips): +{hops + 3 * round_trip:.3f} ms over a direct call")
+    one, two = median["one hop"] - median["stub"], median["two hops"] - median["stub"]
+    print(f"a script round trip to Redis: p50 {round_trip:.3f} ms; the floor of print(1) through the api "
+          f"(one hop + 3 round trips): +{one + 3 * round_trip:.3f} ms over a direct call "
+          f"(the retired proxy and scheduler, two hops + 3 round trips: +{two + 3 * round_trip:.3f} ms)")
     return 0
 
 

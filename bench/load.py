@@ -2,7 +2,7 @@
 
     python bench/load.py --url http://127.0.0.1:8080 [--token T] [--duration 15] [--clients 16,64]
     python bench/load.py --start-up [--pool-size 32 --max-sandboxes 96]   # runs `sandpool up --no-auth` itself
-    python bench/load.py --start-up --auth                                  # ... or with auth (proxy in front)
+    python bench/load.py --start-up --auth                                  # ... or with auth (the api verifies tokens)
     python bench/load.py --start-up --auth --burst 5,20,100 --burst-only     # bursts from a cold pool
 
 Phase 1 (one client, sequential): CreateSession, first `print(1)` (time from CreateSession to
@@ -281,15 +281,15 @@ async def main_async(args: argparse.Namespace, url: str) -> dict[str, object]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="base URL of a contract v1 backend (proxy or standalone scheduler)")
-    parser.add_argument("--token", default=None, help="bearer token (the proxy's JWT)")
+    parser.add_argument("--url", help="base URL of a contract v1 backend (a sandpool api)")
+    parser.add_argument("--token", default=None, help="bearer token (a JWT the api trusts)")
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per concurrent phase")
     parser.add_argument("--clients", default="16,64", help="comma-separated client counts")
     parser.add_argument("--sessions", type=int, default=30, help="sequential sessions in the latency phase")
     parser.add_argument("--calls", type=int, default=10, help="print(1) and echo hi calls per latency session")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds to let the pool refill between phases")
     parser.add_argument("--start-up", action="store_true", help="run `sandpool up --no-auth` for the run")
-    parser.add_argument("--auth", action="store_true", help="with --start-up: auth on (the proxy in front)")
+    parser.add_argument("--auth", action="store_true", help="with --start-up: auth on (the api verifies tokens)")
     parser.add_argument("--pool-size", type=int, default=None, help="with --start-up: warm floor (default: up's)")
     parser.add_argument("--max-sandboxes", type=int, default=None, help="with --start-up: ceiling (default: up's)")
     parser.add_argument("--burst", default="", help="comma-separated burst sizes: N simultaneous creates each, "

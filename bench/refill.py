@@ -15,7 +15,7 @@ the pool controller does). Reports:
 
     python bench/refill.py --launcher both --count 200 --concurrency 8
     python bench/refill.py --launcher zygote --no-spare   # agent without its spare interpreter
-    python bench/refill.py --through-scheduler --clients 16 64   # sessions/s, fresh sandbox each
+    python bench/refill.py --through-api --clients 16 64   # sessions/s, fresh sandbox each
 
 Needs root for the isolated (zygote) path. Not part of the test suite.
 """
@@ -122,7 +122,7 @@ async def run(kind: str, count: int, concurrency: int, spare: bool, warmup: int)
     }
 
 
-# --- through the scheduler: sessions/s with a fresh isolated sandbox per session -----------------
+# --- through the api: sessions/s with a fresh isolated sandbox per session -----------------------
 
 def _free_port() -> int:
     import socket
@@ -148,7 +148,8 @@ async def _wait_http(url: str, deadline: float) -> None:
 
 async def sessions(clients: int, seconds: float, calls: int, pool_size: int, ceiling: int) -> dict[str, object]:
     """`clients` loops of CreateSession, `calls` x print(1), DestroySession against a real
-    standalone scheduler (local provider, zygote launcher, its own redis-server)."""
+    `sandpool api --no-auth` and `sandpool controller` (local provider, zygote launcher), with a
+    redis-server of their own."""
     import subprocess
 
     import httpx
@@ -169,12 +170,18 @@ async def sessions(clients: int, seconds: float, calls: int, pool_size: int, cei
          "--dir", str(work)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {k: v for k, v in environ().items() if not k.startswith("SANDPOOL_")}
-    scheduler = subprocess.Popen(  # noqa: ASYNC220 - set-up, see above
-        [sys.executable, "-m", "sandpool", "scheduler", "--standalone", "--port", str(port),
-         "--redis-url", f"redis://127.0.0.1:{redis_port}/0", "--data-dir", str(work / "data"),
-         "--pool-size", str(pool_size), "--max-sandboxes", str(ceiling), "--log-level", "warning",
-         "--capacity-wait-seconds", "5"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(work / "scheduler.log", "wb"))  # noqa: ASYNC230 - set-up
+    common = ["--redis-url", f"redis://127.0.0.1:{redis_port}/0", "--pool-size", str(pool_size),
+              "--max-sandboxes", str(ceiling), "--log-level", "warning"]
+    services = [
+        subprocess.Popen(  # noqa: ASYNC220 - set-up, see above
+            [sys.executable, "-m", "sandpool", "controller", "--port", str(_free_port()),
+             "--data-dir", str(work / "data"), *common],
+            env=env, stdout=subprocess.DEVNULL, stderr=open(work / "controller.log", "wb")),  # noqa: ASYNC230 - set-up
+        subprocess.Popen(  # noqa: ASYNC220 - set-up, see above
+            [sys.executable, "-m", "sandpool", "api", "--no-auth", "--port", str(port), "--capacity-wait-seconds", "5",
+             *common],
+            env=env, stdout=subprocess.DEVNULL, stderr=open(work / "api.log", "wb")),  # noqa: ASYNC230 - set-up
+    ]
     base = f"http://127.0.0.1:{port}"
     created: list[float] = []
     execs: list[float] = []
@@ -209,12 +216,13 @@ async def sessions(clients: int, seconds: float, calls: int, pool_size: int, cei
             await asyncio.gather(*(client() for _ in range(clients)))
             wall = time.perf_counter() - t0
     finally:
-        scheduler.terminate()
-        try:
-            scheduler.wait(30)
-        except subprocess.TimeoutExpired:
-            scheduler.kill()
-            scheduler.wait()
+        for service in reversed(services):  # the api first, then the controller, which destroys the pool
+            service.terminate()
+            try:
+                service.wait(30)
+            except subprocess.TimeoutExpired:
+                service.kill()
+                service.wait()
         redis.terminate()
         redis.wait()
         shutil.rmtree(work, ignore_errors=True)
@@ -223,7 +231,7 @@ async def sessions(clients: int, seconds: float, calls: int, pool_size: int, cei
         return round(v * 1000, 1)
 
     return {
-        "mode": "scheduler", "clients": clients, "calls_per_session": calls, "pool_size": pool_size,
+        "mode": "api", "clients": clients, "calls_per_session": calls, "pool_size": pool_size,
         "sessions_per_second": round(len(created) / wall, 1), "execs_per_second": round(len(execs) / wall, 1),
         "create_ms": {"p50": ms(_pct(created, 50)), "p99": ms(_pct(created, 99))} if created else None,
         "exec_ms": {"p50": ms(_pct(execs, 50)), "p99": ms(_pct(execs, 99))} if execs else None,
@@ -239,8 +247,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8, help="sandboxes made (and not measured) first")
     parser.add_argument("--spare", action=argparse.BooleanOptionalAction, default=True,
                         help="the agent's spare warmed interpreter")
-    parser.add_argument("--through-scheduler", action="store_true",
-                        help="sessions/s through a real standalone scheduler instead (see --clients)")
+    parser.add_argument("--through-api", action="store_true",
+                        help="sessions/s through a real sandpool api and controller instead (see --clients)")
     parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--calls", type=int, default=5, help="execs per session")
@@ -248,7 +256,7 @@ def main() -> None:
     parser.add_argument("--max-sandboxes", type=int, default=96)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    if args.through_scheduler:
+    if args.through_api:
         for clients in args.clients:
             print(json.dumps(asyncio.run(sessions(clients, args.seconds, args.calls, args.pool_size,
                                                   args.max_sandboxes))))

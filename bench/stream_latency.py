@@ -1,5 +1,5 @@
-"""How long a streamed output chunk takes from the sandbox to the client: through the proxy and the
-scheduler (`sandpool up`, auth on), and straight from one agent, side by side.
+"""How long a streamed output chunk takes from the sandbox to the client: through the api (`sandpool up`,
+auth on), and straight from one agent, side by side.
 
     python bench/stream_latency.py [--lines 100] [--interval 0.05] [--no-direct]
 
@@ -7,8 +7,8 @@ The program in the sandbox prints one line every `--interval` seconds, each stam
 with the host's clock (`time.time()`) as it is written; the agent sends each piece as
 soon as it reads it from the program's pipe. The client reads the event stream off the
 wire (`Accept: text/event-stream`) and stamps each event as it arrives. Per line:
-arrival minus the stamp = pipe read + agent send (+ the scheduler's and the proxy's
-relays). Prints p50/p90/p99/max per path and the hops' share at p50. The issue's
+arrival minus the stamp = pipe read + agent send (+ the api's relay). Prints
+p50/p90/p99/max per path and the hop's share at p50. The issue's
 target: every chunk reaches the client within 50 ms of the agent sending it
 (a figure, not an assert: the machine is shared).
 """
@@ -136,10 +136,10 @@ def main() -> None:
     try:
         print(f"{args.lines} lines, one every {args.interval * 1000:g} ms; delay from the line's stamp to the "
               f"client reading its event")
-        hops = summary("proxy + scheduler + agent", through_up(args, root / "data"))
+        hops = summary("api + agent", through_up(args, root / "data"))
         if not args.no_direct:
             alone = summary("agent alone", direct(args, root))
-            print(f"{'the two hops add':>28}: {hops - alone:6.2f} ms at p50")
+            print(f"{'the api adds':>28}: {hops - alone:6.2f} ms at p50")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
