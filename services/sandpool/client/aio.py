@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from types import TracebackType
 from typing import Any, cast
 
@@ -25,6 +25,7 @@ from sandpool.client.events import (
     ExecEvent,
     OutputCallback,
     deliver,
+    event_source,
     events_of,
     is_event_stream,
     stream_headers,
@@ -129,12 +130,13 @@ class AsyncClient:
                             yield piece
                         return
                     reader = EventReader()
-                    async for line in resp.aiter_lines():
-                        event = reader.line(line)
-                        if event is not None:
-                            yield event
-                        if reader.finished:
-                            return
+                    async with aclosing(event_source(resp).aiter_sse()) as events:  # closed now, not at GC
+                        async for sse in events:
+                            event = reader.event(sse)
+                            if event is not None:
+                                yield event
+                            if reader.finished:
+                                return
                     raise finish_error(ProtocolError("the stream ended before its result"), request_id, attempt)
             except SandpoolClientError as raised:
                 if raised.request_id is None:

@@ -25,6 +25,7 @@ from sandpool.client.events import (
     ExecEvent,
     OutputCallback,
     deliver,
+    event_source,
     events_of,
     is_event_stream,
     stream_headers,
@@ -130,8 +131,8 @@ class Client:
                         yield from events_of(whole)
                         return
                     reader = EventReader()
-                    for line in resp.iter_lines():
-                        event = reader.line(line)
+                    for sse in event_source(resp).iter_sse():
+                        event = reader.event(sse)
                         if event is not None:
                             yield event
                         if reader.finished:
