@@ -27,6 +27,7 @@ import contextlib
 import logging
 import socket
 
+from sandpool.core.serve import BACKLOG
 from sandpool.egress import allowlist
 from sandpool.egress.hosts import BadHost, Destination, IPAddress, normalise_name, parse_authority
 from sandpool.egress.http import (
@@ -87,16 +88,18 @@ class EgressProxy:
 
     # --- listeners -------------------------------------------------------------------------
     async def start(self, proxy_sockets: list[socket.socket], metrics_socket: socket.socket | None = None) -> None:
-        """Serve on already-bound sockets (TCP or Unix); the metrics socket answers /metrics and probes only."""
+        """Serve on already-bound sockets (TCP or Unix); the metrics socket answers /metrics and probes only.
+        Each server is passed the backlog the sockets were bound with: it calls listen(2) again, and its
+        default of 100 turned bursts of sandboxes' connections away at a full queue."""
         for sock in proxy_sockets:
             if sock.family == socket.AF_UNIX:
-                server = await asyncio.start_unix_server(self._accept, sock=sock, limit=self._limit)
+                server = await asyncio.start_unix_server(self._accept, sock=sock, limit=self._limit, backlog=BACKLOG)
             else:
-                server = await asyncio.start_server(self._accept, sock=sock, limit=self._limit)
+                server = await asyncio.start_server(self._accept, sock=sock, limit=self._limit, backlog=BACKLOG)
             self.servers.append(server)
         if metrics_socket is not None:
             self.servers.append(await asyncio.start_server(self._accept_metrics, sock=metrics_socket,
-                                                           limit=self._limit))
+                                                           limit=self._limit, backlog=BACKLOG))
         if self.settings.unsafe_allow_loopback_for_tests:
             log.warning("UNSAFE TEST MODE: loopback destinations are admitted (--unsafe-allow-loopback-for-tests); "
                         "never run this way outside the test suite")
