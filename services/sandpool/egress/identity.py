@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from sandpool.contract.reasons import EgressRefusal
 from sandpool.egress.http import Refusal, RequestHead
 from sandpool.state.egress import EgressBinding, EgressStore
 from sandpool.state.errors import StateError
@@ -26,25 +27,26 @@ CREDENTIAL = re.compile(r"^[\x21-\x7e]{16,256}$")
 CHALLENGE = {"Proxy-Authenticate": 'Basic realm="sandpool egress"'}
 
 
-def refused(reason: str, what: str) -> Refusal:
-    return Refusal(407, reason, f"sandpool egress: {what}", headers=CHALLENGE)
+def refused(reason: EgressRefusal, what: str) -> Refusal:
+    """A 407 with the challenge that makes clients send the credential."""
+    return Refusal(reason, what, headers=CHALLENGE)
 
 
 def credential_of(head: RequestHead) -> str:
     """The credential a request carries, or a 407 saying what is wrong with it."""
     values = head.values("proxy-authorization")
     if not values:
-        raise refused("no_credential", "no proxy credential (the sandbox's proxy URL carries it)")
+        raise refused(EgressRefusal.NO_CREDENTIAL, "no proxy credential (the sandbox's proxy URL carries it)")
     scheme, _, encoded = values[0].partition(" ")
     if len(values) > 1 or scheme.lower() != "basic":
-        raise refused("bad_credential", "malformed proxy credential (expected Basic)")
+        raise refused(EgressRefusal.BAD_CREDENTIAL, "malformed proxy credential (expected Basic)")
     try:
         decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
-        raise refused("bad_credential", "malformed proxy credential (expected Basic)") from None
+        raise refused(EgressRefusal.BAD_CREDENTIAL, "malformed proxy credential (expected Basic)") from None
     credential = decoded.partition(":")[2]
     if not CREDENTIAL.match(credential):
-        raise refused("bad_credential", "malformed proxy credential")
+        raise refused(EgressRefusal.BAD_CREDENTIAL, "malformed proxy credential")
     return credential
 
 
@@ -63,10 +65,10 @@ async def identify(store: EgressStore, head: RequestHead) -> Caller:
     try:
         binding = await store.binding(credential)
     except StateError:
-        raise Refusal(503, "unavailable", "sandpool egress: cannot check the credential now, retry later",
+        raise Refusal(EgressRefusal.UNAVAILABLE, "cannot check the credential now, retry later",
                       headers={"Retry-After": "1"}) from None
     if binding is None:
-        raise refused("unknown_credential", "proxy credential unknown, revoked, or its session has ended")
+        raise refused(EgressRefusal.UNKNOWN_CREDENTIAL, "proxy credential unknown, revoked, or its session has ended")
     return Caller(binding, egress_digest(credential))
 
 
@@ -81,8 +83,8 @@ class Shares:
     def take(self, caller: Caller) -> Iterator[Caller]:
         held = self.held.get(caller.slot, 0)
         if held >= self.limit:
-            raise Refusal(429, "too_many_connections",
-                          f"sandpool egress: this sandbox already holds {held} connections (the most allowed)",
+            raise Refusal(EgressRefusal.TOO_MANY_CONNECTIONS,
+                          f"this sandbox already holds {held} connections (the most allowed)", status=429,
                           headers={"Retry-After": "1"})
         self.held[caller.slot] = held + 1
         try:
