@@ -259,10 +259,12 @@ def redis_server_binary() -> str:
 
 
 class RedisServer:
-    """A private `redis-server` on a free port; `stop()` then `start()` restarts it on the same port."""
+    """A private `redis-server` on a free port; `stop()` then `start()` restarts it on the same port.
+    `options` are more of its flags (`--requirepass`, ...)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *options: str) -> None:
         self.data_dir = data_dir
+        self.options = options
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -274,7 +276,7 @@ class RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.data_dir), "--protected-mode", "yes"],
+             "--appendonly", "no", "--dir", str(self.data_dir), "--protected-mode", "yes", *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_for(lambda: redis_pong(self.port), timeout=10, interval=0.02, what="redis-server PONG")
@@ -295,11 +297,12 @@ def keys_under(r: Any, prefix: str) -> list[str]:
 
 
 def redis_pong(port: int) -> bool:
-    """The redis-server on `port` answers PING (one raw round trip, no client library)."""
+    """The redis-server on `port` answers PING, or refuses it for want of a password (one raw round trip,
+    no client library)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # a password-protected one answers too
     except OSError:
         return False
 
