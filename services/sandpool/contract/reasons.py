@@ -142,6 +142,8 @@ class EgressRefusal(StrEnum):
     NOT_TLS = "not_tls"
     HELLO_TIMEOUT = "hello_timeout"
     HELLO_INCOMPLETE = "hello_incomplete"
+    PROXY_UNREACHABLE = "proxy_unreachable"
+    PROXY_BUSY = "proxy_busy"
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,10 @@ EGRESS_REFUSALS: Mapping[EgressRefusal, EgressEntry] = {
     EgressRefusal.NOT_TLS: EgressEntry((), "the tunnel's first bytes are not a well-formed ClientHello"),
     EgressRefusal.HELLO_TIMEOUT: EgressEntry((), "the ClientHello did not arrive in time"),
     EgressRefusal.HELLO_INCOMPLETE: EgressEntry((), "the client closed before its ClientHello was complete"),
+    EgressRefusal.PROXY_UNREACHABLE: EgressEntry((502,), "a local sandbox's relay finds nothing listening at the "
+                                                         "proxy's socket"),
+    EgressRefusal.PROXY_BUSY: EgressEntry((503,), "a local sandbox's relay found the proxy's listen queue full "
+                                                  "for its whole wait"),
 }
 
 
