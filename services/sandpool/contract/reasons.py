@@ -122,6 +122,7 @@ class EgressRefusal(StrEnum):
     BAD_CREDENTIAL = "bad_credential"
     UNKNOWN_CREDENTIAL = "unknown_credential"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    TOO_MANY_WORKSPACE_CONNECTIONS = "too_many_workspace_connections"
     NOT_ALLOWED = "not_allowed"
     ABOVE_CEILING = "above_ceiling"
     ADDRESS_REFUSED = "address_refused"
@@ -161,6 +162,8 @@ EGRESS_REFUSALS: Mapping[EgressRefusal, EgressEntry] = {
     EgressRefusal.UNKNOWN_CREDENTIAL: EgressEntry((407,), "a credential bound to no live session"),
     EgressRefusal.TOO_MANY_CONNECTIONS: EgressEntry((429, 503), "the sandbox holds its share of connections "
                                                                 "(429), or the proxy all it serves (503)"),
+    EgressRefusal.TOO_MANY_WORKSPACE_CONNECTIONS: EgressEntry((429,), "the workspace's sandboxes hold its cap "
+                                                                      "(policy max_egress_connections)"),
     EgressRefusal.NOT_ALLOWED: EgressEntry((403,), "the destination is not on the session's allow-list"),
     EgressRefusal.ABOVE_CEILING: EgressEntry((403,), "the destination is outside the operator's ceiling"),
     EgressRefusal.ADDRESS_REFUSED: EgressEntry((403,), "the destination is or resolves to a refused address"),

@@ -4,7 +4,7 @@ The credential is the password of `Proxy-Authorization: Basic base64(user:creden
 which every common client sends for a proxy URL `http://user:credential@host:port`
 (the user part is ignored). It is looked up in Redis (`EgressStore.binding`) and
 forgotten: what stays in memory is its digest, under which the sandbox's open
-connections are counted.
+connections are counted (and its workspace's, under the workspace's name).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from sandpool.contract.limits import MAX_EGRESS_CONNECTIONS, combine
 from sandpool.contract.reasons import EgressRefusal
 from sandpool.egress.http import Refusal, RequestHead
 from sandpool.state.egress import EgressBinding, EgressStore
@@ -73,25 +74,43 @@ async def identify(store: EgressStore, head: RequestHead) -> Caller:
 
 
 class Shares:
-    """Open connections per sandbox, bounded (429 above the bound)."""
+    """Open connections per sandbox and per workspace, each bounded (429 above either): one sandbox cannot
+    take its workspace's share, nor one workspace the proxy's. The workspace's bound is its policy's
+    `max_egress_connections` (as its session's lease recorded it) within the operator's ceiling."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held: dict[str, int] = {}
+    def __init__(self, per_sandbox: int, per_workspace: int) -> None:
+        self.per_sandbox = per_sandbox
+        self.per_workspace = per_workspace
+        self.held: dict[str, int] = {}  # by credential digest
+        self.by_workspace: dict[str, int] = {}
 
     @contextlib.contextmanager
     def take(self, caller: Caller) -> Iterator[Caller]:
         held = self.held.get(caller.slot, 0)
-        if held >= self.limit:
+        if held >= self.per_sandbox:
             raise Refusal(EgressRefusal.TOO_MANY_CONNECTIONS,
                           f"this sandbox already holds {held} connections (the most allowed)", status=429,
                           headers={"Retry-After": "1"})
-        self.held[caller.slot] = held + 1
+        workspace = caller.binding.workspace
+        together = self.by_workspace.get(workspace, 0)
+        if together >= combine(caller.binding.max_egress_connections, self.per_workspace):
+            raise Refusal(EgressRefusal.TOO_MANY_WORKSPACE_CONNECTIONS,
+                          f"this workspace's sandboxes already hold {together} connections, the most allowed "
+                          f"(workspace policy {MAX_EGRESS_CONNECTIONS}, within the operator setting "
+                          "max_connections_per_workspace)", headers={"Retry-After": "1"})
+        _count(self.held, caller.slot, 1)
+        _count(self.by_workspace, workspace, 1)
         try:
             yield caller
         finally:
-            left = self.held[caller.slot] - 1
-            if left:
-                self.held[caller.slot] = left
-            else:
-                del self.held[caller.slot]
+            _count(self.held, caller.slot, -1)
+            _count(self.by_workspace, workspace, -1)
+
+
+def _count(counts: dict[str, int], key: str, step: int) -> None:
+    """Add `step` to a count, dropping it at zero (the maps hold only what is open)."""
+    left = counts.get(key, 0) + step
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]

@@ -5,7 +5,8 @@ In order, and refused at the first step that fails:
 1. the request head, within `--max-header-bytes` and `--header-timeout-seconds`
    (`GET /healthz` and `/readyz` in origin form are answered here, unauthenticated);
 2. the credential (`Proxy-Authorization: Basic`, its password part) names a
-   live session in Redis (407 otherwise), within the per-credential cap (429);
+   live session in Redis (407 otherwise), within the per-credential cap and its
+   workspace's cap (429);
 3. the destination (CONNECT authority, or the absolute URL's) is admitted by
    the session's allow-list and by the operator's ceiling (403 naming both);
 4. the proxy resolves the name itself and refuses it when any address is
@@ -81,7 +82,7 @@ class EgressProxy:
         self.policy = settings.address_policy()
         self.meter = Meter(store, self.metrics)
         self.active = 0
-        self.shares = Shares(settings.max_connections_per_credential)
+        self.shares = Shares(settings.max_connections_per_credential, settings.max_connections_per_workspace)
         self.servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._limit = max(settings.max_header_bytes, 65536)
