@@ -1,4 +1,5 @@
-"""`egress_allow` in the limits catalogue: the one list-valued limit, as the scheduler reads it from the proxy."""
+"""The egress limits in the catalogue, as the scheduler reads them from the proxy: `egress_allow`, the one
+list-valued limit, and `max_egress_connections`, a count the lease records for the egress proxy."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from starlette.datastructures import Headers
 from sandpool.contract import limits as catalogue
 from sandpool.contract import tenancy
 from sandpool.core.errors import Forbidden
+from sandpool.egress.settings import EgressSettings
 from sandpool.scheduler.caller import STANDALONE, CallerResolver
 from sandpool.scheduler.limits import Ceilings, lease_limits
+from sandpool.scheduler.settings import SchedulerSettings
 
 TOKEN = "internal-credential-for-the-catalogue-tests"
 
@@ -68,3 +71,15 @@ def test_encoding_round_trips() -> None:
     entries = ("pypi.org", "*.example.com:8443", "[2001:db8::1]:443")
     assert catalogue.decode_list(catalogue.encode_list(entries)) == entries
     assert catalogue.decode_list("") == ()
+
+
+def test_the_workspace_egress_connection_cap_reaches_the_lease_for_the_egress_proxy() -> None:
+    """`max_egress_connections` travels like `egress_allow`: in its header to the scheduler, into the lease's
+    limits (recorded on the session, where the egress proxy reads it); its ceiling is the egress proxy's."""
+    limit = catalogue.by_name()["max_egress_connections"]
+    assert not limit.is_list and limit.enforced_by == "lease" and limit.ceiling_owner == "egress"
+    assert limit.header == "X-Sandpool-Max-Egress-Connections" and limit in catalogue.forwarded()
+    assert limit.ceiling in EgressSettings.model_fields
+    caller = CallerResolver(TOKEN)(Headers(injected(max_egress_connections="5")))
+    assert caller.policy["max_egress_connections"] == 5
+    assert lease_limits(Ceilings.from_settings(SchedulerSettings()), caller.policy)["max_egress_connections"] == 5

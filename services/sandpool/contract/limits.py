@@ -104,6 +104,9 @@ LIMITS: tuple[Limit, ...] = (
     Limit("egress_allow", "Destinations sessions may reach through the egress proxy (HOST[:PORT], port 443 by "
           "default; *.example.com for names below a domain); empty: no egress", "lease",
           ceiling="egress_allow_ceiling", unit="entries", kind="list"),
+    Limit(MAX_EGRESS_CONNECTIONS, "Connections the workspace's sessions hold at once through an egress proxy replica "
+          "(429 above); applies to sessions leased after it is set", "lease",
+          ceiling="max_connections_per_workspace", unit="connections", ceiling_of="egress"),
 )
 """Every limit, in the order the docs list them."""
 
