@@ -7,13 +7,16 @@ In order, and refused at the first step that fails:
 2. the credential (`Proxy-Authorization: Basic`, its password part) names a
    live session in Redis (407 otherwise), within the per-credential cap and its
    workspace's cap (429);
-3. the destination (CONNECT authority, or the absolute URL's) is admitted by
+3. a plain request's absolute http:// URL and body framing are checked (405, 400),
+   then the destination (CONNECT authority, or the absolute URL's) is admitted by
    the session's allow-list and by the operator's ceiling (403 naming both);
 4. the proxy resolves the name itself and refuses it when any address is
    refused by the address policy (403), whatever the allow-list said;
 5. it connects, with a timeout (502/504);
 6. a tunnel's first bytes must be a TLS ClientHello whose SNI names the CONNECT
-   host (otherwise a TLS access_denied alert, and nothing reaches the origin);
+   host; nothing reaches the origin otherwise, and a ClientHello refused for its
+   SNI or ECH gets a TLS access_denied alert (bytes that are not one get none: a
+   client not speaking TLS could not read it);
 7. bytes are relayed until both sides are done or the connection idles out,
    and the connection is metered against the session's workspace.
 
