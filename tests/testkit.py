@@ -12,8 +12,10 @@ need it skip with a one-line reason saying how to get it.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import inspect
 import os
+import queue
 import secrets
 import shutil
 import signal
@@ -22,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -196,6 +199,53 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(PROC / str(pid) / "fd"))
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_libc = ctypes.CDLL(None, use_errno=True)
+_spawn_jobs: queue.SimpleQueue[tuple[Callable[[], subprocess.Popen[Any]], Future[subprocess.Popen[Any]]]] = (
+    queue.SimpleQueue())
+_spawner_lock = threading.Lock()
+_spawner: threading.Thread | None = None
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """What the forked child runs before it execs: SIGKILL once its parent dies, and exit at once if
+    `parent` died already (before the request was made, so no signal would ever come)."""
+    def arm() -> None:
+        if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
+def _spawn_forever() -> None:
+    while True:
+        start, done = _spawn_jobs.get()
+        try:
+            done.set_result(start())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
+            done.set_exception(exc)
+
+
+def tied_popen(args: Sequence[str], **options: Any) -> subprocess.Popen[Any]:
+    """`subprocess.Popen` of a child that is SIGKILLed when this process dies, however it dies: a run
+    killed by a signal (even SIGKILL, which runs no teardown) leaves no server behind.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process, so a child
+    started from a short-lived thread (`asyncio.to_thread`) would die with that thread. Every such child
+    is therefore forked by one daemon thread that lives as long as the process."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = threading.Thread(target=_spawn_forever, name="tied-popen", daemon=True)
+            _spawner.start()
+    parent = os.getpid()
+    done: Future[subprocess.Popen[Any]] = Future()
+    _spawn_jobs.put((lambda: subprocess.Popen(args, preexec_fn=_die_with(parent), **options), done))
+    return done.result()
+
+
 # --- Redis ---------------------------------------------------------------------------------
 
 def redis_server_binary() -> str:
@@ -209,10 +259,12 @@ def redis_server_binary() -> str:
 
 
 class RedisServer:
-    """A private `redis-server` on a free port; `stop()` then `start()` restarts it on the same port."""
+    """A private `redis-server` on a free port; `stop()` then `start()` restarts it on the same port.
+    `options` are more of its flags (`--requirepass`, ...)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *options: str) -> None:
         self.data_dir = data_dir
+        self.options = options
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -224,7 +276,7 @@ class RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.data_dir), "--protected-mode", "yes"],
+             "--appendonly", "no", "--dir", str(self.data_dir), "--protected-mode", "yes", *self.options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_for(lambda: redis_pong(self.port), timeout=10, interval=0.02, what="redis-server PONG")
@@ -245,11 +297,12 @@ def keys_under(r: Any, prefix: str) -> list[str]:
 
 
 def redis_pong(port: int) -> bool:
-    """The redis-server on `port` answers PING (one raw round trip, no client library)."""
+    """The redis-server on `port` answers PING, or refuses it for want of a password (one raw round trip,
+    no client library)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # a password-protected one answers too
     except OSError:
         return False
 

@@ -8,34 +8,60 @@ settings the agent sets no variable and listens on no port.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
 import secrets
+import shutil
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from agent_harness import content, start_agent
+from testkit import eventually
 
-from sandpool.agent.egress import MAX_RELAYED, Egress, Relay
+from sandpool.agent.egress import BACKLOG, MAX_RELAYED, Egress, Relay
 from sandpool.agent.settings import AgentSettings
 
 CREDENTIAL = "c" + secrets.token_urlsafe(32)
 
 
 class StandIn:
-    """A Unix socket server: echoes what it reads, upper-cased, after a fixed greeting; closes on EOF."""
+    """A Unix socket server: echoes what it reads, upper-cased, after a fixed greeting; closes on EOF.
 
-    def __init__(self, path: Path) -> None:
+    `accepting=False` leaves connections in its listen queue until `accept()` (a proxy too busy to
+    accept); `fill()` then fills that queue, so the next connect meets a full one."""
+
+    def __init__(self, path: Path, *, backlog: int = 16, accepting: bool = True) -> None:
         self.path = path
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
-        self.server.listen(16)
+        self.server.listen(backlog)
         self.received: list[bytes] = []
+        self.fillers: list[socket.socket] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
+        if accepting:
+            self.accept()
+
+    def accept(self) -> None:
         self.thread.start()
+
+    def fill(self) -> None:
+        """Connect until the listen queue is full (Linux: EAGAIN), without sending anything."""
+        while len(self.fillers) < 64:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                sock.connect(str(self.path))
+            except BlockingIOError:
+                sock.close()
+                return
+            self.fillers.append(sock)
+        raise AssertionError("the listen queue never filled")
 
     def _run(self) -> None:
         while True:
@@ -62,6 +88,8 @@ class StandIn:
                 return  # the relay went away (the bound test closes what it held)
 
     def close(self) -> None:
+        for sock in self.fillers:
+            sock.close()
         self.server.close()
 
 
@@ -187,8 +215,6 @@ def test_egress_needs_a_credential_and_one_way_out() -> None:
 
 
 async def test_the_relay_refuses_beyond_its_bound(short_dir: Path, stand_in: StandIn) -> None:
-    import asyncio
-
     relay = Relay(str(stand_in.path))
     await relay.start()
     held = []
@@ -204,3 +230,73 @@ async def test_the_relay_refuses_beyond_its_bound(short_dir: Path, stand_in: Sta
         for writer in held:
             writer.close()
         await relay.aclose()
+
+
+@pytest.fixture
+def busy(short_dir: Path) -> Iterator[StandIn]:
+    """A proxy whose listen queue is full: it accepts nothing until the test says so."""
+    server = StandIn(short_dir / "busy.sock", backlog=1, accepting=False)
+    server.fill()
+    yield server
+    server.close()
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="ss (iproute2) unavailable")
+async def test_the_relay_listens_with_its_backlog(stand_in: StandIn) -> None:
+    """asyncio's server calls listen(2) again on the socket it is given: with 100 unless told otherwise."""
+    relay = Relay(str(stand_in.path))
+    await relay.start()
+    try:
+        shown = (await asyncio.to_thread(subprocess.run, ["ss", "-tlnH", "sport", "=", f":{relay.port}"],
+                                         capture_output=True, text=True, check=True, timeout=30)).stdout.split()
+    finally:
+        await relay.aclose()
+    assert shown[shown.index("LISTEN") + 2] == str(BACKLOG)
+
+
+async def test_a_full_proxy_queue_is_waited_out_not_answered_502(busy: StandIn,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """The relay meets the proxy's full queue (EAGAIN), retries, and carries the connection once the proxy
+    accepts again: the client gets the proxy's bytes, not the relay's 502."""
+    caplog.set_level(logging.DEBUG, logger="sandpool.agent.egress")
+    relay = Relay(str(busy.path))
+    await relay.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", relay.port)
+        try:
+            await eventually(lambda: any("queue is full" in record.getMessage() for record in caplog.records),
+                             timeout=10, what="the relay meeting the full queue")
+        finally:
+            busy.accept()
+        assert await asyncio.wait_for(reader.readline(), 10) == b"hello from the proxy\n"
+        writer.close()
+    finally:
+        await relay.aclose()
+
+
+def test_a_queue_that_stays_full_is_a_503_with_retry_after(tmp_path: Path, busy: StandIn) -> None:
+    """A real agent (its loop is uvloop's when installed): after retrying for a while, a queue still full is
+    a 503 saying so, with Retry-After; never the 502 that says the proxy cannot be reached."""
+    agent = start_agent(tmp_path, "--egress-socket", str(busy.path), env={"SANDPOOL_EGRESS_CREDENTIAL": CREDENTIAL})
+    try:
+        said = content(agent.py(ASK_THROUGH_THE_RELAY))["stdout"]
+    finally:
+        agent.stop()
+    head = said.split("\r\n")
+    assert head[0].startswith("HTTP/1.1 503 sandpool egress: the egress proxy is busy"), said
+    assert "Retry-After: 1" in head and "X-Sandpool-Egress-Refusal: proxy_busy" in head, said
+
+
+ASK_THROUGH_THE_RELAY = r"""
+import os, socket
+port = int(os.environ["https_proxy"].rsplit(":", 1)[1])
+s = socket.create_connection(("127.0.0.1", port), timeout=30)
+s.sendall(b"CONNECT example.org:443 HTTP/1.1\r\nHost: example.org:443\r\n\r\n")
+got = b""
+while b"\r\n\r\n" not in got:
+    data = s.recv(4096)
+    if not data:
+        break
+    got += data
+print(got.decode("latin-1"), end="")
+"""

@@ -39,6 +39,27 @@ def test_python_exception_is_a_failed_result(agent: Agent) -> None:
     assert content(agent.py("print('still here')"))["stdout"] == "still here\n"
 
 
+def test_python_exit_ends_the_cell_not_the_interpreter(agent: Agent) -> None:
+    """`exit()` and `sys.exit()` answer as the reference backend does (issue 32): the code as the
+    return code, nothing added to stderr, the interpreter and its state kept. Only the process
+    itself ending (`os._exit`) starts a new interpreter, and that call says so."""
+    agent.py("survivor = 'kept'")
+    codes = {"exit(4)": 4, "quit()": 0, "import sys; sys.exit(0)": 0, "import sys; sys.exit()": 0,
+             "raise SystemExit(3)": 3, "exit(300)": 300, "exit(-1)": -1, "import sys; sys.exit('msg')": 1,
+             "import sys; sys.exit([1])": 1, "import sys; sys.exit('7')": 7, "import sys; sys.exit(2.5)": 2}
+    answers = {code: agent.py(f"print('before')\n{code}") for code in codes}
+    assert {code: (content(a)["stdout"], content(a)["stderr"], content(a)["return_code"], "interpreter_restarted" in a)
+            for code, a in answers.items()} == {code: ("before\n", "", rc, False) for code, rc in codes.items()}
+    after = agent.py("print(survivor)")
+    assert content(after)["stdout"] == "kept\n" and "interpreter_restarted" not in after
+    ended = agent.py("import os; os._exit(5)")
+    assert content(ended)["return_code"] == 5
+    assert content(ended)["stderr"] == "[sandpool: the interpreter exited with status 5; a new one was started]\n"
+    assert ended["interpreter_restarted"] is True
+    fresh = agent.py("print('survivor' in globals())")
+    assert content(fresh)["stdout"] == "False\n" and fresh["interpreter_restarted"] is True
+
+
 def test_no_secret_in_the_sandbox_environment(agent: Agent) -> None:
     c = content(agent.py("import os\nprint(sorted(k for k in os.environ if 'SANDPOOL' in k or 'SECRET' in k))"))
     assert c["stdout"] == "[]\n"

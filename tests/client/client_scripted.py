@@ -3,6 +3,7 @@
 Each route answers from a queue the test fills (status, headers, JSON body);
 an empty queue answers from the route's default. Every request is recorded
 (method, path, headers, body) so a test can count attempts and check headers.
+A reply's `chunks` go out as separate writes: what a client must put together across network reads.
 It is a server, not a mock of httpx: the client under test does real HTTP.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from testkit import ThreadServer
 
 
@@ -24,6 +25,7 @@ class Reply:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None
+    chunks: list[bytes] | None = None  # sent as separate writes (HTTP chunks), so the client reads them apart
 
 
 @dataclass
@@ -100,6 +102,8 @@ class ScriptedServer:
             queue = self.queues.get(key)
             reply = queue.popleft() if queue else DEFAULTS.get(key, Reply(404, {"detail": "no such route",
                                                                                 "reason": "not_found"}))
+        if reply.chunks is not None:
+            return StreamingResponse(iter(reply.chunks), status_code=reply.status, headers=reply.headers)
         if reply.raw is not None:
             return Response(reply.raw, status_code=reply.status, headers=reply.headers,
                             media_type="application/octet-stream")

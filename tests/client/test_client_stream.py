@@ -113,6 +113,82 @@ def test_the_async_client_streams_too(scripted: ScriptedServer) -> None:
     assert out == ["1", "2"] and stdout == "12" and kinds == ["stderr", "result"] and cancelled
 
 
+# Line ends by the specification are CR, LF and CRLF only; these three are line ends to str.splitlines()
+# and so to httpx's iter_lines(), which split an event's JSON data in two.
+UNICODE_LINE_ENDS = ("a\u2028b", "c\u2029d", "e\u0085f")
+MULTIBYTE = ("price: 5\u20ac", "snake \U0001f40d\n")  # 3 and 4 bytes of UTF-8
+
+
+def cut_inside_characters(wire: str) -> list[bytes]:
+    """The wire as separate writes, cut after the first byte of each non-ASCII character and between each
+    CR and its LF, so a character and a CRLF reach the client in two network reads."""
+    chunks, current = [], b""
+    for i, ch in enumerate(wire):
+        encoded = ch.encode()
+        if len(encoded) > 1:
+            chunks.append(current + encoded[:1])
+            current = encoded[1:]
+        elif ch == "\r" and wire[i + 1:i + 2] == "\n":
+            chunks.append(current + encoded)
+            current = b""
+        else:
+            current += encoded
+    return [*chunks, current]
+
+
+def split_stream() -> tuple[Reply, list[str]]:
+    """A stream whose output holds Unicode line ends and multibyte characters, each cut across writes, with
+    one event's lines ended by CRLF; and the pieces of output it carries."""
+    texts = [*UNICODE_LINE_ENDS, *MULTIBYTE]
+    wire = ": heartbeat\r\n\r\n"
+    for text in texts:
+        wire += f"event: stdout\ndata: {json.dumps({'text': text}, ensure_ascii=False)}\n\n"
+    wire += f"event: result\r\ndata: {json.dumps(ok_exec_body(''.join(texts)), ensure_ascii=False)}\r\n\r\n"
+    chunks = cut_inside_characters(wire)
+    assert len(chunks) > 2 * len(texts)  # (every character above really is cut)
+    return Reply(200, chunks=chunks, headers={"content-type": "text/event-stream; charset=utf-8"}), texts
+
+
+def test_output_with_unicode_line_ends_and_split_characters_reads_whole(scripted: ScriptedServer) -> None:
+    reply, texts = split_stream()
+    scripted.script(*EXEC, reply, reply)
+    pieces: list[str] = []
+    with Client(scripted.url) as client:
+        s = client.attach("s-1")
+        result = s.run_code("print('a\u2028b')", on_stdout=pieces.append)
+        events = list(s.stream_code("x"))
+    assert pieces == texts and result.stdout == "".join(texts)
+    assert [e.text for e in events if e.type == "stdout"] == texts
+    assert events[-1].result is not None and events[-1].result.stdout == "".join(texts)
+
+
+def test_an_event_stream_is_utf_8_whatever_charset_its_header_names(scripted: ScriptedServer) -> None:
+    wire = sse(("stdout", {"text": "\u20ac"}), ("result", ok_exec_body("\u20ac")))
+    assert wire.raw is not None
+    scripted.script(*EXEC, Reply(200, raw=wire.raw.replace(b"\\u20ac", "\u20ac".encode()),
+                                 headers={"content-type": "text/event-stream; charset=iso-8859-1"}))
+    with Client(scripted.url) as client:
+        pieces = [e.text for e in client.attach("s-1").stream_code("x") if e.type == "stdout"]
+    assert pieces == ["\u20ac"]
+
+
+def test_the_async_client_reads_unicode_line_ends_and_split_characters_whole(scripted: ScriptedServer) -> None:
+    reply, texts = split_stream()
+    scripted.script(*EXEC, reply, reply)
+
+    async def main() -> tuple[list[str], str, list[ExecEvent]]:
+        async with AsyncClient(scripted.url) as client:
+            s = client.attach("s-1")
+            pieces: list[str] = []
+            result = await s.run_code("print('a\u2028b')", on_stdout=pieces.append)
+            return pieces, result.stdout, [e async for e in s.stream_code("x")]
+
+    pieces, stdout, events = asyncio.run(main())
+    assert pieces == texts and stdout == "".join(texts)
+    assert [e.text for e in events if e.type == "stdout"] == texts
+    assert events[-1].result is not None and events[-1].result.stdout == "".join(texts)
+
+
 # --- the live stack --------------------------------------------------------------------------------
 
 

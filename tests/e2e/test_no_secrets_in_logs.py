@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from testkit import free_port, port_open, redis_server_binary, scrubbed_env, wait_for, wait_http
+from testkit import RedisServer, free_port, scrubbed_env, wait_http
 from up_harness import Up, assert_stopped_clean
 
 from sandpool.edge.keys_cli import generate_keypair, public_key_path
@@ -35,15 +35,10 @@ TOKEN = f"planted-token-{uuid.uuid4().hex}"
 @pytest.fixture(scope="module")
 def locked_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A redis-server that requires the planted password; its URL carries it."""
-    port = free_port()
-    proc = subprocess.Popen([redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("locked-redis")),
-                             "--requirepass", PASSWORD], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
-    wait_for(lambda: port_open(port), timeout=10, interval=0.02, what="redis-server listening")
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    server = RedisServer(tmp_path_factory.mktemp("locked-redis"), "--requirepass", PASSWORD)
+    server.start()
+    yield f"redis://:{PASSWORD}@127.0.0.1:{server.port}/0"
+    server.stop()
 
 
 def service_env(**values: str) -> dict[str, str]:

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 from testkit import keys_under
@@ -116,6 +117,19 @@ def test_workspace_tokens_read_only_their_own(api: Api, keys: Keys) -> None:
         assert admin.get("/v1/usage", params={"workspace": "../x"}).status_code == 422
 
 
+USAGE_COUNTERS = ("sessions_created", "session_seconds", "executions", "execution_seconds", "bytes_uploaded",
+                  "bytes_downloaded", "capacity_refusals", "quota_refusals", "egress_bytes", "egress_bytes_in",
+                  "egress_bytes_out", "egress_connections", "unconfirmed_executions")
+"""The usage shape a billing consumer reads (docs/api.md), spelled out so a rename fails here."""
+
+
+def zero_usage() -> dict[str, Any]:
+    """A usage answer's counters when nothing happened: every counter and every built-in tool kind at 0."""
+    return {**{name: 0 for name in USAGE_COUNTERS},
+            "by_tool": {tool: {"executions": 0, "execution_seconds": 0}
+                        for tool in ("code_execution", "bash_code_execution", "text_editor_code_execution")}}
+
+
 def test_usage_totals_and_days_read_what_the_session_layer_wrote(api: Api, keys: Keys, rdb: redis.Redis,
                                                              redis_prefix: str) -> None:
     k = RedisKeys(redis_prefix)
@@ -134,17 +148,25 @@ def test_usage_totals_and_days_read_what_the_session_layer_wrote(api: Api, keys:
         reversed_range = client.get("/v1/usage", params={"from": "2026-12-02", "to": "2026-12-01"})
         not_a_date = client.get("/v1/usage", params={"from": "yesterday"})
         only_from = client.get("/v1/usage", params={"from": dt.datetime.now(dt.UTC).date().isoformat()})
+    empty = zero_usage()
     assert plain == {"workspace": "acme", "days": [], "total": {
-        "sessions_created": 7, "session_seconds": 123.5, "executions": 41, "execution_seconds": 2.5,
-        "by_tool": {"code_execution": {"executions": 40, "execution_seconds": 2},
+        **empty, "sessions_created": 7, "session_seconds": 123.5, "executions": 41, "execution_seconds": 2.5,
+        "by_tool": {**empty["by_tool"], "code_execution": {"executions": 40, "execution_seconds": 2},
                     "bash_code_execution": {"executions": 1, "execution_seconds": 0.5}}}}
-    empty = {"executions": 0, "execution_seconds": 0, "by_tool": {}}
     assert ranged["days"] == [{"day": "2026-11-29", "counters": empty},
-                              {"day": "2026-11-30", "counters": {"sessions_created": 3, **empty}},
-                              {"day": "2026-12-01", "counters": {"sessions_created": 4, "bytes_uploaded": 10, **empty}}]
+                              {"day": "2026-11-30", "counters": {**empty, "sessions_created": 3}},
+                              {"day": "2026-12-01", "counters": {**empty, "sessions_created": 4, "bytes_uploaded": 10}}]
     for response in (too_long, reversed_range, not_a_date):
         assert response.status_code == 422, response.text
     assert len(only_from.json()["days"]) == 1
+
+
+def test_a_fresh_workspace_reads_every_counter_at_zero(api: Api, keys: Keys) -> None:
+    zeros = zero_usage()
+    with api.client(keys.token("fresh")) as client:
+        answer = client.get("/v1/usage", params={"from": "2026-11-30", "to": "2026-12-01"}).json()
+    assert answer == {"workspace": "fresh", "total": zeros,
+                      "days": [{"day": "2026-11-30", "counters": zeros}, {"day": "2026-12-01", "counters": zeros}]}
 
 
 def test_sessions_list_never_shows_secret_or_address(api: Api, keys: Keys, rdb: redis.Redis,

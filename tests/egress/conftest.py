@@ -1,7 +1,8 @@
 """Fixtures of the egress tests: origins on loopback behind counting taps, a real Redis, the real proxy.
 
 The proxy runs in the test's event loop (`EgressProxy` on a socket bound like
-the process binds it); `test_egress_command.py` runs it as a process too. Test
+the process binds it); `process` runs it as a real `sandpool egress` process too,
+on the same Redis and key prefix, with a Unix socket as local sandboxes reach it. Test
 names are mapped by the proxy's own resolver (`--resolve-overrides`), never by
 /etc/hosts: `*.example.test` names to the loopback origins, others to the
 addresses the address policy must refuse. Loopback is admitted only through
@@ -18,6 +19,9 @@ import asyncio
 import base64
 import json
 import secrets
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import free_port, scrubbed_env, wait_http
 
 from sandpool.core.serve import bind
 from sandpool.egress.server import EgressProxy
@@ -115,9 +120,11 @@ class Egress:
     def url(self, credential: str, user: str = "sandbox") -> str:
         return f"http://{user}:{credential}@{self.address}"
 
-    async def bind_session(self, allow: list[str], *, workspace: str = WORKSPACE) -> Bound:
+    async def bind_session(self, allow: list[str], *, workspace: str = WORKSPACE,
+                           limits: dict[str, int] | None = None) -> Bound:
         """A live session with a fresh egress credential bound to it, as the api leases it: the sandbox
-        published with the credential's digest, the lease binding it to the session and `allow`."""
+        published with the credential's digest, the lease binding it to the session and `allow`, and
+        recording the workspace's lease `limits` (as the session layer passes them) on the session."""
         now = time.time()
         sandbox, session = f"sb-{uuid.uuid4().hex[:10]}", f"se-{uuid.uuid4().hex[:10]}"
         credential = secrets.token_urlsafe(32)
@@ -127,7 +134,8 @@ class Egress:
                                                   secret="agent-secret", now=now,
                                                   egress_digest=egress_digest(credential))
         leased = await self.sessions.lease(session_id=session, workspace=workspace, pool="default", image="python",
-                                           now=now, limits=LIMITS, workspace_limits={}, egress_allow=allow)
+                                           now=now, limits=LIMITS, workspace_limits=limits or {},
+                                           egress_allow=allow)
         assert isinstance(leased, Leased) and leased.sandbox == sandbox
         bound = Bound(credential, session, workspace)
         self.bound.append(bound)
@@ -182,6 +190,40 @@ async def make_egress(redis_url: str, redis_prefix: str, outside: Outside) -> As
 @pytest.fixture
 async def egress(make_egress: MakeEgress) -> Egress:
     return await make_egress()
+
+
+@dataclass
+class Process:
+    proc: subprocess.Popen[bytes]
+    port: int
+    metrics_port: int
+    unix_socket: Path
+    log: Path
+
+
+@pytest.fixture
+def process(tmp_path: Path, redis_url: str, redis_prefix: str, outside: Outside) -> Iterator[Process]:
+    port, metrics_port = free_port(), free_port()
+    sock_dir = Path(tempfile.mkdtemp(prefix="spe-"))  # short, whatever tmp_path's length
+    unix_socket = sock_dir / "egress.sock"
+    log = tmp_path / "egress.log"
+    env = scrubbed_env(SANDPOOL_RESOLVE_OVERRIDES=",".join(OVERRIDES))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandpool", "egress", "--port", str(port), "--metrics-port", str(metrics_port),
+             "--unix-socket", str(unix_socket), "--redis-url", redis_url, "--redis-prefix", redis_prefix,
+             "--egress-allow-ceiling", f"*:{outside.https_tap.port}", "--unsafe-allow-loopback-for-tests",
+             "--unsafe-mode", "tests"], stdout=out, stderr=out, env=env)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc, log=log, timeout=30, what="egress")
+        yield Process(proc, port, metrics_port, unix_socket, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if unix_socket.exists():
+            unix_socket.unlink()
+        sock_dir.rmdir()
 
 
 def basic(credential: str, user: str = "sandbox") -> str:

@@ -44,6 +44,44 @@ async def test_a_sandbox_holds_at_most_its_share_of_connections(make_egress: Mak
     held[1][1].close()
 
 
+async def test_a_workspace_holds_at_most_its_cap_of_connections_across_its_sandboxes(
+        make_egress: MakeEgress, outside: Outside) -> None:
+    """One tenant cannot take the whole proxy: its sandboxes together hold at most the workspace cap (the
+    operator's ceiling when its policy sets none); another workspace is not affected."""
+    egress = await make_egress(max_connections_per_workspace=3)
+    authority = f"files.example.test:{outside.https_tap.port}"
+    first, second = [await egress.bind_session([authority]) for _ in range(2)]
+    other = await egress.bind_session([authority], workspace="ws-other")
+    held = [await open_tunnel(egress.port, authority, bound.credential) for bound in (first, first, second)]
+    assert [status for status, _ in held] == [200, 200, 200]
+    over = await raw_request(egress.port, connect_head(authority, second.credential))
+    assert over.status == 429 and over.headers["retry-after"] == "1"
+    assert over.headers["x-sandpool-egress-refusal"] == "too_many_workspace_connections"
+    assert "max_egress_connections" in over.phrase  # names the policy field that bounds it
+    status, writer = await open_tunnel(egress.port, authority, other.credential)
+    assert status == 200
+    writer.close()
+    for _, held_writer in held:
+        held_writer.close()
+
+
+async def test_the_workspace_policy_lowers_the_cap_and_never_raises_it(make_egress: MakeEgress,
+                                                                       outside: Outside) -> None:
+    """The cap the lease recorded on the session (the workspace policy's `max_egress_connections`) lowers
+    the operator's ceiling; a value above the ceiling is bounded by it."""
+    egress = await make_egress(max_connections_per_workspace=2)
+    authority = f"files.example.test:{outside.https_tap.port}"
+    low = await egress.bind_session([authority], workspace="ws-low", limits={"max_egress_connections": 1})
+    high = await egress.bind_session([authority], workspace="ws-high", limits={"max_egress_connections": 50})
+    held = [await open_tunnel(egress.port, authority, bound.credential) for bound in (low, high, high)]
+    assert [status for status, _ in held] == [200, 200, 200]
+    for bound in (low, high):
+        over = await raw_request(egress.port, connect_head(authority, bound.credential))
+        assert (over.status, over.headers["x-sandpool-egress-refusal"]) == (429, "too_many_workspace_connections")
+    for _, writer in held:
+        writer.close()
+
+
 async def test_connections_in_all_are_bounded(make_egress: MakeEgress) -> None:
     egress = await make_egress(max_connections=2)
     idle = [await asyncio.open_connection("127.0.0.1", egress.port) for _ in range(2)]
@@ -130,7 +168,7 @@ async def test_a_client_hello_over_the_limit_is_refused(make_egress: MakeEgress,
     await writer.drain()
     data = await asyncio.wait_for(reader.read(), 30)
     writer.close()
-    assert data in (b"", bytes([21, 3, 1, 0, 2, 2, 49]))
+    assert data == b""  # not a ClientHello the proxy read: no alert (docs/egress.md, step 6)
     assert outside.https.seen == []
 
 

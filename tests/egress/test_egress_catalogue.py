@@ -1,4 +1,5 @@
-"""`egress_allow` in the limits catalogue: the one list-valued limit, as the edge hands it to the session layer.
+"""The egress limits in the catalogue, as the edge hands them to the session layer: `egress_allow`, the one
+list-valued limit, and `max_egress_connections`, a count the lease records for the egress proxy.
 
 The edge reads a workspace's stored policy (`edge.policy.effective`) and hands the session layer a
 `Caller` in process: the numeric limits in `limits`, the allow-list apart in `egress_allow`, which the
@@ -20,6 +21,7 @@ from testkit import ThreadServer
 
 from sandpool.contract import limits as catalogue
 from sandpool.edge.policy import CorruptPolicy, PolicyCodec, dump_policy, effective, policy_model
+from sandpool.egress.settings import EgressSettings
 from sandpool.sessions.caller import STANDALONE, Caller
 from sandpool.sessions.limits import Ceilings, lease_limits
 from sandpool.state.keys import egress_digest
@@ -118,3 +120,18 @@ async def test_a_workspaces_list_reaches_the_lease_through_the_api(egress: Egres
     assert through.status == 200, through
     refused = await raw_request(egress.port, connect_head(f"files.example.test:{outside.http_tap.port}", credential))
     assert refused.status == 403 and outside.http_tap.opened == 0
+
+
+def test_the_workspace_egress_connection_cap_reaches_the_lease_for_the_egress_proxy() -> None:
+    """`max_egress_connections` goes the way of the other counts: from the stored policy into the lease's
+    limits (recorded on the session, where the egress proxy reads it); its ceiling is the egress proxy's."""
+    limit = catalogue.by_name()["max_egress_connections"]
+    assert not limit.is_list and limit.enforced_by == "lease" and limit.ceiling_owner == "egress"
+    assert limit.ceiling in EgressSettings.model_fields
+    caller = Caller.of("acme", effective(policy_model()(max_egress_connections=5), {}).limits)
+    assert caller.policy["max_egress_connections"] == 5
+    ceilings = Ceilings.from_settings(type("S", (), {"default_idle_timeout_seconds": 1, "max_idle_timeout_seconds": 1,
+                                                     "default_lifetime_seconds": 1, "max_lifetime_seconds": 1,
+                                                     "default_exec_timeout_seconds": 1,
+                                                     "max_exec_timeout_seconds": 1})())
+    assert lease_limits(ceilings, caller.policy)["max_egress_connections"] == 5

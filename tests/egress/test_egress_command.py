@@ -8,50 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
-from testkit import free_port, scrubbed_env, wait_http
+from testkit import scrubbed_env
 
-from .conftest import OVERRIDES, Egress, Outside, connect_head, read_answer
-
-
-@dataclass
-class Process:
-    proc: subprocess.Popen[bytes]
-    port: int
-    metrics_port: int
-    unix_socket: Path
-    log: Path
-
-
-@pytest.fixture
-def process(tmp_path: Path, redis_url: str, redis_prefix: str, outside: Outside) -> Iterator[Process]:
-    port, metrics_port = free_port(), free_port()
-    sock_dir = Path(tempfile.mkdtemp(prefix="spe-"))  # short, whatever tmp_path's length
-    unix_socket = sock_dir / "egress.sock"
-    log = tmp_path / "egress.log"
-    env = scrubbed_env(SANDPOOL_RESOLVE_OVERRIDES=",".join(OVERRIDES))
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sandpool", "egress", "--port", str(port), "--metrics-port", str(metrics_port),
-             "--unix-socket", str(unix_socket), "--redis-url", redis_url, "--redis-prefix", redis_prefix,
-             "--egress-allow-ceiling", f"*:{outside.https_tap.port}", "--unsafe-allow-loopback-for-tests",
-             "--unsafe-mode", "tests"], stdout=out, stderr=out, env=env)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc, log=log, timeout=30, what="egress")
-        yield Process(proc, port, metrics_port, unix_socket, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if unix_socket.exists():
-            unix_socket.unlink()
-        sock_dir.rmdir()
+from .conftest import Egress, Outside, Process, connect_head, read_answer
 
 
 async def test_the_process_serves_probes_metrics_tunnels_and_stops_cleanly(

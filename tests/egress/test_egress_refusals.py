@@ -357,6 +357,15 @@ async def test_ambiguous_body_framing_is_refused(egress: Egress, outside: Outsid
     assert outside.http_tap.opened == 0
 
 
+async def test_the_credential_is_checked_before_the_body_framing(egress: Egress, outside: Outside) -> None:
+    """The order docs/egress.md gives: a request both without a credential and framed ambiguously is refused
+    for its credential; the framing is checked only for a caller with a valid one."""
+    head = f"POST {outside.http_url('/echo')} HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked"
+    answer = await raw_request(egress.port, head, b"0\r\n\r\n")
+    assert (answer.status, answer.headers["x-sandpool-egress-refusal"]) == (407, "no_credential")
+    assert outside.http_tap.opened == 0
+
+
 async def test_a_second_request_on_a_plain_connection_goes_nowhere(egress: Egress, outside: Outside) -> None:
     """One request per connection: what follows the first request's body is never sent on."""
     bound = await egress.bind_session([f"files.example.test:{outside.http_tap.port}"])

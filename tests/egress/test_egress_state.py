@@ -21,6 +21,17 @@ async def test_a_binding_reads_back_while_its_session_lives(egress: Egress) -> N
     assert await egress.store.binding(bound.credential + "x") is None
 
 
+async def test_a_binding_carries_the_connection_cap_its_lease_recorded(egress: Egress) -> None:
+    """The workspace's `max_egress_connections`, as the lease recorded it on the session, comes back with the
+    binding (0: none of its own, the egress proxy's ceiling applies)."""
+    capped = await egress.bind_session([], limits={"max_concurrent_sessions": 0, "max_egress_connections": 7})
+    found = await egress.store.binding(capped.credential)
+    assert found is not None and found.max_egress_connections == 7
+    plain = await egress.bind_session([])
+    found = await egress.store.binding(plain.credential)
+    assert found is not None and found.max_egress_connections == 0
+
+
 async def test_unbind_revokes_at_once_and_says_whether_it_did(egress: Egress) -> None:
     bound = await egress.bind_session(["files.example.org"])
     assert await egress.store.unbind(bound.credential) is True

@@ -26,11 +26,11 @@ import pytest
 from egress.origins import TEST_NAMES, Certificate, Origin, Tap, make_certificate
 from testkit import eventually
 
+from sandpool.controller.provider import PoolSpec, SandboxInfo
 from sandpool.core.serve import bind
 from sandpool.egress.server import EgressProxy
 from sandpool.egress.serving import bind_unix, build_resolver
 from sandpool.egress.settings import EgressSettings
-from sandpool.controller.provider import PoolSpec, SandboxInfo
 from sandpool.providers.local.provider import LocalProvider
 from sandpool.providers.local.settings import LocalProviderSettings
 from sandpool.state import Keys, close, connect

@@ -11,6 +11,11 @@ the API server with the flags its README lists and waits for `/readyz`.
 `restart_apiserver()` stops and starts the API server alone (same etcd, port and
 certificates): what a control-plane upgrade or crash looks like to a client.
 
+Both are started with `testkit.tied_popen`: they get SIGKILL when the test process
+dies, so a run killed by a signal (no teardown) leaves no etcd or API server behind
+holding ports and memory. That holds for a restart from a worker thread too
+(`asyncio.to_thread(cluster.restart_apiserver)`).
+
 It is only the API server: no scheduler, controller-manager or kubelet. A
 namespace's `default` ServiceAccount (made by a controller on a real cluster) is
 created by `namespace()`; pods are bound and run by `kubelet.StandInKubelet`.
@@ -37,7 +42,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from testkit import free_port, wait_http
+from testkit import free_port, tied_popen, wait_http
 
 APISERVER_ENV = "SANDPOOL_TEST_KUBE_APISERVER"
 ETCD_ENV = "SANDPOOL_TEST_ETCD"
@@ -156,7 +161,7 @@ class RealCluster:
                                                 f'"system:masters"\n')
         (self.certs / "tokens.csv").chmod(0o600)
         peer = free_port()
-        self.etcd = subprocess.Popen(
+        self.etcd = tied_popen(
             [self.etcd_binary, "--name", "test", "--data-dir", str(self.workdir / "etcd"),
              "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
              "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
@@ -172,7 +177,7 @@ class RealCluster:
     def start_apiserver(self) -> None:
         c = self.certs
         log = (self.workdir / "apiserver.log").open("ab")
-        self.apiserver = subprocess.Popen(
+        self.apiserver = tied_popen(
             [self.apiserver_binary,
              f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
              "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",

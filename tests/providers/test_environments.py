@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sandbox_env import make_lock
 
-from sandpool.core.settings import ConfigurationError
 from sandpool.controller.templates import load_environments, load_pools
+from sandpool.core.settings import ConfigurationError
 from sandpool.providers.local import environments
 from sandpool.providers.local.environments import EnvironmentSpec, EnvironmentUnavailable
 

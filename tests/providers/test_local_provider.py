@@ -13,8 +13,8 @@ import pytest
 from local_helpers import agent_client, output, run
 from testkit import eventually
 
-from sandpool.core.settings import ConfigurationError
 from sandpool.controller.provider import SANDBOX_ID_LENGTH, PoolSpec, Provider, ProviderError
+from sandpool.core.settings import ConfigurationError
 from sandpool.providers import build_provider
 from sandpool.providers.local import procs
 from sandpool.providers.local.provider import LocalProvider, data_dir_need

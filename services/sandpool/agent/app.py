@@ -41,6 +41,7 @@ from sandpool.agent.settings import AgentSettings
 from sandpool.agent.workspace import shown
 from sandpool.contract.agent_protocol import OUTCOME_HEADER
 from sandpool.contract.models import (
+    CODE_EXECUTION,
     CodeExecutionOutputFile,
     CodeExecutionResult,
     ExecRequest,
@@ -443,7 +444,7 @@ async def _SERVER_ERROR(scope: Scope, receive: Receive, send: Send) -> None:
 
 async def _self_call(app: ASGIApp, secret: str) -> None:
     """One exec through the whole ASGI stack before serving: a self-test, and the first real call is warm."""
-    body = json.dumps({"tool": "code_execution", "input": {"code": "print(end='')"}}).encode()
+    body = json.dumps({"tool": CODE_EXECUTION, "input": {"code": "print(end='')"}}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": "/sessions/warm-up/exec", "raw_path": b"/sessions/warm-up/exec", "query_string": b"",
              "root_path": "", "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0),

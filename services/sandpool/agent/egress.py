@@ -14,6 +14,8 @@ requests, httpx and urllib use it unchanged. Loopback is never proxied.
   (`--egress-socket`). The relay reaches that socket and nothing else; it adds
   no trust: the proxy checks the credential on every connection, so code that
   talks to the port directly gains nothing it could not do through the URL.
+  A burst that finds the proxy's listen queue full waits for room (2 s at most,
+  then 503 with Retry-After): the proxy is up, and its own answer is the one to give.
 
 Without either setting none of this exists: no listener, no task, no variable.
 """
@@ -27,6 +29,7 @@ import os
 import socket
 
 from sandpool.agent.settings import AgentSettings
+from sandpool.contract.reasons import EGRESS_REFUSALS, EgressRefusal
 from sandpool.core.settings import ConfigurationError, read_secret
 
 log = logging.getLogger("sandpool.agent.egress")
@@ -39,9 +42,29 @@ PIP_LAYER = ".local"
 its site directory on sys.path; docs/sandboxes.md)."""
 MAX_RELAYED = 128
 """Connections the relay carries at once (the egress proxy caps a sandbox lower: 64 by default)."""
+BACKLOG = MAX_RELAYED
+"""The relay's own listen queue: a burst of sandboxed code's connections waits in it to be accepted (a
+full TCP queue drops a SYN, which the client resends only a second later)."""
+BUSY_SECONDS = 2.0
+"""How long a connection waits for room in the proxy's full listen queue before the relay answers 503."""
 CHUNK = 1 << 16
-UNREACHABLE = (b"HTTP/1.1 502 sandpool egress: the egress proxy cannot be reached\r\n"
-               b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+
+
+def _answer(reason: EgressRefusal, message: str, *headers: str) -> bytes:
+    """The relay's own answer, shaped like the proxy's refusals: status line naming it, refusal word."""
+    [status] = EGRESS_REFUSALS[reason].statuses
+    lines = [f"HTTP/1.1 {status} sandpool egress: {message}", f"X-Sandpool-Egress-Refusal: {reason}", *headers,
+             "Content-Length: 0", "Connection: close"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+
+
+UNREACHABLE = _answer(EgressRefusal.PROXY_UNREACHABLE, "the egress proxy cannot be reached")
+BUSY = _answer(EgressRefusal.PROXY_BUSY, "the egress proxy is busy (its queue stayed full), retry later",
+               "Retry-After: 1")
+
+
+class ProxyBusy(Exception):
+    """The proxy's listen queue stayed full for the whole wait."""
 
 
 class Egress:
@@ -97,15 +120,17 @@ class Relay:
     """`127.0.0.1:<port>` → the egress proxy's Unix socket, one upstream connection per accepted one.
 
     The listening socket is bound at once (its port goes into the environment of children started
-    before the loop serves it); connections are accepted once `start` ran.
+    before the loop serves it); connections are accepted once `start` ran. A proxy whose listen queue
+    is full (a burst from many sandboxes) is waited for, up to `busy_seconds`: it is up, only behind.
     """
 
-    def __init__(self, socket_path: str) -> None:
+    def __init__(self, socket_path: str, *, busy_seconds: float = BUSY_SECONDS) -> None:
         self.socket_path = socket_path
+        self.busy_seconds = busy_seconds
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             self.listener.bind(("127.0.0.1", 0))
-            self.listener.listen(64)
+            self.listener.listen(BACKLOG)
             self.listener.setblocking(False)
         except OSError:
             self.listener.close()
@@ -115,7 +140,8 @@ class Relay:
         self._open: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, sock=self.listener, limit=CHUNK)
+        # backlog again: the server calls listen(2) once more, with 100 unless told
+        self._server = await asyncio.start_server(self._serve, sock=self.listener, limit=CHUNK, backlog=BACKLOG)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -126,12 +152,14 @@ class Relay:
         self._open.add(task)
         try:
             try:
-                up_reader, up_writer = await asyncio.open_unix_connection(self.socket_path, limit=CHUNK)
+                up_reader, up_writer = await self._connect()
+            except ProxyBusy as exc:
+                log.warning("egress proxy busy", extra={"error": str(exc)})
+                await _say(writer, BUSY)
+                return
             except OSError as exc:
                 log.warning("egress proxy unreachable", extra={"error": exc.strerror or str(exc)})
-                with contextlib.suppress(OSError):
-                    writer.write(UNREACHABLE)
-                    await writer.drain()
+                await _say(writer, UNREACHABLE)
                 return
             try:
                 await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
@@ -143,6 +171,40 @@ class Relay:
             self._open.discard(task)
             writer.close()
 
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the proxy, waiting out a full listen queue for up to `busy_seconds`.
+
+        The connect is made here, not by the loop: a non-blocking connect to a Unix socket whose queue is
+        full fails with EAGAIN, which uvloop reports as an error (the relay answered 502 to a proxy that
+        was up) and asyncio mistakes for a connect in progress. ECONNREFUSED is retried too: some systems
+        answer it for a full queue, and on Linux it means nobody listens yet, as while the proxy restarts.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.busy_seconds
+        pause = 0.005  # doubled after each attempt, up to 0.1 s
+        said = False
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                sock.connect(self.socket_path)
+                return await asyncio.open_unix_connection(sock=sock, limit=CHUNK)
+            except (BlockingIOError, ConnectionRefusedError) as exc:
+                sock.close()
+                full = isinstance(exc, BlockingIOError)
+                if not said:
+                    log.debug("egress proxy's queue is full: waiting" if full else "egress proxy refused: retrying")
+                    said = True
+                if loop.time() + pause > deadline:
+                    if full:
+                        raise ProxyBusy(f"its listen queue stayed full for {self.busy_seconds:g} s") from None
+                    raise
+            except BaseException:
+                sock.close()
+                raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
     async def aclose(self) -> None:
         if self._server is not None:
             self._server.close()
@@ -152,6 +214,12 @@ class Relay:
             task.cancel()
         if self._open:
             await asyncio.gather(*self._open, return_exceptions=True)
+
+
+async def _say(writer: asyncio.StreamWriter, answer: bytes) -> None:
+    with contextlib.suppress(OSError):
+        writer.write(answer)
+        await writer.drain()
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -28,7 +28,12 @@ from sandpool.agent.settings import AgentSettings
 from sandpool.agent.shell import Shell
 from sandpool.agent.template_channel import TemplateChannel
 from sandpool.agent.workspace import Workspace
-from sandpool.contract.models import parse_exec_request
+from sandpool.contract.models import (
+    BASH_CODE_EXECUTION,
+    CODE_EXECUTION,
+    TEXT_EDITOR_CODE_EXECUTION,
+    parse_exec_request,
+)
 
 log = logging.getLogger("sandpool.agent")
 
@@ -89,9 +94,9 @@ class Runtime:
     def _warm(self) -> None:
         """Pay first-call costs now, so the first real call is as fast as the tenth. The
         interpreter's own first call is the app's self-test (a real Execute through every layer)."""
-        parse_exec_request({"tool": "code_execution", "input": {"code": "pass"}})
-        parse_exec_request({"tool": "bash_code_execution", "input": {"command": ":"}})
-        parse_exec_request({"tool": "text_editor_code_execution", "input": {"command": "view", "path": "."}})
+        parse_exec_request({"tool": CODE_EXECUTION, "input": {"code": "pass"}})
+        parse_exec_request({"tool": BASH_CODE_EXECUTION, "input": {"command": ":"}})
+        parse_exec_request({"tool": TEXT_EDITOR_CODE_EXECUTION, "input": {"command": "view", "path": "."}})
         produced.snapshot(self.workspace.root, 1)
 
     async def _reap_forever(self) -> None:

@@ -26,6 +26,7 @@ import uvicorn
 from sandpool.agent import procs
 from sandpool.agent.app import create_app
 from sandpool.agent.settings import AgentSettings
+from sandpool.core.serve import BACKLOG
 from sandpool.core.settings import ConfigurationError, dump_settings
 
 log = logging.getLogger("sandpool.agent")
@@ -97,10 +98,10 @@ def serve(settings: AgentSettings) -> None:
     if settings.uds is not None:
         _clear_stale_socket(str(settings.uds))
         config = uvicorn.Config(app, uds=str(settings.uds), log_config=None, access_log=False,
-                                lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False)
+                                lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False, backlog=BACKLOG)
     else:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                                lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False)
+                                lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False, backlog=BACKLOG)
     log.info("agent starting", extra={"settings": dump_settings(settings)})
     server = _AgentServer(config, ready_fd=settings.ready_fd)
     try:

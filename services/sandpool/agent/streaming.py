@@ -25,6 +25,7 @@ import asyncio
 import codecs
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.types import Receive, Send
@@ -36,7 +37,10 @@ from sandpool.core.errors import SandpoolError
 log = logging.getLogger("sandpool.agent.streaming")
 
 PIECE_BYTES = 16 * 1024
-"""Output bytes per event at most: with JSON escaping an event stays under 100 KiB (the scheduler's check)."""
+"""UTF-8 bytes of text per event at most (docs/api.md): with JSON escaping an event stays under
+100 KiB (the scheduler's check)."""
+_DECODE_BYTES = 4 * PIECE_BYTES
+"""Bytes read decoded at once when sending them."""
 HEADERS = [(b"content-type", protocol.EVENT_STREAM_CONTENT_TYPE.encode()), (b"cache-control", b"no-cache"),
            (b"x-accel-buffering", b"no")]
 HEARTBEAT = b": %s\n\n" % protocol.HEARTBEAT_COMMENT.encode()
@@ -51,6 +55,24 @@ def wants_stream(headers: list[tuple[bytes, bytes]]) -> bool:
         if name.lower() == b"accept" and EVENT_STREAM.encode() in value.lower():
             return True
     return False
+
+
+def pieces(text: str, limit: int = PIECE_BYTES) -> Iterator[str]:
+    """`text` in consecutive pieces of at most `limit` bytes of UTF-8 each, cut between characters.
+
+    Cut by encoded bytes, not by characters or by the bytes read: a character is up to 4 bytes,
+    and each invalid byte read becomes U+FFFD, 3 bytes of text. `limit` is at least 4.
+    """
+    data = text.encode()
+    start = 0
+    while len(data) - start > limit:
+        end = start + limit
+        while data[end] & 0xC0 == 0x80:  # a continuation byte: the cut would split a character
+            end -= 1
+        yield data[start:end].decode()
+        start = end
+    if start < len(data):
+        yield data[start:].decode()
 
 
 def header_true(headers: list[tuple[bytes, bytes]], name: bytes) -> bool:
@@ -103,17 +125,21 @@ class OutputEvents:
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def flush(self) -> None:
-        """Send what is pending (merged per stream, in arrival order)."""
+        """Send what is pending (merged per stream, in arrival order), in pieces of at most
+        PIECE_BYTES of text. Decoded a slice at a time, so a backlog as large as the output cap never
+        exists as text all at once; a slice's last, short piece waits to be filled by the next."""
         while self._pending:
             stream, data = self._pending.pop(0)
             if self.gone:
                 continue
-            decoder = self._decoders[stream]
-            for start in range(0, len(data), PIECE_BYTES):
-                text = decoder.decode(bytes(data[start:start + PIECE_BYTES]))
-                if text:
-                    self._emitted[stream] += len(text)
-                    await self.write(event(stream, {"text": text}))
+            decoder, text = self._decoders[stream], ""
+            for start in range(0, len(data), _DECODE_BYTES):
+                decoded = decoder.decode(bytes(data[start:start + _DECODE_BYTES]))
+                self._emitted[stream] += len(decoded)
+                cut = list(pieces(text + decoded))
+                text = cut.pop() if cut and start + _DECODE_BYTES < len(data) else ""
+                for piece in cut:
+                    await self.write(event(stream, {"text": piece}))
 
     async def pump(self, work: asyncio.Future[Any], gone: asyncio.Future[Any], on_gone: Any) -> None:
         """Send output as it comes and heartbeats while silent, until `work` ends. `on_gone()` runs
@@ -143,9 +169,8 @@ class OutputEvents:
         for stream, text in ((Event.STDOUT, stdout), (Event.STDERR, stderr)):
             # What was sent is a prefix of the result's text (the same kept bytes, decoded alike);
             # the rest is a trailing partial character, the truncation marker and the notes.
-            tail = text[self._emitted[stream]:]
-            for start in range(0, len(tail), PIECE_BYTES):
-                await self.write(event(stream, {"text": tail[start:start + PIECE_BYTES]}))
+            for piece in pieces(text[self._emitted[stream]:]):
+                await self.write(event(stream, {"text": piece}))
         comment = b": %s %s\n\n" % (protocol.OUTCOME_COMMENT.encode(), outcome.encode())
         await self.write(comment + json_event(Event.RESULT, body))
         await self.end()
@@ -167,4 +192,4 @@ async def disconnected(receive: Receive) -> None:
 
 
 __all__ = ["CANCEL_ON_DISCONNECT", "EVENT_STREAM", "HEADERS", "OutputEvents", "disconnected", "error_event", "event",
-           "header_true", "json_event", "wants_stream"]
+           "header_true", "json_event", "pieces", "wants_stream"]

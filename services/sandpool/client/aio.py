@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from types import TracebackType
 from typing import Any, cast
 
@@ -25,6 +25,7 @@ from sandpool.client.events import (
     ExecEvent,
     OutputCallback,
     deliver,
+    event_source,
     events_of,
     is_event_stream,
     stream_headers,
@@ -32,6 +33,7 @@ from sandpool.client.events import (
 from sandpool.client.results import ExecResult, FileInfo, OutputFile, SessionInfo, UploadResult
 from sandpool.client.retry import RetryPolicy
 from sandpool.client.transport import REQUEST_ID_HEADER, error_for_transport, finish_error, read_response, retry_delay
+from sandpool.contract import BASH_CODE_EXECUTION, CODE_EXECUTION, TEXT_EDITOR_CODE_EXECUTION
 
 
 class AsyncClient:
@@ -129,12 +131,13 @@ class AsyncClient:
                             yield piece
                         return
                     reader = EventReader()
-                    async for line in resp.aiter_lines():
-                        event = reader.line(line)
-                        if event is not None:
-                            yield event
-                        if reader.finished:
-                            return
+                    async with aclosing(event_source(resp).aiter_sse()) as events:  # closed now, not at GC
+                        async for sse in events:
+                            event = reader.event(sse)
+                            if event is not None:
+                                yield event
+                            if reader.finished:
+                                return
                     raise finish_error(ProtocolError("the stream ended before its result"), request_id, attempt)
             except SandpoolClientError as raised:
                 if raised.request_id is None:
@@ -261,7 +264,7 @@ class AsyncSession:
                          on_stderr: OutputCallback | None = None) -> ExecResult:
         """Run code in the session's persistent Python interpreter (streamed to `on_stdout` /
         `on_stderr` when given)."""
-        return await self.execute(calls.TOOL_PYTHON, {"code": code}, timeout_seconds=timeout_seconds,
+        return await self.execute(CODE_EXECUTION, {"code": code}, timeout_seconds=timeout_seconds,
                                   tool_use_id=tool_use_id, on_stdout=on_stdout, on_stderr=on_stderr)
 
     run_code = run_python
@@ -270,25 +273,25 @@ class AsyncSession:
                        on_stdout: OutputCallback | None = None,
                        on_stderr: OutputCallback | None = None) -> ExecResult:
         """Run a shell command in the session's workspace (streamed to `on_stdout` / `on_stderr` when given)."""
-        return await self.execute(calls.TOOL_BASH, {"command": command}, timeout_seconds=timeout_seconds,
+        return await self.execute(BASH_CODE_EXECUTION, {"command": command}, timeout_seconds=timeout_seconds,
                                   tool_use_id=tool_use_id, on_stdout=on_stdout, on_stderr=on_stderr)
 
     def stream_code(self, code: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
                     cancel_on_disconnect: bool = False) -> AsyncIterator[ExecEvent]:
         """Python with its output streamed: `async for event in s.stream_code(...)`, the `result` last."""
-        return self.stream(calls.TOOL_PYTHON, {"code": code}, timeout_seconds=timeout_seconds,
+        return self.stream(CODE_EXECUTION, {"code": code}, timeout_seconds=timeout_seconds,
                            tool_use_id=tool_use_id, cancel_on_disconnect=cancel_on_disconnect)
 
     def stream_bash(self, command: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
                     cancel_on_disconnect: bool = False) -> AsyncIterator[ExecEvent]:
         """A shell command with its output streamed, as `stream_code`."""
-        return self.stream(calls.TOOL_BASH, {"command": command}, timeout_seconds=timeout_seconds,
+        return self.stream(BASH_CODE_EXECUTION, {"command": command}, timeout_seconds=timeout_seconds,
                            tool_use_id=tool_use_id, cancel_on_disconnect=cancel_on_disconnect)
 
     async def edit(self, command: str, path: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
              **fields: Any) -> ExecResult:
         """The text editor: `command` is view, create, str_replace, insert or undo_edit."""
-        return await self.execute(calls.TOOL_EDITOR, calls.editor_input(command, path, **fields),
+        return await self.execute(TEXT_EDITOR_CODE_EXECUTION, calls.editor_input(command, path, **fields),
                             timeout_seconds=timeout_seconds, tool_use_id=tool_use_id)
 
     async def view(self, path: str, view_range: tuple[int, int] | list[int] | None = None) -> ExecResult:

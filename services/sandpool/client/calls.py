@@ -32,10 +32,6 @@ from sandpool.client.errors import ProtocolError
 from sandpool.client.results import ExecResult, FileInfo, SessionInfo, UploadResult, file_infos_from_body
 from sandpool.contract.reasons import Reason
 
-TOOL_PYTHON = "code_execution"
-TOOL_BASH = "bash_code_execution"
-TOOL_EDITOR = "text_editor_code_execution"
-
 Upload = bytes | bytearray | memoryview | IO[bytes]
 
 
@@ -214,9 +210,6 @@ def put_file(timeouts: Timeouts, session_id: str, path: str, data: Upload) -> Ca
 
 
 __all__ = [
-    "TOOL_BASH",
-    "TOOL_EDITOR",
-    "TOOL_PYTHON",
     "Call",
     "Retry",
     "Timeouts",

@@ -6,7 +6,10 @@ while it is silent, then one `result` event holding the very body a plain Execut
 returns (or an `error` event when the call could not run once the stream began).
 A backend without streaming answers the plain JSON body: it reads as the whole
 output at once, then the result, so code written against the stream works anywhere.
-No I/O here: the sync and async clients feed lines in.
+The stream is parsed by `httpx-sse`, as the SSE specification says: lines end only at CR, LF
+and CRLF. (httpx's `iter_lines()` also ends them at U+2028, U+2029, U+0085 and the other
+`str.splitlines()` boundaries, which cut an event holding such output in two.)
+No I/O here: the sync and async clients read the response and feed the events in.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent
 
 from sandpool.client.errors import ProtocolError, SandpoolClientError, error_from_response
 from sandpool.client.results import ExecResult
@@ -48,31 +52,22 @@ def is_event_stream(resp: httpx.Response) -> bool:
     return resp.status_code == 200 and resp.headers.get("content-type", "").startswith(EVENT_STREAM)
 
 
+def event_source(resp: httpx.Response) -> EventSource:
+    """The response's server-sent events. An event stream is UTF-8 whatever its header says (the
+    specification), so a charset in Content-Type does not change how it decodes."""
+    resp.encoding = "utf-8"
+    return EventSource(resp)
+
+
 class EventReader:
-    """Turns the stream's lines (without their line ends) into `ExecEvent`s; raises the error an
-    `error` event stands for, and `ProtocolError` for what no sandpool server sends."""
+    """Turns the stream's server-sent events into `ExecEvent`s; raises the error an `error` event
+    stands for, and `ProtocolError` for what no sandpool server sends."""
 
     def __init__(self) -> None:
-        self._name = ""
-        self._data: list[str] = []
         self.finished = False
 
-    def line(self, line: str) -> ExecEvent | None:
-        if line == "":
-            return self._dispatch()
-        if line.startswith(":"):
-            return None  # a comment: a heartbeat
-        field, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field == "event":
-            self._name = value
-        elif field == "data":
-            self._data.append(value)
-        return None
-
-    def _dispatch(self) -> ExecEvent | None:
-        name, data = self._name or "message", "\n".join(self._data)
-        self._name, self._data = "", []
+    def event(self, sse: ServerSentEvent) -> ExecEvent | None:
+        name, data = sse.event, sse.data
         if not data:
             return None
         try:
@@ -116,5 +111,5 @@ def deliver(event: ExecEvent, on_stdout: OutputCallback | None, on_stderr: Outpu
         on_stderr(event.text)
 
 
-__all__ = ["CANCEL_ON_DISCONNECT_HEADER", "EventReader", "ExecEvent", "OutputCallback", "deliver", "events_of",
-           "is_event_stream", "stream_headers"]
+__all__ = ["CANCEL_ON_DISCONNECT_HEADER", "EventReader", "ExecEvent", "OutputCallback", "deliver", "event_source",
+           "events_of", "is_event_stream", "stream_headers"]

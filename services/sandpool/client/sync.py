@@ -25,6 +25,7 @@ from sandpool.client.events import (
     ExecEvent,
     OutputCallback,
     deliver,
+    event_source,
     events_of,
     is_event_stream,
     stream_headers,
@@ -32,6 +33,7 @@ from sandpool.client.events import (
 from sandpool.client.results import ExecResult, FileInfo, OutputFile, SessionInfo, UploadResult
 from sandpool.client.retry import RetryPolicy
 from sandpool.client.transport import REQUEST_ID_HEADER, error_for_transport, finish_error, read_response, retry_delay
+from sandpool.contract import BASH_CODE_EXECUTION, CODE_EXECUTION, TEXT_EDITOR_CODE_EXECUTION
 
 
 class Client:
@@ -130,8 +132,8 @@ class Client:
                         yield from events_of(whole)
                         return
                     reader = EventReader()
-                    for line in resp.iter_lines():
-                        event = reader.line(line)
+                    for sse in event_source(resp).iter_sse():
+                        event = reader.event(sse)
                         if event is not None:
                             yield event
                         if reader.finished:
@@ -262,7 +264,7 @@ class Session:
                    on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> ExecResult:
         """Run code in the session's persistent Python interpreter (streamed to `on_stdout` /
         `on_stderr` when given)."""
-        return self.execute(calls.TOOL_PYTHON, {"code": code}, timeout_seconds=timeout_seconds,
+        return self.execute(CODE_EXECUTION, {"code": code}, timeout_seconds=timeout_seconds,
                             tool_use_id=tool_use_id, on_stdout=on_stdout, on_stderr=on_stderr)
 
     run_code = run_python
@@ -270,25 +272,25 @@ class Session:
     def run_bash(self, command: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
                  on_stdout: OutputCallback | None = None, on_stderr: OutputCallback | None = None) -> ExecResult:
         """Run a shell command in the session's workspace (streamed to `on_stdout` / `on_stderr` when given)."""
-        return self.execute(calls.TOOL_BASH, {"command": command}, timeout_seconds=timeout_seconds,
+        return self.execute(BASH_CODE_EXECUTION, {"command": command}, timeout_seconds=timeout_seconds,
                             tool_use_id=tool_use_id, on_stdout=on_stdout, on_stderr=on_stderr)
 
     def stream_code(self, code: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
                     cancel_on_disconnect: bool = False) -> Iterator[ExecEvent]:
         """Python with its output streamed: `for event in s.stream_code(...)`, the `result` event last."""
-        return self.stream(calls.TOOL_PYTHON, {"code": code}, timeout_seconds=timeout_seconds,
+        return self.stream(CODE_EXECUTION, {"code": code}, timeout_seconds=timeout_seconds,
                            tool_use_id=tool_use_id, cancel_on_disconnect=cancel_on_disconnect)
 
     def stream_bash(self, command: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
                     cancel_on_disconnect: bool = False) -> Iterator[ExecEvent]:
         """A shell command with its output streamed, as `stream_code`."""
-        return self.stream(calls.TOOL_BASH, {"command": command}, timeout_seconds=timeout_seconds,
+        return self.stream(BASH_CODE_EXECUTION, {"command": command}, timeout_seconds=timeout_seconds,
                            tool_use_id=tool_use_id, cancel_on_disconnect=cancel_on_disconnect)
 
     def edit(self, command: str, path: str, *, timeout_seconds: int | None = None, tool_use_id: str | None = None,
              **fields: Any) -> ExecResult:
         """The text editor: `command` is view, create, str_replace, insert or undo_edit."""
-        return self.execute(calls.TOOL_EDITOR, calls.editor_input(command, path, **fields),
+        return self.execute(TEXT_EDITOR_CODE_EXECUTION, calls.editor_input(command, path, **fields),
                             timeout_seconds=timeout_seconds, tool_use_id=tool_use_id)
 
     def view(self, path: str, view_range: tuple[int, int] | list[int] | None = None) -> ExecResult:

@@ -1,7 +1,10 @@
 """Contract version 1: the wire models every service speaks. Imports nothing from the services."""
 
 from sandpool.contract.models import (
+    BASH_CODE_EXECUTION,
+    CODE_EXECUTION,
     CONTRACT_VERSION,
+    TEXT_EDITOR_CODE_EXECUTION,
     TOOL_KINDS,
     TOOL_REQUESTS,
     BashExecutionInput,
@@ -32,7 +35,10 @@ from sandpool.contract.models import (
 )
 
 __all__ = [
+    "BASH_CODE_EXECUTION",
+    "CODE_EXECUTION",
     "CONTRACT_VERSION",
+    "TEXT_EDITOR_CODE_EXECUTION",
     "TOOL_KINDS",
     "TOOL_REQUESTS",
     "BashExecutionInput",

@@ -20,6 +20,13 @@ ceiling is the egress proxy's own (`sandpool egress --egress-allow-ceiling`, whi
 the proxy publishes to Redis): the admin API refuses a list outside it, and the
 egress proxy checks both on every connection.
 
+The egress proxy learns a workspace's limits from the lease: `egress_allow` is bound
+with the sandbox's credential, and the lease's numeric limits are recorded on the
+session, where the proxy reads `max_egress_connections` with the binding. That count
+is the egress proxy's to enforce and its ceiling the egress proxy's setting
+(`ceiling_of="egress"`, `sandpool egress --max-connections-per-workspace`, also the
+default); the scheduler, which has no such setting, passes it through unbounded.
+
 Adding a limit is one entry here plus its enforcement where `enforced_by` says.
 """
 
@@ -31,6 +38,7 @@ from typing import Literal
 
 Enforcer = Literal["proxy", "scheduler", "lease"]
 Kind = Literal["count", "list"]
+Owner = Literal["proxy", "scheduler", "egress"]
 
 
 @dataclass(frozen=True)
@@ -41,12 +49,16 @@ class Limit:
     name: str
     description: str
     enforced_by: Enforcer
-    """`proxy`: at the edge; `scheduler`: on each call; `lease`: inside the atomic lease script."""
+    """`proxy`: at the edge; `scheduler`: on each call; `lease`: inside the atomic lease script, or
+    recorded by it for the egress proxy (the egress limits)."""
     ceiling: str
-    """The operator setting holding the ceiling (and the default): a scheduler setting, or the
-    proxy's for limits the proxy enforces."""
+    """The operator setting holding the ceiling (and the default): a scheduler setting, the proxy's for
+    limits the proxy enforces, the egress proxy's for the egress limits."""
     unit: str = ""
     kind: Kind = "count"
+    ceiling_of: Owner | None = None
+    """Whose setting `ceiling` is when it is not what `enforced_by` implies: `egress` for a count the
+    lease records and the egress proxy enforces."""
 
     @property
     def is_list(self) -> bool:
@@ -65,11 +77,16 @@ class Limit:
         return "X-Sandpool-" + "-".join(part.capitalize() for part in self.name.split("_"))
 
     @property
-    def ceiling_owner(self) -> Literal["proxy", "scheduler", "egress"]:
+    def ceiling_owner(self) -> Owner:
+        if self.ceiling_of is not None:
+            return self.ceiling_of
         if self.is_list:
             return "egress"
         return "proxy" if self.enforced_by == "proxy" else "scheduler"
 
+
+MAX_EGRESS_CONNECTIONS = "max_egress_connections"
+"""The egress proxy's per-workspace connection cap, as the lease records it on the session (state/egress.py)."""
 
 LIMITS: tuple[Limit, ...] = (
     Limit("max_concurrent_sessions", "Live sessions at once (waiters for a sandbox count)", "lease",
@@ -87,6 +104,9 @@ LIMITS: tuple[Limit, ...] = (
     Limit("egress_allow", "Destinations sessions may reach through the egress proxy (HOST[:PORT], port 443 by "
           "default; *.example.com for names below a domain); empty: no egress", "lease",
           ceiling="egress_allow_ceiling", unit="entries", kind="list"),
+    Limit(MAX_EGRESS_CONNECTIONS, "Connections the workspace's sessions hold at once through an egress proxy replica "
+          "(429 above); applies to sessions leased after it is set", "lease",
+          ceiling="max_connections_per_workspace", unit="connections", ceiling_of="egress"),
 )
 """Every limit, in the order the docs list them."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import KeysView, Mapping
 from types import MappingProxyType
-from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -228,6 +228,13 @@ class BashExecutionRequest(ExecRequest):
 class TextEditorRequest(ExecRequest):
     tool: Literal["text_editor_code_execution"]
     input: TextEditorInput
+
+
+# The built-in kinds' wire names, read off their request models, where each is spelled once: code that
+# names a built-in kind (the client's calls, the agent's warm-up) uses these, so the kinds have one vocabulary.
+CODE_EXECUTION: Final[str] = _kind_of(CodeExecutionRequest)
+BASH_CODE_EXECUTION: Final[str] = _kind_of(BashExecutionRequest)
+TEXT_EDITOR_CODE_EXECUTION: Final[str] = _kind_of(TextEditorRequest)
 
 
 class UnknownTool(ValueError):

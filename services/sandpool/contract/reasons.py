@@ -11,10 +11,13 @@ all (tests/unit/test_reasons.py keeps the three in step).
 `ClientReason` holds the few reasons the Python client sets itself when no
 response (or no sandpool error body) told it one: they never travel on the wire.
 
+`EgressRefusal` holds the egress proxy's refusal words (`X-Sandpool-Egress-Refusal`,
+docs/egress.md), which sandboxed programs see instead of an error body: outside the
+API, so a catalogue of their own (`EGRESS_REFUSALS`, each word's statuses), which the
+egress proxy and the sandbox's relay name them from.
+
 Not here: the `cause` of a refused credential (the proxy's closed set, docs/api.md
-"Authentication") and the egress proxy's `X-Sandpool-Egress-Refusal` words
-(docs/egress.md): both are finer words under one of these reasons or outside the
-API altogether.
+"Authentication"), a finer word under `unauthorized`.
 """
 
 from __future__ import annotations
@@ -112,9 +115,87 @@ class ClientReason(StrEnum):
     SERVER_ERROR = "server_error"
 
 
+class EgressRefusal(StrEnum):
+    """A word of `X-Sandpool-Egress-Refusal` and of the `reason` label of `sandpool_egress_refusals_total`."""
+
+    NO_CREDENTIAL = "no_credential"
+    BAD_CREDENTIAL = "bad_credential"
+    UNKNOWN_CREDENTIAL = "unknown_credential"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    TOO_MANY_WORKSPACE_CONNECTIONS = "too_many_workspace_connections"
+    NOT_ALLOWED = "not_allowed"
+    ABOVE_CEILING = "above_ceiling"
+    ADDRESS_REFUSED = "address_refused"
+    BAD_DESTINATION = "bad_destination"
+    RESOLVE_FAILED = "resolve_failed"
+    CONNECT_FAILED = "connect_failed"
+    CONNECT_TIMEOUT = "connect_timeout"
+    HEAD_TOO_LARGE = "head_too_large"
+    HEAD_TIMEOUT = "head_timeout"
+    BAD_REQUEST = "bad_request"
+    SCHEME_REFUSED = "scheme_refused"
+    NOT_PROXY_REQUEST = "not_proxy_request"
+    BAD_RESPONSE = "bad_response"
+    UNAVAILABLE = "unavailable"
+    SNI_MISMATCH = "sni_mismatch"
+    SNI_MISSING = "sni_missing"
+    SNI_ENCRYPTED = "sni_encrypted"
+    NOT_TLS = "not_tls"
+    HELLO_TIMEOUT = "hello_timeout"
+    HELLO_INCOMPLETE = "hello_incomplete"
+    PROXY_UNREACHABLE = "proxy_unreachable"
+    PROXY_BUSY = "proxy_busy"
+
+
+@dataclass(frozen=True)
+class EgressEntry:
+    """An egress refusal word's HTTP statuses (several: the refusal says which; none: a tunnel cut at its
+    ClientHello, which gets no HTTP answer) and its meaning, one line."""
+
+    statuses: tuple[int, ...]
+    meaning: str
+
+
+EGRESS_REFUSALS: Mapping[EgressRefusal, EgressEntry] = {
+    EgressRefusal.NO_CREDENTIAL: EgressEntry((407,), "no Proxy-Authorization"),
+    EgressRefusal.BAD_CREDENTIAL: EgressEntry((407,), "a Proxy-Authorization that is not Basic with a credential"),
+    EgressRefusal.UNKNOWN_CREDENTIAL: EgressEntry((407,), "a credential bound to no live session"),
+    EgressRefusal.TOO_MANY_CONNECTIONS: EgressEntry((429, 503), "the sandbox holds its share of connections "
+                                                                "(429), or the proxy all it serves (503)"),
+    EgressRefusal.TOO_MANY_WORKSPACE_CONNECTIONS: EgressEntry((429,), "the workspace's sandboxes hold its cap "
+                                                                      "(policy max_egress_connections)"),
+    EgressRefusal.NOT_ALLOWED: EgressEntry((403,), "the destination is not on the session's allow-list"),
+    EgressRefusal.ABOVE_CEILING: EgressEntry((403,), "the destination is outside the operator's ceiling"),
+    EgressRefusal.ADDRESS_REFUSED: EgressEntry((403,), "the destination is or resolves to a refused address"),
+    EgressRefusal.BAD_DESTINATION: EgressEntry((400,), "a malformed destination"),
+    EgressRefusal.RESOLVE_FAILED: EgressEntry((502,), "the destination's name does not resolve"),
+    EgressRefusal.CONNECT_FAILED: EgressEntry((502,), "the destination refused the connection"),
+    EgressRefusal.CONNECT_TIMEOUT: EgressEntry((504,), "connecting to the destination timed out"),
+    EgressRefusal.HEAD_TOO_LARGE: EgressEntry((431,), "a request head over the size or line limit"),
+    EgressRefusal.HEAD_TIMEOUT: EgressEntry((408,), "the request head did not arrive in time"),
+    EgressRefusal.BAD_REQUEST: EgressEntry((400, 501), "a malformed request (501: a transfer coding other than "
+                                                      "chunked)"),
+    EgressRefusal.SCHEME_REFUSED: EgressEntry((405,), "an absolute URL of a scheme other than http"),
+    EgressRefusal.NOT_PROXY_REQUEST: EgressEntry((405,), "neither CONNECT nor an absolute URL, nor a probe"),
+    EgressRefusal.BAD_RESPONSE: EgressEntry((502,), "the origin did not answer a plain request in HTTP/1.x"),
+    EgressRefusal.UNAVAILABLE: EgressEntry((503,), "Redis cannot be reached to check the credential"),
+    EgressRefusal.SNI_MISMATCH: EgressEntry((), "the ClientHello's SNI names another host than the CONNECT"),
+    EgressRefusal.SNI_MISSING: EgressEntry((), "the ClientHello of a tunnel to a name carries no SNI"),
+    EgressRefusal.SNI_ENCRYPTED: EgressEntry((), "the ClientHello offers Encrypted Client Hello"),
+    EgressRefusal.NOT_TLS: EgressEntry((), "the tunnel's first bytes are not a well-formed ClientHello"),
+    EgressRefusal.HELLO_TIMEOUT: EgressEntry((), "the ClientHello did not arrive in time"),
+    EgressRefusal.HELLO_INCOMPLETE: EgressEntry((), "the client closed before its ClientHello was complete"),
+    EgressRefusal.PROXY_UNREACHABLE: EgressEntry((502,), "a local sandbox's relay finds nothing listening at the "
+                                                         "proxy's socket"),
+    EgressRefusal.PROXY_BUSY: EgressEntry((503,), "a local sandbox's relay found the proxy's listen queue full "
+                                                  "for its whole wait"),
+}
+
+
 def status_of(reason: Reason) -> int | None:
     """The HTTP status a reason always comes with, or None when it varies."""
     return CATALOGUE[reason].status
 
 
-__all__ = ["CATALOGUE", "ClientReason", "Entry", "Reason", "status_of"]
+__all__ = ["CATALOGUE", "EGRESS_REFUSALS", "ClientReason", "EgressEntry", "EgressRefusal", "Entry", "Reason",
+           "status_of"]

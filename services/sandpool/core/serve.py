@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 EXIT_START_FAILED = 2
 UNIX_PATH_MAX = 107
 """sun_path is 108 bytes with its terminating NUL."""
+BACKLOG = 2048
+"""Connections a listening socket queues until the service accepts them, so a burst waits instead of being
+refused. asyncio's, uvloop's and uvicorn's servers call listen(2) again on a socket they are given, with
+their own default (asyncio's and uvloop's: 100) unless passed `backlog=`: every server given a socket bound
+here must be passed this."""
 
 
 class StartFailed(Exception):
@@ -54,7 +59,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(2048)
+        sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
@@ -86,7 +91,7 @@ def bind_unix(path: Path) -> socket.socket:
             sock.bind(os.fspath(path))
         finally:
             os.umask(previous)
-        sock.listen(2048)
+        sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         raise StartFailed(f"cannot listen on {path}: {exc.strerror}") from None
@@ -161,7 +166,8 @@ def serve(service: str, build_app: Callable[[], Any], *, host: str, port: int, u
     # No proxy-headers layer: nothing here reads the client's address, and the layer costs
     # every request a scope copy for X-Forwarded-For nobody consults.
     options: dict[str, Any] = {"log_config": None, "access_log": False, "lifespan": "on",
-                               "server_header": False, "proxy_headers": False, **uvicorn_options}
+                               "server_header": False, "proxy_headers": False, "backlog": BACKLOG,
+                               **uvicorn_options}
     try:
         import uvloop  # noqa: F401 - only whether it is installed; uvicorn imports it by name
 

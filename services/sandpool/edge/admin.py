@@ -54,9 +54,10 @@ class UsageDay(BaseModel):
 class Usage(BaseModel):
     workspace: str
     total: dict[str, Any] = Field(description=(
-        "Counters since the beginning: sessions_created, session_seconds, executions, execution_seconds "
-        "(totals), by_tool (executions and execution_seconds per tool kind), bytes_uploaded and "
-        "bytes_downloaded (file bytes), capacity_refusals, quota_refusals"))
+        "Counters since the beginning, every one always present (0: nothing metered): sessions_created, "
+        "session_seconds, executions, execution_seconds (totals), by_tool (executions and execution_seconds of "
+        "every tool kind), bytes_uploaded and bytes_downloaded (file bytes), capacity_refusals, quota_refusals, "
+        "egress_bytes, egress_bytes_in, egress_bytes_out, egress_connections, unconfirmed_executions"))
     days: list[UsageDay] = Field(default_factory=list, description="Per-day counters of the from..to range")
 
 

@@ -20,6 +20,7 @@ import asyncio
 import re
 from dataclasses import dataclass
 
+from sandpool.contract.reasons import EGRESS_REFUSALS, EgressRefusal
 from sandpool.egress.hosts import BadHost, Destination, parse_authority, printable
 
 MAX_HEADERS = 100
@@ -34,15 +35,32 @@ REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method 
            503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
-class Refusal(Exception):
-    """A request the proxy answers itself: status, a closed-set reason word, and a message for a person."""
+PREFIX = "sandpool egress: "
+"""What every refusal's message starts with: a client shows only the status line, and says whose it is."""
+NOT_PROXIED = "only CONNECT and absolute http:// requests are proxied"
 
-    def __init__(self, status: int, reason: str, message: str, *, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
+
+class Refusal(Exception):
+    """A request the proxy answers itself: a refusal word of the catalogue (`contract.reasons.EgressRefusal`),
+    which gives its status (`status` picks one when the word has several), and a message for a person."""
+
+    def __init__(self, reason: EgressRefusal, message: str, *, status: int | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        statuses = EGRESS_REFUSALS[reason].statuses
+        if status is None and len(statuses) == 1:
+            status = statuses[0]
+        if status is None or status not in statuses:
+            raise ValueError(f"{reason} is answered with {statuses or 'no HTTP status'}, not {status}")
+        super().__init__(PREFIX + message)
         self.status = status
         self.reason = reason
-        self.message = message
+        self.message = PREFIX + message
         self.headers = headers or {}
+
+
+def bad_request(message: str) -> Refusal:
+    """A malformed request: 400, `bad_request`."""
+    return Refusal(EgressRefusal.BAD_REQUEST, message, status=400)
 
 
 @dataclass(frozen=True)
@@ -59,7 +77,7 @@ class RequestHead:
     def single(self, name: str) -> str | None:
         found = self.values(name)
         if len(found) > 1:
-            raise Refusal(400, "bad_request", f"more than one {name} header")
+            raise bad_request(f"more than one {name} header")
         return found[0] if found else None
 
 
@@ -69,13 +87,13 @@ async def read_head(reader: asyncio.StreamReader, *, max_bytes: int) -> RequestH
     try:
         data = await reader.readuntil(b"\r\n\r\n")
     except asyncio.LimitOverrunError:
-        raise Refusal(431, "head_too_large", f"request head larger than {max_bytes} bytes") from None
+        raise Refusal(EgressRefusal.HEAD_TOO_LARGE, f"request head larger than {max_bytes} bytes") from None
     except asyncio.IncompleteReadError as exc:
         if not exc.partial.strip():
             return None
-        raise Refusal(400, "bad_request", "incomplete request head") from None
+        raise bad_request("incomplete request head") from None
     if len(data) > max_bytes:
-        raise Refusal(431, "head_too_large", f"request head larger than {max_bytes} bytes")
+        raise Refusal(EgressRefusal.HEAD_TOO_LARGE, f"request head larger than {max_bytes} bytes")
     return parse_head(data[:-4])
 
 
@@ -84,25 +102,25 @@ def parse_head(data: bytes) -> RequestHead:
     try:
         request_line = lines[0].decode("ascii")
     except UnicodeDecodeError:
-        raise Refusal(400, "bad_request", "request line is not ASCII") from None
+        raise bad_request("request line is not ASCII") from None
     parts = request_line.split(" ")
     if len(parts) != 3 or not _METHOD.match(parts[0]) or parts[2] not in ("HTTP/1.1", "HTTP/1.0"):
-        raise Refusal(400, "bad_request", "malformed request line")
+        raise bad_request("malformed request line")
     if not parts[1] or _TARGET_BAD.search(parts[1]):
-        raise Refusal(400, "bad_request", "malformed request target")
+        raise bad_request("malformed request target")
     if len(lines) - 1 > MAX_HEADERS:
-        raise Refusal(431, "head_too_large", f"more than {MAX_HEADERS} header lines")
+        raise Refusal(EgressRefusal.HEAD_TOO_LARGE, f"more than {MAX_HEADERS} header lines")
     headers = []
     for raw in lines[1:]:
         if raw[:1] in (b" ", b"\t"):
-            raise Refusal(400, "bad_request", "folded header lines are not accepted")
+            raise bad_request("folded header lines are not accepted")
         name, colon, value = raw.partition(b":")
         text_name = name.decode("latin-1")
         if not colon or not _TOKEN.match(text_name):
-            raise Refusal(400, "bad_request", "malformed header line")
+            raise bad_request("malformed header line")
         text_value = value.decode("latin-1").strip(" \t")
         if any(ord(ch) < 0x20 and ch != "\t" or ord(ch) == 0x7F for ch in text_value):
-            raise Refusal(400, "bad_request", "control character in a header value")
+            raise bad_request("control character in a header value")
         headers.append((text_name, text_value))
     return RequestHead(parts[0], parts[1], parts[2], tuple(headers))
 
@@ -117,17 +135,18 @@ def parse_absolute(target: str) -> AbsoluteRequest:
     """`http://host[:port]/path?query` (the form a client sends a forward proxy)."""
     scheme, sep, rest = target.partition("://")
     if not sep:
-        raise Refusal(405, "not_proxy_request", "only CONNECT and absolute http:// requests are proxied")
+        raise Refusal(EgressRefusal.NOT_PROXY_REQUEST, NOT_PROXIED)
     if scheme.lower() != "http":
-        raise Refusal(405, "scheme_refused", f"{printable(scheme.lower())}:// is not proxied (use CONNECT for https)")
+        raise Refusal(EgressRefusal.SCHEME_REFUSED,
+                      f"{printable(scheme.lower())}:// is not proxied (use CONNECT for https)")
     cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
     authority, tail = rest[:cut], rest[cut:]
     if "@" in authority:
-        raise Refusal(400, "bad_request", "credentials in the URL are not forwarded")
+        raise bad_request("credentials in the URL are not forwarded")
     try:
         destination = parse_authority(authority, default_port=80)
     except BadHost as exc:
-        raise Refusal(400, "bad_destination", f"bad destination: {exc}") from None
+        raise Refusal(EgressRefusal.BAD_DESTINATION, f"bad destination: {exc}") from None
     tail = tail.split("#", 1)[0]
     if not tail.startswith("/"):
         tail = "/" + tail
@@ -144,14 +163,14 @@ def body_framing(head: RequestHead) -> Framing:
     encodings = [v.strip().lower() for value in head.values("transfer-encoding") for v in value.split(",")]
     lengths = head.values("content-length")
     if encodings and lengths:
-        raise Refusal(400, "bad_request", "both Transfer-Encoding and Content-Length")
+        raise bad_request("both Transfer-Encoding and Content-Length")
     if encodings:
         if encodings != ["chunked"]:
-            raise Refusal(501, "bad_request", "only the chunked transfer coding is supported")
+            raise Refusal(EgressRefusal.BAD_REQUEST, "only the chunked transfer coding is supported", status=501)
         return Framing("chunked")
     if lengths:
         if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
-            raise Refusal(400, "bad_request", "bad Content-Length")
+            raise bad_request("bad Content-Length")
         return Framing("length", int(lengths[0]))
     return Framing("none")
 
@@ -192,14 +211,14 @@ def _phrase(text: str) -> str:
     return cleaned[:240]
 
 
-def answer(status: int, message: str, *, reason: str = "", headers: dict[str, str] | None = None,
+def answer(status: int, message: str, *, reason: EgressRefusal | None = None, headers: dict[str, str] | None = None,
            phrase: str | None = None) -> bytes:
     """A complete response the proxy sends itself (plain text; the connection closes after it)."""
     body = (message + "\n").encode("utf-8")
     lines = [f"HTTP/1.1 {status} {_phrase(phrase if phrase is not None else message) or REASONS.get(status, '')}",
              "Content-Type: text/plain; charset=utf-8", f"Content-Length: {len(body)}", "Connection: close",
              "Cache-Control: no-store"]
-    if reason:
+    if reason is not None:
         lines.append(f"X-Sandpool-Egress-Refusal: {reason}")
     lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body

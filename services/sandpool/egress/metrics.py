@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from sandpool.contract.reasons import EgressRefusal
+
 SERVICE = "egress"
 
 
@@ -33,8 +35,8 @@ class EgressMetrics:
                             "1 when loopback destinations are admitted (--unsafe-allow-loopback-for-tests)",
                             registry=self.registry)
 
-    def refused(self, reason: str) -> None:
-        self.refusals.labels(reason).inc()
+    def refused(self, reason: EgressRefusal) -> None:
+        self.refusals.labels(reason.value).inc()
 
     def relayed(self, kind: str, outcome: str, bytes_in: int, bytes_out: int) -> None:
         self.connections.labels(kind, outcome).inc()

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sandpool.egress.http import RequestHead, answer
+from sandpool.contract.reasons import EgressRefusal
+from sandpool.egress.http import NOT_PROXIED, Refusal, RequestHead, answer, refusal_bytes
 from sandpool.egress.metrics import EgressMetrics
 from sandpool.state.egress import EgressStore
 from sandpool.state.errors import StateError
-
-NOT_PROXIED = "sandpool egress: only CONNECT and absolute http:// requests are proxied"
 
 
 async def local_answer(head: RequestHead, *, store: EgressStore, metrics: EgressMetrics, unsafe: bool,
@@ -23,7 +22,7 @@ async def local_answer(head: RequestHead, *, store: EgressStore, metrics: Egress
     path = head.target.split("?", 1)[0]
     if head.method not in ("GET", "HEAD") or path not in ("/healthz", "/readyz", "/metrics"):
         response = (answer(404, "not found", phrase="Not Found") if metrics_listener
-                    else answer(405, NOT_PROXIED, reason="not_proxy_request"))
+                    else refusal_bytes(Refusal(EgressRefusal.NOT_PROXY_REQUEST, NOT_PROXIED)))
     elif path == "/healthz":
         notice = " (UNSAFE TEST MODE: loopback admitted)" if unsafe else ""
         response = answer(200, "ok" + notice, phrase="OK")
@@ -40,8 +39,8 @@ async def local_answer(head: RequestHead, *, store: EgressStore, metrics: Egress
         response = (f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE_LATEST}\r\nContent-Length: {len(body)}\r\n"
                     "Connection: close\r\n\r\n").encode("latin-1") + body
     else:
-        response = answer(405, "sandpool egress: /metrics is served on the metrics port only",
-                          reason="not_proxy_request")
+        response = refusal_bytes(Refusal(EgressRefusal.NOT_PROXY_REQUEST,
+                                         "/metrics is served on the metrics port only"))
     if head.method == "HEAD":
         response = response.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
     return response

@@ -5,14 +5,18 @@ In order, and refused at the first step that fails:
 1. the request head, within `--max-header-bytes` and `--header-timeout-seconds`
    (`GET /healthz` and `/readyz` in origin form are answered here, unauthenticated);
 2. the credential (`Proxy-Authorization: Basic`, its password part) names a
-   live session in Redis (407 otherwise), within the per-credential cap (429);
-3. the destination (CONNECT authority, or the absolute URL's) is admitted by
+   live session in Redis (407 otherwise), within the per-credential cap and its
+   workspace's cap (429);
+3. a plain request's absolute http:// URL and body framing are checked (405, 400),
+   then the destination (CONNECT authority, or the absolute URL's) is admitted by
    the session's allow-list and by the operator's ceiling (403 naming both);
 4. the proxy resolves the name itself and refuses it when any address is
    refused by the address policy (403), whatever the allow-list said;
 5. it connects, with a timeout (502/504);
 6. a tunnel's first bytes must be a TLS ClientHello whose SNI names the CONNECT
-   host (otherwise a TLS access_denied alert, and nothing reaches the origin);
+   host; nothing reaches the origin otherwise, and a ClientHello refused for its
+   SNI or ECH gets a TLS access_denied alert (bytes that are not one get none: a
+   client not speaking TLS could not read it);
 7. bytes are relayed until both sides are done or the connection idles out,
    and the connection is metered against the session's workspace.
 
@@ -27,6 +31,8 @@ import contextlib
 import logging
 import socket
 
+from sandpool.contract.reasons import EgressRefusal
+from sandpool.core.serve import BACKLOG
 from sandpool.egress import allowlist
 from sandpool.egress.hosts import BadHost, Destination, IPAddress, normalise_name, parse_authority
 from sandpool.egress.http import (
@@ -79,7 +85,7 @@ class EgressProxy:
         self.policy = settings.address_policy()
         self.meter = Meter(store, self.metrics)
         self.active = 0
-        self.shares = Shares(settings.max_connections_per_credential)
+        self.shares = Shares(settings.max_connections_per_credential, settings.max_connections_per_workspace)
         self.servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._limit = max(settings.max_header_bytes, 65536)
@@ -87,16 +93,18 @@ class EgressProxy:
 
     # --- listeners -------------------------------------------------------------------------
     async def start(self, proxy_sockets: list[socket.socket], metrics_socket: socket.socket | None = None) -> None:
-        """Serve on already-bound sockets (TCP or Unix); the metrics socket answers /metrics and probes only."""
+        """Serve on already-bound sockets (TCP or Unix); the metrics socket answers /metrics and probes only.
+        Each server is passed the backlog the sockets were bound with: it calls listen(2) again, and its
+        default of 100 turned bursts of sandboxes' connections away at a full queue."""
         for sock in proxy_sockets:
             if sock.family == socket.AF_UNIX:
-                server = await asyncio.start_unix_server(self._accept, sock=sock, limit=self._limit)
+                server = await asyncio.start_unix_server(self._accept, sock=sock, limit=self._limit, backlog=BACKLOG)
             else:
-                server = await asyncio.start_server(self._accept, sock=sock, limit=self._limit)
+                server = await asyncio.start_server(self._accept, sock=sock, limit=self._limit, backlog=BACKLOG)
             self.servers.append(server)
         if metrics_socket is not None:
             self.servers.append(await asyncio.start_server(self._accept_metrics, sock=metrics_socket,
-                                                           limit=self._limit))
+                                                           limit=self._limit, backlog=BACKLOG))
         if self.settings.unsafe_allow_loopback_for_tests:
             log.warning("UNSAFE TEST MODE: loopback destinations are admitted (--unsafe-allow-loopback-for-tests); "
                         "never run this way outside the test suite")
@@ -122,9 +130,9 @@ class EgressProxy:
         self.metrics.active.inc()
         try:
             if self.active > self.settings.max_connections:
-                await self._refuse(reader, writer, Refusal(503, "too_many_connections",
-                                                   "sandpool egress: too many connections, retry later",
-                                                   headers={"Retry-After": "1"}))
+                await self._refuse(reader, writer, Refusal(EgressRefusal.TOO_MANY_CONNECTIONS,
+                                                           "too many connections, retry later", status=503,
+                                                           headers={"Retry-After": "1"}))
                 return
             await self._serve(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, OSError):
@@ -144,7 +152,7 @@ class EgressProxy:
             head = await asyncio.wait_for(read_head(reader, max_bytes=self.settings.max_header_bytes),
                                           self.settings.header_timeout_seconds)
         except TimeoutError:
-            await self._refuse(reader, writer, Refusal(408, "head_timeout", "sandpool egress: request head too slow"))
+            await self._refuse(reader, writer, Refusal(EgressRefusal.HEAD_TIMEOUT, "request head too slow"))
             return
         except Refusal as refusal:
             await self._refuse(reader, writer, refusal)
@@ -161,18 +169,18 @@ class EgressProxy:
                 else:
                     await self._forward(head, caller, reader, writer)
         except Refusal as refusal:
-            if refusal.reason == "unavailable":
+            if refusal.reason == EgressRefusal.UNAVAILABLE:
                 self.metrics.redis_error()
             await self._refuse(reader, writer, refusal)
 
     # --- the decision ------------------------------------------------------------------------
     def _admit(self, destination: Destination, caller: Caller) -> None:
         if not allowlist.from_stored(caller.binding.allow).admits(destination):
-            raise Refusal(403, "not_allowed", f"sandpool egress: {destination} is not on this workspace's egress "
-                                              f"allow-list ({POLICY_HINT})")
+            raise Refusal(EgressRefusal.NOT_ALLOWED, f"{destination} is not on this workspace's egress allow-list "
+                                                     f"({POLICY_HINT})")
         if not self.ceiling.admits(destination):
-            raise Refusal(403, "above_ceiling", f"sandpool egress: {destination} is outside the installation's "
-                                                f"egress ceiling ({CEILING_HINT})")
+            raise Refusal(EgressRefusal.ABOVE_CEILING, f"{destination} is outside the installation's egress "
+                                                       f"ceiling ({CEILING_HINT})")
 
     async def _addresses(self, destination: Destination) -> list[IPAddress]:
         host = destination.host
@@ -182,13 +190,13 @@ class EgressProxy:
             try:
                 found = await self.resolver.resolve(host.name)
             except ResolveFailed as exc:
-                raise Refusal(502, "resolve_failed", f"sandpool egress: {exc}") from None
+                raise Refusal(EgressRefusal.RESOLVE_FAILED, str(exc)) from None
         for address in found:
             why = self.policy.refusal(address)
             if why is not None:
-                raise Refusal(403, "address_refused", f"sandpool egress: {host} resolves to a refused address "
-                                                      f"({why.replace('_', ' ')}); internal addresses are never "
-                                                      "reachable, whatever the allow-list says")
+                raise Refusal(EgressRefusal.ADDRESS_REFUSED, f"{host} resolves to a refused address "
+                                                             f"({why.replace('_', ' ')}); internal addresses are "
+                                                             "never reachable, whatever the allow-list says")
         return found
 
     async def _connect(self, destination: Destination) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -209,8 +217,8 @@ class EgressProxy:
             except OSError as exc:
                 last = exc.strerror or type(exc).__name__
         if last == "timed out" or not last:
-            raise Refusal(504, "connect_timeout", f"sandpool egress: connecting to {destination} timed out")
-        raise Refusal(502, "connect_failed", f"sandpool egress: cannot connect to {destination} ({last})")
+            raise Refusal(EgressRefusal.CONNECT_TIMEOUT, f"connecting to {destination} timed out")
+        raise Refusal(EgressRefusal.CONNECT_FAILED, f"cannot connect to {destination} ({last})")
 
     # --- CONNECT --------------------------------------------------------------------------------
     async def _tunnel(self, head: RequestHead, caller: Caller, reader: asyncio.StreamReader,
@@ -218,7 +226,7 @@ class EgressProxy:
         try:
             destination = parse_authority(head.target)
         except BadHost as exc:
-            raise Refusal(400, "bad_destination", f"sandpool egress: bad CONNECT authority: {exc}") from None
+            raise Refusal(EgressRefusal.BAD_DESTINATION, f"bad CONNECT authority: {exc}") from None
         self._admit(destination, caller)
         up_reader, up_writer = await self._connect(destination)
         tally = Tally()
@@ -240,29 +248,31 @@ class EgressProxy:
             self._finish("connect", outcome, caller, destination, tally)
 
     async def _check_hello(self, destination: Destination, reader: asyncio.StreamReader,
-                           writer: asyncio.StreamWriter, up_writer: asyncio.StreamWriter, tally: Tally) -> str | None:
+                           writer: asyncio.StreamWriter, up_writer: asyncio.StreamWriter,
+                           tally: Tally) -> EgressRefusal | None:
         """Read the ClientHello and send it on when its SNI names the CONNECT host; else the refusal reason."""
         try:
             hello = await asyncio.wait_for(read_client_hello(reader, max_bytes=self.settings.max_header_bytes),
                                            self.settings.header_timeout_seconds)
         except TimeoutError:
-            return "hello_timeout"
+            return EgressRefusal.HELLO_TIMEOUT
         except asyncio.IncompleteReadError:
-            return "hello_incomplete"
+            return EgressRefusal.HELLO_INCOMPLETE
         except NotClientHello:
-            return "not_tls"
-        why = None
+            return EgressRefusal.NOT_TLS
+        why: EgressRefusal | None = None
         if hello.encrypted:
-            why = "sni_encrypted"
+            why = EgressRefusal.SNI_ENCRYPTED
         elif destination.host.is_literal:
-            why = None if hello.server_name is None else "sni_mismatch"
+            why = None if hello.server_name is None else EgressRefusal.SNI_MISMATCH
         elif hello.server_name is None:
-            why = "sni_missing"
+            why = EgressRefusal.SNI_MISSING
         else:
             try:
-                why = None if normalise_name(hello.server_name) == destination.host.name else "sni_mismatch"
+                same = normalise_name(hello.server_name) == destination.host.name
             except BadHost:
-                why = "sni_mismatch"
+                same = False
+            why = None if same else EgressRefusal.SNI_MISMATCH
         if why is not None:
             with contextlib.suppress(OSError, RuntimeError):
                 writer.write(ALERT_ACCESS_DENIED)
@@ -299,7 +309,7 @@ class EgressProxy:
                                                               client_response_head))
             if outcome != "done" and not tally.answered:
                 await self._refuse(reader, writer, Refusal(
-                    502, "bad_response", f"sandpool egress: the exchange with {destination} failed before a response"))
+                    EgressRefusal.BAD_RESPONSE, f"the exchange with {destination} failed before a response"))
         finally:
             await close_quietly(up_writer)
             self._finish("http", outcome, caller, destination, tally)

@@ -19,7 +19,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from sandpool.core.serve import EXIT_START_FAILED, StartFailed, bind, one_line, report_failure
+from sandpool.core.serve import BACKLOG, EXIT_START_FAILED, StartFailed, bind, one_line, report_failure
 from sandpool.core.settings import ConfigurationError, dump_settings
 from sandpool.egress.resolver import ResolveFailed, StaticResolver, SystemResolver, parse_overrides
 from sandpool.egress.server import EgressProxy
@@ -55,7 +55,7 @@ def bind_unix(path: Path) -> socket.socket:
     try:
         sock.bind(str(path))
         os.chmod(path, 0o660)
-        sock.listen(2048)
+        sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         raise StartFailed(f"cannot listen on --unix-socket {path}: {exc.strerror}") from None

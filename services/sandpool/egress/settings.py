@@ -52,8 +52,11 @@ class EgressSettings(ServiceSettings):
     max_connections: int = Field(default=4096, ge=1, description="Connections served at once (503 above)")
     max_connections_per_credential: int = Field(default=64, ge=1, description=(
         "Connections one sandbox may hold at once (429 above)"))
+    max_connections_per_workspace: int = Field(default=1024, ge=1, description=(
+        "Connections the sandboxes of one workspace may hold at once (429 above): the default and the ceiling "
+        "of the workspace policy's max_egress_connections, so that no tenant takes the whole proxy"))
     max_header_bytes: int = Field(default=16384, ge=1024, le=1 << 20, description=(
-        "Largest request head, and largest TLS ClientHello read (431 above)"))
+        "Largest request head (431 above), and largest TLS ClientHello read (a tunnel is cut above)"))
     header_timeout_seconds: float = Field(default=10.0, gt=0, description=(
         "Time a client has to send its request head, and then its ClientHello"))
     resolve_timeout_seconds: float = Field(default=5.0, gt=0, description="Timeout of one name resolution")

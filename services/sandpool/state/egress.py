@@ -5,7 +5,8 @@ lease binds it to the session, the workspace and the workspace's allow-list
 (`Keys.egress_binding`, a hash keyed by the credential's SHA-256, never the
 credential itself); the release removes it. The egress proxy reads the binding
 on every connection (`binding`: one script, which also refuses a binding whose
-session no longer lives) and meters each connection when it ends (`meter`:
+session no longer lives, and returns the workspace's connection cap the lease
+recorded on the session) and meters each connection when it ends (`meter`:
 usage counters and an `egress` event in one script, like the scheduler's).
 
 The proxy also publishes the operator's ceiling (`publish_ceiling`), so the
@@ -21,6 +22,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sandpool.contract.limits import MAX_EGRESS_CONNECTIONS
 from sandpool.state import scripts
 from sandpool.state.client import Client
 from sandpool.state.errors import translated
@@ -39,21 +41,52 @@ BINDING_FIELDS = ("session", "workspace", "allow")
 
 RETENTION_SECONDS = USAGE_DAY_RETENTION_DAYS * 86400
 
+BINDING = r"""
+-- The session an egress credential is bound to, if that session still lives, with the workspace limits
+-- its lease recorded on it (where the egress proxy finds max_egress_connections).
+-- KEYS[1] the credential's binding hash   ARGV[1] session key prefix
+-- Returns {session, workspace, allow JSON, lease limits JSON} or nil. A binding whose session is gone (or
+-- now belongs to another workspace) is deleted here: a released sandbox's credential admits nothing,
+-- whether or not the release removed its binding.
+local f = redis.call('HMGET', KEYS[1], 'session', 'workspace', 'allow')
+if not f[1] or not f[2] then return nil end
+local s = redis.call('HMGET', ARGV[1] .. f[1], 'workspace', 'limits')
+if s[1] ~= f[2] then
+  redis.call('DEL', KEYS[1])
+  return nil
+end
+return {f[1], f[2], f[3] or '[]', s[2] or '{}'}
+"""
+"""`scripts.EGRESS_BINDING`'s read plus the session's recorded lease limits, so the connection cap costs
+no second round trip; it supersedes that script (unused now, to be replaced by this one in scripts.py)."""
+
 
 @dataclass(frozen=True)
 class EgressBinding:
-    """Whose connection this is: the live session a credential is bound to, and its allow-list as stored."""
+    """Whose connection this is: the live session a credential is bound to, its allow-list as stored, and
+    its workspace's connection cap as the lease recorded it (0: none of its own, the proxy's ceiling)."""
 
     session: str
     workspace: str
     allow: str  # JSON list of allow-list entries, parsed (and cached) by the egress proxy
+    max_egress_connections: int = 0
+
+
+def _recorded_cap(raw: str) -> int:
+    """`max_egress_connections` of a session's recorded lease limits; 0 when absent or unreadable (a session
+    leased before the limit existed gets the egress proxy's ceiling, never no cap)."""
+    try:
+        value = json.loads(raw).get(MAX_EGRESS_CONNECTIONS, 0)
+    except (ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 class EgressStore:
     def __init__(self, client: Client, keys: Keys) -> None:
         self.redis = client
         self.keys = keys
-        self._binding = client.register_script(scripts.EGRESS_BINDING)
+        self._binding = client.register_script(BINDING)
         self._meter = client.register_script(scripts.EGRESS_METER)
 
     @translated
@@ -71,8 +104,9 @@ class EgressStore:
         found = await self._binding(keys=[self.keys.egress_binding(credential)], args=[self.keys.session_prefix])
         if not found:
             return None
-        session, workspace, allow = found
-        return EgressBinding(session=session, workspace=workspace, allow=allow)
+        session, workspace, allow, limits = found
+        return EgressBinding(session=session, workspace=workspace, allow=allow,
+                             max_egress_connections=_recorded_cap(limits))
 
     @translated
     async def meter(self, *, workspace: str, session: str, bytes_in: int, bytes_out: int, now: float,

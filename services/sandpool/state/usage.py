@@ -4,13 +4,20 @@ The scheduler's scripts meter each figure as a total (`executions`,
 `execution_seconds`) and, for executions, also per tool kind (`executions:<tool>`
 in the hashes); a reader gets the totals plus a nested `by_tool` breakdown, the
 shape a billing system takes as it is.
+
+The hashes hold only what happened (a counter appears with its first increment), so
+`view` fills in the rest: every one of `COUNTERS`, and both figures of every tool kind
+the contract registers, read 0 until metered, so the answer's shape never depends
+on what happened.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sandpool.contract import TOOL_KINDS
 from sandpool.state.client import Client
+from sandpool.state.egress import EGRESS_BYTES, EGRESS_BYTES_IN, EGRESS_BYTES_OUT, EGRESS_CONNECTIONS
 from sandpool.state.errors import translated
 from sandpool.state.keys import Keys
 
@@ -22,6 +29,13 @@ BYTES_UPLOADED = "bytes_uploaded"
 BYTES_DOWNLOADED = "bytes_downloaded"
 CAPACITY_REFUSALS = "capacity_refusals"
 QUOTA_REFUSALS = "quota_refusals"
+UNCONFIRMED_EXECUTIONS = "unconfirmed_executions"
+
+COUNTERS = (SESSIONS_CREATED, SESSION_SECONDS, EXECUTIONS, EXECUTION_SECONDS, BYTES_UPLOADED, BYTES_DOWNLOADED,
+            CAPACITY_REFUSALS, QUOTA_REFUSALS, EGRESS_BYTES, EGRESS_BYTES_IN, EGRESS_BYTES_OUT, EGRESS_CONNECTIONS,
+            UNCONFIRMED_EXECUTIONS)
+"""Every counter a usage answer has, in its order (`by_tool` follows `execution_seconds`); absent reads 0.
+`unconfirmed_executions` is read before anything writes it, so the shape does not change when it is."""
 
 PER_TOOL = (EXECUTIONS, EXECUTION_SECONDS)
 """Counters also kept per tool kind."""
@@ -43,18 +57,23 @@ def _number(value: str) -> int | float:
 
 
 def view(raw: dict[str, str]) -> dict[str, Any]:
-    """A counters hash as figures: totals, with `field:tool` entries nested under `by_tool`."""
-    out: dict[str, Any] = {}
-    by_tool: dict[str, dict[str, int | float]] = {}
+    """A counters hash as figures in one fixed shape: every counter, with `field:tool` entries nested under
+    `by_tool` (every registered tool kind, and any other kind the hash names), 0 where nothing was metered.
+
+    A field this reader does not know (a counter a newer writer added) is passed on rather than lost."""
+    figures: dict[str, int | float] = {name: 0 for name in COUNTERS}
+    by_tool: dict[str, dict[str, int | float]] = {tool: dict.fromkeys(PER_TOOL, 0) for tool in TOOL_KINDS}
     for name, value in sorted(raw.items()):
         field, _, tool = name.partition(":")
         if tool and field in PER_TOOL:
-            by_tool.setdefault(tool, {})[field] = _number(value)
+            by_tool.setdefault(tool, dict.fromkeys(PER_TOOL, 0))[field] = _number(value)
         else:
-            out[name] = _number(value)
-    for field in PER_TOOL:
-        out.setdefault(field, 0)
-    out["by_tool"] = by_tool
+            figures[name] = _number(value)
+    out: dict[str, Any] = {}
+    for name, figure in figures.items():
+        out[name] = figure
+        if name == EXECUTION_SECONDS:
+            out["by_tool"] = by_tool
     return out
 
 

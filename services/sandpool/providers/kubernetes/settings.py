@@ -1,4 +1,4 @@
-"""Settings of the Kubernetes provider: flags of `sandpool scheduler --provider kubernetes`.
+"""Settings of the Kubernetes provider: flags of `sandpool controller --provider kubernetes`.
 
 Every field is a `--kube-*` flag (`--kubeconfig` keeps its familiar name) and a
 `SANDPOOL_KUBE_*` variable. The prefix keeps them apart from the scheduler's own
