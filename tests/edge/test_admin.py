@@ -34,7 +34,8 @@ def test_policy_put_replaces_whole_and_get_shows_effective(make_api: Callable[..
     # In force: what the api's own settings say (its 300 s exec ceiling, not "0").
     assert got["effective"]["limits"] == {"max_concurrent_sessions": 0, "max_idle_timeout_seconds": 1800,
                                           "max_lifetime_seconds": 3600, "max_exec_timeout_seconds": 300,
-                                          "daily_session_seconds_budget": 0, "requests_per_minute": 100}
+                                          "daily_session_seconds_budget": 0, "requests_per_minute": 100,
+                                          "max_egress_connections": 0}
     assert got["ceilings"]["max_lifetime_seconds"] == 3600 and got["ceilings"]["requests_per_minute"] == 600
     stored = json.loads(rdb.get(RedisKeys(redis_prefix).workspace_policy("acme")))
     assert stored["requests_per_minute"] == 100
