@@ -112,7 +112,7 @@ def test_the_caller_the_edge_builds_carries_the_stored_policy() -> None:
     assert caller.workspace == "acme"
     assert caller.policy == limits.WorkspacePolicy(max_concurrent_sessions=3, max_exec_timeout_seconds=20,
                                                    max_idle_timeout_seconds=0, max_lifetime_seconds=0,
-                                                   daily_session_seconds_budget=0)
+                                                   daily_session_seconds_budget=0, max_egress_connections=0)
     assert effective.requests_per_minute == 100  # the edge's own: not handed to the session layer
 
 
