@@ -61,7 +61,7 @@ def test_api_command_line_is_accepted_by_sandpool_api(helm: Helm, scenario: str 
     assert settings.port == container["ports"][0]["containerPort"]
     assert settings.auth_audience == "sandpool"
     # Multi-tenant: trusted keys, never --no-auth; `sandpool api` would start with these settings.
-    assert settings.auth_public_keys and not settings.no_auth
+    assert settings.auth_public_keys and settings.auth
     settings.check_startable()
     for key in settings.auth_public_keys:
         _mounted(spec, container, key)

@@ -60,7 +60,7 @@ def test_inbound_sandpool_headers_change_neither_the_workspace_nor_its_limits(
 
 def test_standalone_api_serves_one_workspace_whatever_the_headers_say(
         make_api: Callable[..., Api], rdb: redis.Redis, redis_prefix: str, sandboxes: Sandboxes) -> None:
-    api = make_api(no_auth=True, auth_public_keys=[])
+    api = make_api(auth=False, auth_public_keys=[])
     sandboxes.publish()
     with api.client() as client:
         created = client.post("/sessions", json={}, headers=FORGED)

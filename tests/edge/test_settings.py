@@ -42,13 +42,13 @@ def test_no_mode_or_both_modes_refuse_to_start(keys: Keys, tmp_path: Path) -> No
     with pytest.raises(ConfigurationError, match="no mode"):
         create_app(ApiSettings())
     with pytest.raises(ConfigurationError, match="exclude each other"):
-        create_app(settings(keys, no_auth=True))
+        create_app(settings(keys, auth=False))
     jwks = tmp_path / "jwks.json"
     jwks.write_text('{"keys": []}')
     with pytest.raises(ConfigurationError, match="exclude each other"):
-        create_app(ApiSettings(auth_jwks=str(jwks), no_auth=True))
-    assert settings(keys).has_trusted_keys and not ApiSettings(no_auth=True).has_trusted_keys
-    create_app(ApiSettings(no_auth=True))  # standalone: builds (nothing connects before its lifespan)
+        create_app(ApiSettings(auth_jwks=str(jwks), auth=False))
+    assert settings(keys).has_trusted_keys and not ApiSettings(auth=False).has_trusted_keys
+    create_app(ApiSettings(auth=False))  # standalone: builds (nothing connects before its lifespan)
     create_app(settings(keys))
 
 
@@ -81,7 +81,7 @@ def test_the_key_flag_is_repeatable(keys: Keys, other_keys: Keys) -> None:
     args = build_parser("api").parse_args(["api", "--auth-public-key", str(keys.public),
                                            "--auth-public-key", str(other_keys.public)])
     parsed = settings_from_args(ApiSettings, args)
-    assert parsed.auth_public_keys == [str(keys.public), str(other_keys.public)] and not parsed.no_auth
+    assert parsed.auth_public_keys == [str(keys.public), str(other_keys.public)] and parsed.auth
 
 
 def test_command_refuses_without_a_mode_or_with_a_symmetric_algorithm(keys: Keys) -> None:

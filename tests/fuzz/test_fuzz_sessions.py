@@ -94,7 +94,7 @@ def test_every_documented_operation_is_fuzzed() -> None:
     from sandpool.api.app import create_app
     from sandpool.api.settings import ApiSettings
 
-    assert operations_of(create_app(ApiSettings(no_auth=True))) == FUZZED
+    assert operations_of(create_app(ApiSettings(auth=False))) == FUZZED
 
 
 create_documents = st.one_of(

@@ -68,7 +68,7 @@ def api(redis_url: str, redis_prefix: str, served: list[ServedApp]) -> Callable[
     def make(**overrides: Any) -> ServedApp:
         # No controller runs unless a test serves one (most publish sandboxes themselves), so by
         # default nothing is started for a waiter either: fail fast unless a test asks to wait.
-        values: dict[str, Any] = {"no_auth": True, "redis_url": redis_url, "redis_prefix": redis_prefix,
+        values: dict[str, Any] = {"auth": False, "redis_url": redis_url, "redis_prefix": redis_prefix,
                                   "capacity_wait_seconds": 0}
         values.update(overrides)
         server = ServedApp(create_app(ApiSettings(**values))).start()

@@ -273,13 +273,13 @@ def test_inbound_tenancy_headers_change_neither_the_workspace_nor_its_limits(ten
 
 
 @pytest.mark.parametrize(("mode", "message"), [({}, "no mode"),
-                                               ({"no_auth": True, "trusted": True}, "exclude each other")])
+                                               ({"auth": False, "trusted": True}, "exclude each other")])
 def test_an_api_without_a_clear_mode_refuses_to_start(redis_url, redis_prefix, signing_key, mode, message) -> None:
     from sandpool.api.app import create_app
     from sandpool.api.settings import ApiSettings
     from sandpool.core.settings import ConfigurationError
 
-    values = {"redis_url": redis_url, "redis_prefix": redis_prefix, "no_auth": mode.get("no_auth", False)}
+    values = {"redis_url": redis_url, "redis_prefix": redis_prefix, "auth": mode.get("auth", True)}
     if mode.get("trusted"):
         values["auth_public_keys"] = [str(signing_key[1])]
     with pytest.raises(ConfigurationError, match=message):

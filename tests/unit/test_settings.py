@@ -98,7 +98,7 @@ def test_each_setting_lives_in_the_process_that_acts_on_it() -> None:
     for name in ("provider", "data_dir", "reap_interval_seconds", "reap_batch"):
         assert name in controller and name not in api, name
     # Authentication and the session layer's limits are the api's only.
-    for name in ("no_auth", "auth_public_keys", "auth_jwks", "capacity_wait_seconds", "default_idle_timeout_seconds",
+    for name in ("auth", "auth_public_keys", "auth_jwks", "capacity_wait_seconds", "default_idle_timeout_seconds",
                  "forward_connect_timeout_seconds", "max_body_bytes"):
         assert name in api and name not in controller, name
     assert [n for n in RETIRED if n in api | controller] == []
@@ -108,15 +108,15 @@ def test_the_api_starts_only_in_one_clear_mode(tmp_path: Path) -> None:
     from sandpool.api.settings import ApiSettings
 
     key = tmp_path / "key.pem"  # (its content is the key ring's business, read at start)
-    ApiSettings(no_auth=True).check_startable()
+    ApiSettings(auth=False).check_startable()
     ApiSettings(auth_public_keys=[str(key)]).check_startable()
     ApiSettings(auth_jwks="https://keys.example/jwks.json").check_startable()
     with pytest.raises(ConfigurationError, match="no mode"):
         ApiSettings().check_startable()
     with pytest.raises(ConfigurationError, match="exclude each other"):
-        ApiSettings(no_auth=True, auth_public_keys=[str(key)]).check_startable()
+        ApiSettings(auth=False, auth_public_keys=[str(key)]).check_startable()
     with pytest.raises(ConfigurationError, match="--tls-cert and --tls-key"):
-        ApiSettings(no_auth=True, tls_cert=tmp_path / "cert.pem").check_startable()
+        ApiSettings(auth=False, tls_cert=tmp_path / "cert.pem").check_startable()
 
 
 def test_the_commands_take_their_own_settings_as_flags() -> None:
@@ -126,7 +126,7 @@ def test_the_commands_take_their_own_settings_as_flags() -> None:
 
     args = build_parser("api").parse_args(["api", "--no-auth", "--capacity-wait-seconds", "3"])
     api = settings_from_args(ApiSettings, args)
-    assert api.no_auth is True and api.capacity_wait_seconds == 3  # (--no-auth is the flag, not a negation)
+    assert api.auth is False and api.capacity_wait_seconds == 3
     args = build_parser("controller").parse_args(["controller", "--reap-interval-seconds", "0.5",
                                                   "--data-dir", "/tmp/x"])
     controller = settings_from_args(ControllerSettings, args)

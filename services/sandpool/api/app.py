@@ -118,7 +118,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     metrics = ApiMetrics()
     keys = Keys(settings.redis_prefix)
     create_cap = min(CREATE_BODY_CAP, settings.max_body_bytes)
-    auth = not settings.no_auth
+    auth = settings.auth
     keyring = KeyRing(settings.auth_public_keys, settings.auth_jwks) if auth else None
     codec = PolicyCodec(proxy_ceilings_of(settings))
 

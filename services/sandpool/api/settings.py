@@ -30,16 +30,16 @@ class ApiSettings(EdgeSettings, SessionSettings):
     tls_cert: Path | None = Field(default=None, description="PEM certificate: serve HTTPS when given (with --tls-key)")
     tls_key: Path | None = Field(default=None, description="PEM private key of --tls-cert")
 
-    no_auth: bool = Field(default=False, description=(
-        "Standalone mode: no authentication and no tenancy, for one trusted client. Without it the api is "
-        "multi-tenant and needs trusted keys (--auth-public-key or --auth-jwks)"))
+    auth: bool = Field(default=True, description=(
+        "Authenticate clients against the trusted keys (--auth-public-key or --auth-jwks): multi-tenant. "
+        "--no-auth is standalone mode: no authentication and no tenancy, for one trusted client"))
 
     def check_startable(self) -> None:
         """What `sandpool api` refuses to start without, named for the operator."""
-        if self.no_auth and self.has_trusted_keys:
+        if not self.auth and self.has_trusted_keys:
             raise ConfigurationError("--no-auth and trusted keys (--auth-public-key / --auth-jwks) exclude each "
                                      "other: choose one mode")
-        if not self.no_auth and not self.has_trusted_keys:
+        if self.auth and not self.has_trusted_keys:
             raise ConfigurationError("no mode: give --auth-public-key PATH (repeatable) or --auth-jwks "
                                      "(multi-tenant), or --no-auth (standalone: one trusted client, no tenancy)")
         if (self.tls_cert is None) != (self.tls_key is None):

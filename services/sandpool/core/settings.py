@@ -93,10 +93,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser | argparse._ArgumentG
             default = ",".join(map(str, default)) or "(none)"
         shown = "(none)" if default is None else default
         help_text = f"{info.description or ''} [default: {shown}; env {env_name(name)}]"
-        if _is_bool(info.annotation) and name.startswith("no_"):
-            # Already a negative (--no-auth): BooleanOptionalAction would read any `--no-` flag as False.
-            parser.add_argument(flag_name(name), dest=name, default=None, action="store_true", help=help_text)
-        elif _is_bool(info.annotation):
+        if _is_bool(info.annotation):
             parser.add_argument(flag_name(name), dest=name, default=None,
                                 action=argparse.BooleanOptionalAction, help=help_text)
         elif _is_list(info.annotation) and name.endswith("s"):

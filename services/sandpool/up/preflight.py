@@ -113,7 +113,7 @@ def check_service_settings(args: argparse.Namespace) -> None:
     from sandpool.providers.local.settings import LocalProviderSettings
 
     try:
-        settings_from_args(ApiSettings, args, no_auth=True)
+        settings_from_args(ApiSettings, args, auth=False)
     except ConfigurationError as exc:
         raise _fail("the api", str(exc)) from None
     try:
