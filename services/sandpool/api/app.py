@@ -30,6 +30,7 @@ from sandpool.core import tracing
 from sandpool.core.asgi import ContractApp, OperationFastPath, client_gone, session_id_of
 from sandpool.core.errors import StateStoreUnavailable, error_response, install_error_handlers
 from sandpool.core.responses import ModelResponse
+from sandpool.core.tasks import finish
 from sandpool.edge.admin import build_router
 from sandpool.edge.auth import TokenVerifier
 from sandpool.edge.edge import OPERATION_KEY, EdgeMiddleware
@@ -59,16 +60,6 @@ UNCOUNTED = frozenset({"DestroySession", "CancelExecution"})
 """Operations that free resources: never refused for the rate, never counted against it."""
 
 Operation = Callable[[Request, SessionLayer, Caller], Awaitable[Response]]
-
-
-async def _finish(task: asyncio.Task[Any], grace: float = 5.0) -> None:
-    """Cancel a background task and wait a bounded time for it (never hang a shutdown)."""
-    task.cancel()
-    done, _ = await asyncio.wait({task}, timeout=grace)
-    if not done:
-        log.warning("background task did not stop in time", extra={"task": task.get_name()})
-    elif not task.cancelled() and task.exception() is not None:
-        log.error("background task failed", exc_info=task.exception())
 
 
 # --- the operations, over the session layer --------------------------------------------------
@@ -169,7 +160,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         finally:
             stopping.set()
             for task in tasks:
-                await _finish(task)
+                await finish(task)
             await sessions.drain()
             await clients.aclose()
             if jwks_client is not None:

@@ -30,6 +30,7 @@ from sandpool.controller.provider import Provider, ProviderError
 from sandpool.controller.reaper import SessionReaper
 from sandpool.controller.settings import ControllerSettings
 from sandpool.core.serve import StartFailed
+from sandpool.core.tasks import finish
 from sandpool.state import StateUnavailable, close, connect
 from sandpool.state.keys import Keys
 from sandpool.state.sessions import SessionStore
@@ -46,16 +47,6 @@ def build_provider(settings: ControllerSettings) -> Provider:
     from sandpool.providers import build_provider as build
 
     return build(settings.provider, settings)  # fields shared by name (data_dir)
-
-
-async def _finish(task: asyncio.Task[Any], grace: float = 5.0) -> None:
-    """Cancel a background task and wait a bounded time for it (never hang a shutdown)."""
-    task.cancel()
-    done, _ = await asyncio.wait({task}, timeout=grace)
-    if not done:
-        log.warning("background task did not stop in time", extra={"task": task.get_name()})
-    elif not task.cancelled() and task.exception() is not None:
-        log.error("background task failed", exc_info=task.exception())
 
 
 def create_app(settings: ControllerSettings, *, provider: Provider | None = None,
@@ -96,9 +87,9 @@ def create_app(settings: ControllerSettings, *, provider: Provider | None = None
             yield
         finally:
             stopping.set()
-            await _finish(reaper_task)
+            await finish(reaper_task)
             # Stepping down destroys the leader's half-made sandboxes: give it time.
-            await _finish(controller_task, grace=15.0)
+            await finish(controller_task, grace=15.0)
             await the_provider.close()
             await close(redis)
 
