@@ -11,22 +11,14 @@ from pathlib import Path
 
 from pydantic import Field
 
-from sandpool.core.settings import ConfigurationError
+from sandpool.core.settings import ConfigurationError, ServingSettings
 from sandpool.edge.settings import EdgeSettings
 from sandpool.sessions.settings import SessionSettings
 
 
-class ApiSettings(EdgeSettings, SessionSettings):
-    host: str = Field(default="127.0.0.1", description="Address to listen on")
-    port: int = Field(default=8080, ge=0, le=65535, description="Port to listen on")
-    unix_socket: Path | None = Field(default=None, description=(
-        "Listen on this Unix socket (mode 0600) instead of --host/--port"))
-    log_level: str = Field(default="info", description="Log level (debug, info, warning, error)")
+class ApiSettings(ServingSettings, EdgeSettings, SessionSettings):
     tracing: bool = Field(default=False, description=(
         "Export OpenTelemetry traces over OTLP/HTTP (the tracing extra; endpoint from OTEL_EXPORTER_OTLP_*)"))
-    start_failure_file: Path | None = Field(default=None, description=(
-        "Where a failed start writes its one-line reason (a supervisor's termination message; "
-        "sandpool up reads it)"))
     tls_cert: Path | None = Field(default=None, description="PEM certificate: serve HTTPS when given (with --tls-key)")
     tls_key: Path | None = Field(default=None, description="PEM private key of --tls-cert")
 

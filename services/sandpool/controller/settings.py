@@ -11,19 +11,15 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from sandpool.controller.pools import PoolSettings
+from sandpool.core.settings import ServingSettings
 from sandpool.providers import registry
 from sandpool.state.settings import RedisSettings
 
 
-class ControllerSettings(RedisSettings, PoolSettings):
-    host: str = Field(default="127.0.0.1", description="Address of the health checks and /metrics")
-    port: int = Field(default=8081, ge=0, le=65535, description="Port of the health checks and /metrics")
-    unix_socket: Path | None = Field(default=None, description=(
-        "Serve the health checks and /metrics on this Unix socket (mode 0600) instead of --host/--port"))
-    log_level: str = Field(default="info", description="Log level (debug, info, warning, error)")
-    start_failure_file: Path | None = Field(default=None, description=(
-        "Where a failed start writes its one-line reason (a supervisor's termination message; "
-        "sandpool up reads it)"))
+class ControllerSettings(ServingSettings, RedisSettings, PoolSettings):
+    """Its HTTP side serves only the health checks and /metrics."""
+
+    port: int = Field(default=8081, ge=0, le=65535, description="Port to listen on")
 
     provider: str = Field(default="local", description=(
         "Who runs sandboxes: " + "; ".join(f"{kind.name}, {kind.summary}" for kind in registry.PROVIDERS.values())))

@@ -45,6 +45,19 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", validate_default=True)
 
 
+class ServingSettings(ServiceSettings):
+    """Where an HTTP service of sandpool listens and how a supervisor learns why it did not start."""
+
+    host: str = Field(default="127.0.0.1", description="Address to listen on")
+    port: int = Field(default=8080, ge=0, le=65535, description="Port to listen on")
+    unix_socket: Path | None = Field(default=None, description=(
+        "Listen on this Unix socket (mode 0600) instead of --host/--port"))
+    log_level: str = Field(default="info", description="Log level (debug, info, warning, error)")
+    start_failure_file: Path | None = Field(default=None, description=(
+        "Where a failed start writes its one-line reason (a supervisor's termination message; "
+        "sandpool up reads it)"))
+
+
 class ConfigurationError(Exception):
     """Bad configuration: stops the start with a message naming the setting."""
 
