@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -437,20 +438,20 @@ class AgentProcess:
             pass
 
 
-# --- the scheduler's view of the proxy, and CI's tools ---------------------------------------
 
-def injected_headers(credential: str, workspace: str, **limits: int) -> dict[str, str]:
-    """What the proxy sends the scheduler: its credential, the workspace, and every limit the catalogue
-    forwards (`limits` by name; the rest unset: none of the workspace's own)."""
-    from sandpool.contract import limits as catalogue
-    from sandpool.contract import tenancy
+def start_agents(root: Path, count: int, *, workspace_prefix: str = "w") -> list[AgentProcess]:
+    """`count` real agents on Unix sockets under `root` (keep it short: sun_path is 108 bytes), started
+    together and returned once every one answers its health check."""
+    fresh = []
+    for _ in range(count):
+        name = uuid.uuid4().hex[:8]
+        fresh.append(AgentProcess(root / f"{workspace_prefix}{name}", root / f"{name}.log",
+                                  socket_path=root / f"{name}.sock").start())
+    for agent in fresh:
+        agent.wait_healthy(timeout=30)
+    return fresh
 
-    headers = {"Authorization": f"Bearer {credential}", tenancy.WORKSPACE: workspace}
-    for limit in catalogue.forwarded():
-        assert limit.header is not None
-        headers[limit.header] = str(limits.get(limit.name, limit.unset))
-    return headers
-
+# --- CI's tools ------------------------------------------------------------------------
 
 def tool(name: str) -> str:
     """The path of an external tool CI installed, or a skip saying how to get it (never an install)."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import redis
-from testkit import AgentProcess
+from testkit import AgentProcess, start_agents
 
 from sandpool.state.keys import Keys, egress_digest
 
@@ -38,15 +38,8 @@ class Sandboxes:
         self.agents: list[AgentProcess] = []
 
     def start_agents(self, count: int) -> list[AgentProcess]:
-        fresh = []
-        for _ in range(count):
-            name = uuid.uuid4().hex[:8]
-            agent = AgentProcess(self.root / f"w{name}", self.root / f"{name}.log",
-                                 socket_path=self.root / f"{name}.sock").start()
-            self.agents.append(agent)
-            fresh.append(agent)
-        for agent in fresh:
-            agent.wait_healthy(timeout=30)
+        fresh = start_agents(self.root, count)
+        self.agents.extend(fresh)
         return fresh
 
     def publish(self, *, address: str = "unix:///nonexistent.sock", secret: str = "unused",

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import redis
 from prometheus_client import generate_latest
-from testkit import AgentProcess, ThreadServer, free_port, wait_for, wait_http
+from testkit import AgentProcess, ThreadServer, free_port, start_agents, wait_for, wait_http
 
 from sandpool.edge.keys_cli import mint_token
 from sandpool.edge.policy import dump_policy, policy_model
@@ -37,15 +37,8 @@ class Agents:
         self.started: list[AgentProcess] = []
 
     def start(self, count: int = 1) -> list[AgentProcess]:
-        fresh = []
-        for _ in range(count):
-            name = uuid.uuid4().hex[:8]
-            agent = AgentProcess(self.root / f"ws-{name}", self.root / f"{name}.log",
-                                 socket_path=self.root / f"{name}.sock").start()
-            self.started.append(agent)
-            fresh.append(agent)
-        for agent in fresh:
-            agent.wait_healthy(timeout=30)
+        fresh = start_agents(self.root, count, workspace_prefix="ws-")
+        self.started.extend(fresh)
         return fresh
 
     def stop(self) -> None:
