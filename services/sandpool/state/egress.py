@@ -41,26 +41,6 @@ BINDING_FIELDS = ("session", "workspace", "allow")
 
 RETENTION_SECONDS = USAGE_DAY_RETENTION_DAYS * 86400
 
-BINDING = r"""
--- The session an egress credential is bound to, if that session still lives, with the workspace limits
--- its lease recorded on it (where the egress proxy finds max_egress_connections).
--- KEYS[1] the credential's binding hash   ARGV[1] session key prefix
--- Returns {session, workspace, allow JSON, lease limits JSON} or nil. A binding whose session is gone (or
--- now belongs to another workspace) is deleted here: a released sandbox's credential admits nothing,
--- whether or not the release removed its binding.
-local f = redis.call('HMGET', KEYS[1], 'session', 'workspace', 'allow')
-if not f[1] or not f[2] then return nil end
-local s = redis.call('HMGET', ARGV[1] .. f[1], 'workspace', 'limits')
-if s[1] ~= f[2] then
-  redis.call('DEL', KEYS[1])
-  return nil
-end
-return {f[1], f[2], f[3] or '[]', s[2] or '{}'}
-"""
-"""`scripts.EGRESS_BINDING`'s read plus the session's recorded lease limits, so the connection cap costs
-no second round trip; it supersedes that script (unused now, to be replaced by this one in scripts.py)."""
-
-
 @dataclass(frozen=True)
 class EgressBinding:
     """Whose connection this is: the live session a credential is bound to, its allow-list as stored, and
@@ -86,7 +66,7 @@ class EgressStore:
     def __init__(self, client: Client, keys: Keys) -> None:
         self.redis = client
         self.keys = keys
-        self._binding = client.register_script(BINDING)
+        self._binding = client.register_script(scripts.EGRESS_BINDING)
         self._meter = client.register_script(scripts.EGRESS_METER)
 
     @translated
