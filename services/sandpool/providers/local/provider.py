@@ -401,7 +401,7 @@ class LocalProvider:
         (`sandpool up` on its way out)."""
         sandboxes = await self.list()
         await asyncio.gather(*(self.destroy(s.sandbox_id) for s in sandboxes))
-        root = self.sockets.root or self.sockets._recorded()
+        root = self.sockets.current()
         if root is not None and (root / ZYGOTE_SOCKET).exists():
             await shutdown_listening(root / ZYGOTE_SOCKET)
             shutil.rmtree(root / "zygote-run", ignore_errors=True)

@@ -83,13 +83,18 @@ class SocketDir:
             return None
         return Path(text) if text.startswith("/") else None
 
+    def current(self) -> Path | None:
+        """The directory in use: the one this process opened, else the one the data dir records (a
+        provider that was never started, such as `sandpool up`'s clean-up, finds it there)."""
+        return self.root if self.root is not None else self._recorded()
+
     @staticmethod
     def _fits(root: Path, longest_id: int) -> bool:
         return len(os.fsencode(root)) + 1 + longest_id + 1 + len(SOCKET_NAME) <= SOCKET_PATH_MAX
 
     def path_for(self, sandbox_id: str) -> Path:
         """The socket of one sandbox, in a directory of its own (created 0700)."""
-        root = self.root if self.root is not None else self._recorded()
+        root = self.current()
         if root is None:
             raise SocketDirError("the socket directory is not open")
         directory = root / sandbox_id
@@ -109,7 +114,7 @@ class SocketDir:
 
     def close_if_empty(self) -> None:
         """Remove the directory and its record once no sandbox has a socket in it."""
-        root = self.root if self.root is not None else self._recorded()
+        root = self.current()
         if root is None:
             return
         try:
