@@ -218,7 +218,7 @@ def test_revocation_applies_even_to_a_cached_token(api: Api, keys: Keys, sandbox
 
 
 def test_revoked_admin_token_stops_at_once(api: Api, keys: Keys, rdb: redis.Redis, redis_prefix: str) -> None:
-    before = set(keys_under(rdb, redis_prefix))  # what the api published at start (its ceilings)
+    before = set(keys_under(rdb, redis_prefix))
     admin_token = keys.token("ops", admin=True, jti="admin-1")
     with api.client(admin_token) as admin:
         assert admin.get("/v1/workspaces/acme/policy").status_code == 200

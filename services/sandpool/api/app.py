@@ -112,6 +112,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     auth = settings.auth
     keyring = KeyRing(settings.auth_public_keys, settings.auth_jwks) if auth else None
     codec = PolicyCodec(proxy_ceilings_of(settings))
+    ceilings = {**Ceilings.from_settings(settings).workspace, **codec.proxy_ceilings}
+    """Every limit's ceiling, from this process's own settings (the admin API's policy view and checks)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,7 +129,6 @@ def create_app(settings: ApiSettings) -> FastAPI:
         app.state.gate = None
         try:
             await store.load_scripts()
-            await store.publish_ceilings(Ceilings.from_settings(settings).workspace)
         except StateUnavailable as exc:
             # Not fatal: /readyz says not ready until Redis answers; scripts load on first use.
             log.warning("redis unreachable at start", extra={"error": type(exc).__name__})
@@ -152,7 +153,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 stores = Stores(client=redis, admission=AdmissionStore(redis, keys), usage=UsageStore(redis, keys),
                                 sessions=store, egress=EgressStore(redis, keys))
                 app.state.gate = Gate(verifier=verifier, keyring=keyring, stores=stores, codec=codec,
-                                      metrics=metrics, jwks_client=jwks_client)
+                                      metrics=metrics, jwks_client=jwks_client, ceilings=ceilings)
             log.info("api started", extra={"mode": "multi-tenant" if auth else "standalone",
                                            "pools": [p.name for p in pool_specs],
                                            "trusted_kids": keyring.kids() if keyring is not None else []})

@@ -153,12 +153,6 @@ def _days(start: str | None, end: str | None) -> list[str]:
     return [(first + dt.timedelta(days=i)).isoformat() for i in range(count)]
 
 
-async def _ceilings(gate: Gate) -> dict[str, int]:
-    """Every limit's ceiling, read from the settings that enforce it: the scheduler's (as it published
-    them) and the proxy's own."""
-    return {**await gate.stores.sessions.ceilings(), **gate.codec.proxy_ceilings}
-
-
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "No valid bearer token (`cause` says why); WWW-Authenticate: Bearer"},
     403: {"model": ErrorBody, "description": "Another workspace's data, or an admin-only call, with a workspace token"},
@@ -247,7 +241,6 @@ def build_router() -> APIRouter:
         gate = _gate(request)
         try:
             raw = await gate.stores.admission.get_policy(workspace)
-            ceilings = await _ceilings(gate)
             egress_ceiling = await gate.stores.egress.ceiling()
         except StateError as exc:
             raise gate.store_failed(exc) from None
@@ -255,7 +248,7 @@ def build_router() -> APIRouter:
             policy = load_policy(raw)
         except ValueError:
             raise Unavailable("the stored policy is unreadable; PUT a new one", retry_after=60) from None
-        return view(workspace, policy, ceilings, egress_ceiling)
+        return view(workspace, policy, gate.ceilings, egress_ceiling)
 
     @router.put("/workspaces/{workspace}/policy", response_model=PolicyView,
                 summary="Replace a workspace's policy (admin); values above a ceiling are refused")
@@ -265,11 +258,10 @@ def build_router() -> APIRouter:
         _require_admin(principal)
         gate = _gate(request)
         try:
-            ceilings = await _ceilings(gate)
             egress_ceiling = await gate.stores.egress.ceiling()
         except StateError as exc:
             raise gate.store_failed(exc) from None
-        violations = above_ceilings(policy, ceilings)
+        violations = above_ceilings(policy, gate.ceilings)
         violations += egress_outside(list_values(policy)["egress_allow"], egress_ceiling)
         if violations:
             fields = list(dict.fromkeys(v.split("=")[0].split(":")[0] for v in violations))
@@ -278,7 +270,7 @@ def build_router() -> APIRouter:
             await gate.stores.admission.put_policy(workspace, dump_policy(policy))
         except StateError as exc:
             raise gate.store_failed(exc) from None
-        return view(workspace, policy, ceilings, egress_ceiling)
+        return view(workspace, policy, gate.ceilings, egress_ceiling)
 
     @router.post("/revocations", response_model=Revocation, status_code=201,
                  summary="Revoke a token by jti (admin), until the token would have expired")

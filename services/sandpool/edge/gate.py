@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -45,8 +46,11 @@ log = logging.getLogger(__name__)
 
 class Gate:
     def __init__(self, *, verifier: TokenVerifier, keyring: KeyRing, stores: Stores, codec: PolicyCodec,
-                 metrics: ApiMetrics, jwks_client: httpx.AsyncClient | None) -> None:
+                 metrics: ApiMetrics, jwks_client: httpx.AsyncClient | None,
+                 ceilings: Mapping[str, int] | None = None) -> None:
         self.verifier = verifier
+        self.ceilings = dict(ceilings or {})
+        """Every numeric limit's ceiling in force here, by name (the admin API's policy view and checks)."""
         self.keyring = keyring
         self.stores = stores
         self.codec = codec

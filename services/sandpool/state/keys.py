@@ -202,7 +202,4 @@ class Keys:
         """Pub/sub channel of released session ids: every scheduler replica ends their calls in flight."""
         return f"{self.base}sessions:released"
 
-    @property
-    def ceilings(self) -> str:
-        """String (JSON): the operator's ceilings of the workspace limits, as the scheduler enforces them."""
-        return f"{self.base}limits:ceilings"
+

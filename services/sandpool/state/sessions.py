@@ -360,17 +360,4 @@ class SessionStore:
             keys=[self.keys.pool_members(pool)], args=[self.keys.sandbox_prefix])
         return PoolCounts(int(starting), int(ready), int(leased), int(doomed))
 
-    @translated
-    async def publish_ceilings(self, ceilings: Mapping[str, int]) -> None:
-        """The operator's ceilings of the workspace limits, for the proxy's policy views."""
-        await self.redis.set(self.keys.ceilings, json.dumps(dict(ceilings), sort_keys=True))
 
-    @translated
-    async def ceilings(self) -> dict[str, int]:
-        """The ceilings a scheduler published ({} before any did)."""
-        raw = await self.redis.get(self.keys.ceilings)
-        try:
-            data = json.loads(raw) if raw else {}
-        except ValueError:
-            return {}
-        return {str(k): int(v) for k, v in data.items() if isinstance(v, int)} if isinstance(data, dict) else {}
