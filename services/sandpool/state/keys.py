@@ -201,5 +201,3 @@ class Keys:
     def released_sessions(self) -> str:
         """Pub/sub channel of released session ids: every scheduler replica ends their calls in flight."""
         return f"{self.base}sessions:released"
-
-
