@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from sandpool.contract.agent_protocol import Outcome
 
 SERVICE = "api"
-OPERATIONS = ("CreateSession", "Execute", "DestroySession", "ListFiles", "GetFile", "PutFile")
 EXEC_OUTCOMES = tuple(Outcome)
 """The `outcome` labels of `sandpool_executions_total`: the agent's outcome labels."""
 
