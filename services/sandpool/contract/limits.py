@@ -1,23 +1,22 @@
-"""The catalogue of workspace limits: each one declared once, read by the proxy, the scheduler and the docs.
+"""The catalogue of workspace limits: each one declared once, read by the edge, the session layer and the docs.
 
-A limit is a field of a workspace's policy (set by an admin through the proxy)
-that an operator's setting bounds (the ceiling, which is also what a workspace
-without a policy gets). From this one declaration:
+A limit is a field of a workspace's policy (set by an admin through the edge's
+admin API) that an operator's setting bounds (the ceiling, which is also what a
+workspace without a policy gets). From this one declaration:
 
-- the proxy builds its policy model and checks a stored value against the ceiling;
-- limits the scheduler enforces travel from the proxy in an `X-Sandpool-*` header
-  named after them; the scheduler refuses a request that lacks one (a forgotten
-  header never means "no limit") and combines the value with its own ceiling;
+- the edge builds its policy model and checks a stored value against the ceiling;
+- limits the session layer enforces reach it with the caller, in process, every one
+  of them present (0 when the workspace has none of its own: never a missing key a
+  later lookup could read as "no limit"), combined there with its own ceilings;
 - limits the lease enforces reach the lease script as one JSON argument (so adding
   one needs no new script argument), and are recorded on the session;
-- `docs/api.md` and `docs/proxy.md` list them (a test keeps the list current).
+- `docs/api.md` and `docs/edge.md` list them (a test keeps the list current).
 
 Most limits are counts (`kind="count"`: a non-negative integer, 0 for none of the
 workspace's own, bounded by a numeric ceiling). One is a list (`kind="list"`):
 `egress_allow`, the destinations a session may reach through the egress proxy,
-empty by default (no egress). It travels as a comma-separated header, and its
-ceiling is the egress proxy's own (`sandpool egress --egress-allow-ceiling`, which
-the proxy publishes to Redis): the admin API refuses a list outside it, and the
+empty by default (no egress). Its ceiling is the egress proxy's own (`sandpool egress --egress-allow-ceiling`, which
+that proxy publishes to Redis): the admin API refuses a list outside it, and the
 egress proxy checks both on every connection.
 
 The egress proxy learns a workspace's limits from the lease: `egress_allow` is bound
@@ -25,7 +24,7 @@ with the sandbox's credential, and the lease's numeric limits are recorded on th
 session, where the proxy reads `max_egress_connections` with the binding. That count
 is the egress proxy's to enforce and its ceiling the egress proxy's setting
 (`ceiling_of="egress"`, `sandpool egress --max-connections-per-workspace`, also the
-default); the scheduler, which has no such setting, passes it through unbounded.
+default); the session layer, which has no such setting, passes it through unbounded.
 
 Adding a limit is one entry here plus its enforcement where `enforced_by` says.
 """
@@ -65,18 +64,6 @@ class Limit:
         return self.kind == "list"
 
     @property
-    def unset(self) -> str:
-        """The header value of a workspace with no value of its own: 0 for a count, empty for a list."""
-        return "" if self.is_list else "0"
-
-    @property
-    def header(self) -> str | None:
-        """The header carrying it from the proxy to the scheduler; None for the proxy's own."""
-        if self.enforced_by == "proxy":
-            return None
-        return "X-Sandpool-" + "-".join(part.capitalize() for part in self.name.split("_"))
-
-    @property
     def ceiling_owner(self) -> Owner:
         if self.ceiling_of is not None:
             return self.ceiling_of
@@ -112,7 +99,7 @@ LIMITS: tuple[Limit, ...] = (
 
 MAX_VALUE = 10**12
 MAX_LIST_ENTRIES = 64
-"""Most entries a list limit holds (it travels in one header on every forwarded request)."""
+"""Most entries a list limit holds (it is bound to every session the workspace leases)."""
 MAX_LIST_ENTRY_LENGTH = 300
 
 
@@ -126,26 +113,9 @@ def lists(limits: Iterable[Limit] | None = None) -> tuple[Limit, ...]:
     return tuple(limit for limit in (LIMITS if limits is None else limits) if limit.is_list)
 
 
-def encode_list(entries: Iterable[str]) -> str:
-    """A list limit's header value: its entries, comma-separated (an entry never holds a comma)."""
-    return ",".join(entries)
-
-
-def decode_list(raw: str) -> tuple[str, ...] | None:
-    """A list limit's entries from its header value; None when it is not one (too many, too long,
-    or holding spaces or control characters): the caller refuses the request."""
-    entries = tuple(part for part in raw.strip().split(",") if part)
-    if len(entries) > MAX_LIST_ENTRIES:
-        return None
-    for entry in entries:
-        if len(entry) > MAX_LIST_ENTRY_LENGTH or not entry.isascii() or not entry.isprintable() or " " in entry:
-            return None
-    return entries
-
-
-def forwarded(limits: Iterable[Limit] | None = None) -> tuple[Limit, ...]:
-    """The limits the proxy sends to the scheduler (each in its header)."""
-    return tuple(limit for limit in (LIMITS if limits is None else limits) if limit.header is not None)
+def handed_over(limits: Iterable[Limit] | None = None) -> tuple[Limit, ...]:
+    """The limits the edge hands the session layer with the caller (every one but the edge's own)."""
+    return tuple(limit for limit in (LIMITS if limits is None else limits) if limit.enforced_by != "proxy")
 
 
 def by_name() -> dict[str, Limit]:

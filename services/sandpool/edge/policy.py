@@ -127,7 +127,7 @@ def egress_outside(entries: list[str], ceiling: list[str] | None) -> list[str]:
 def effective(policy: BaseModel, proxy_ceilings: Mapping[str, int]) -> Effective:
     values = limit_values(policy)
     lists = list_values(policy)
-    own = {limit.name: values[limit.name] for limit in catalogue.counts(catalogue.forwarded())}
+    own = {limit.name: values[limit.name] for limit in catalogue.counts(catalogue.handed_over())}
     rate = catalogue.combine(values.get("requests_per_minute", 0), int(proxy_ceilings.get("requests_per_minute") or 0))
     allowed = policy.allowed_images  # type: ignore[attr-defined]  # a field of policy_model(), built at run time
     images = frozenset(allowed) if allowed is not None else None

@@ -43,7 +43,7 @@ class Ceilings:
             default_lifetime=settings.default_lifetime_seconds, max_lifetime=settings.max_lifetime_seconds,
             default_exec=settings.default_exec_timeout_seconds, max_exec=settings.max_exec_timeout_seconds,
             workspace={limit.name: int(getattr(settings, limit.ceiling, 0) or 0)
-                       for limit in catalogue.counts(catalogue.forwarded())},
+                       for limit in catalogue.counts(catalogue.handed_over())},
         )
 
 
@@ -56,7 +56,7 @@ def lease_limits(ceilings: Ceilings, policy: Mapping[str, int]) -> dict[str, int
     """The numeric limits the lease script checks (every catalogue count `enforced_by` the lease; the
     egress allow-list goes to the lease on its own, as the list it is)."""
     forced = in_force(ceilings, policy)
-    return {limit.name: forced.get(limit.name, 0) for limit in catalogue.counts(catalogue.forwarded())
+    return {limit.name: forced.get(limit.name, 0) for limit in catalogue.counts(catalogue.handed_over())
             if limit.enforced_by == "lease"}
 
 
