@@ -10,9 +10,10 @@ Labels are closed sets: pool names from the operator's configuration, never ids.
 `sandpool_reconciled_total{kind}` counts what the controller put right: sandboxes
 the provider runs that Redis does not know (`orphan_sandbox`), records of sandboxes
 the provider does not run (`stale_record`), starts abandoned (`stuck_starting`),
-ready sandboxes above a lowered target or two leaders' overlapping starts
-(`surplus_ready`), sandboxes the provider reports dead (`lost`), and waiters whose
-scheduler vanished (`stale_waiter`).
+sandboxes leased to a session that is gone (`sessionless_lease`), ready sandboxes
+above a lowered target or two leaders' overlapping starts (`surplus_ready`),
+sandboxes the provider reports dead (`lost`), and waiters whose api replica
+vanished (`stale_waiter`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ SERVICE = "controller"
 @dataclass(frozen=True)
 class ControllerMetrics:
     sandbox_start: Histogram  # sandpool_sandbox_start_seconds{pool}
-    # sandpool_reconciled_total{kind: orphan_sandbox|stale_record|stuck_starting|surplus_ready|lost|stale_waiter}
+    # sandpool_reconciled_total{kind: orphan_sandbox|stale_record|stuck_starting|sessionless_lease|
+    #                                 surplus_ready|lost|stale_waiter}
     reconciled: Counter
     provider_errors: Counter  # sandpool_provider_errors_total{provider, operation: create|destroy|list}
     pool_target: Gauge  # sandpool_pool_target{pool}: the warm target the controller chose
@@ -48,7 +50,7 @@ class ControllerMetrics:
                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120), registry=registry),
             reconciled=Counter("sandpool_reconciled_total",
                                "Reconciliation fixes by kind: orphan_sandbox, stale_record, stuck_starting, "
-                               "surplus_ready, lost, stale_waiter", ["kind"], registry=registry),
+                               "sessionless_lease, surplus_ready, lost, stale_waiter", ["kind"], registry=registry),
             provider_errors=Counter("sandpool_provider_errors_total", "Provider calls that failed",
                                     ["provider", "operation"], registry=registry),
             pool_target=Gauge("sandpool_pool_target", "Sandboxes the controller keeps ready (its warm target)",
