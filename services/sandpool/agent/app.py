@@ -191,7 +191,7 @@ async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
 
 
 async def answer(runtime: Runtime, parsed: ExecCall, scope: Scope) -> Response:
-    """Run a parsed call; its result as the one JSON body (with the outcome header for the scheduler)."""
+    """Run a parsed call; its result as the one JSON body (with the outcome header for the api)."""
     response, outcome_label = await run_call(runtime, parsed, scope)
     return Response(exec_body(response), media_type="application/json", headers={OUTCOME_HEADER: outcome_label})
 

@@ -154,7 +154,7 @@ def _is_zombie(pid: int) -> bool:
 
 class ChildReaper:
     """Reaps every child process of the agent (no zombie holds a pid or a slot of the process cap) and
-    remembers the exit status of the ones asked about. Not the scheduler's `SessionReaper`."""
+    remembers the exit status of the ones asked about. Not the controller's `SessionReaper`."""
 
     def __init__(self) -> None:
         self.statuses: dict[int, int] = {}

@@ -9,7 +9,7 @@ once and then sends, in this order:
 - `: heartbeat` comment lines while nothing else was sent for the heartbeat interval;
 - at the end, the pieces the result adds (a truncation marker, the timeout or cancel
   note), so that the texts of a stream's events put together are exactly the result's
-  `stdout` and `stderr`; then `: outcome <label>` (read and dropped by the scheduler,
+  `stdout` and `stderr`; then `: outcome <label>` (read and dropped by the api,
   which meters the call on it), then `event: result` whose data is exactly the JSON body
   the non-streaming call would have answered;
 - or, when the call could not run after the stream began, `event: error` with the error
@@ -38,7 +38,7 @@ log = logging.getLogger("sandpool.agent.streaming")
 
 PIECE_BYTES = 16 * 1024
 """UTF-8 bytes of text per event at most (docs/api.md): with JSON escaping an event stays under
-100 KiB (the scheduler's check)."""
+100 KiB (the api's check)."""
 _DECODE_BYTES = 4 * PIECE_BYTES
 """Bytes read decoded at once when sending them."""
 HEADERS = [(b"content-type", protocol.EVENT_STREAM_CONTENT_TYPE.encode()), (b"cache-control", b"no-cache"),
@@ -163,7 +163,7 @@ class OutputEvents:
                 return
 
     async def finish(self, stdout: str, stderr: str, body: bytes, outcome: str) -> None:
-        """The rest of the result's text, the outcome for the scheduler, the result event (`body`: the
+        """The rest of the result's text, the outcome for the api, the result event (`body`: the
         non-streaming answer's exact JSON bytes); end."""
         await self.flush()
         for stream, text in ((Event.STDOUT, stdout), (Event.STDERR, stderr)):

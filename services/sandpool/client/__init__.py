@@ -1,7 +1,7 @@
 """The Python client of contract v1: sync (`Client`) and asyncio (`AsyncClient`).
 
 It speaks only the contract (plus sandpool's extension fields, read when
-present), so it works against sandpool's proxy, a standalone scheduler, or any
+present), so it works against sandpool's api (with auth or `--no-auth`), or any
 other backend or gateway that serves contract v1 with an optional bearer token.
 Guide: docs/client.md.
 """

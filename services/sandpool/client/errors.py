@@ -165,8 +165,8 @@ class QuotaExceeded(SandpoolClientError):
 class Unavailable(SandpoolClientError):
     """503: the call could not be served now (a dependency is down, or the session's sandbox is unreachable).
 
-    `reason` says which: `redis_unavailable`, `scheduler_unavailable`, `sandbox_unavailable`
-    (the session is gone; create a new one), ...
+    `reason` says which: `redis_unavailable`, `sandbox_unavailable` (the session is gone; create a
+    new one), ... (`scheduler_unavailable`, from servers before the api, is retired)
     """
 
     retryable = True

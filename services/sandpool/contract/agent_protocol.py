@@ -1,10 +1,10 @@
-"""The names the agent, the scheduler, the proxy and the client share beyond the JSON models.
+"""The names the agent, the api and the client share beyond the JSON models.
 
 Two protocols, each spelled once here:
 
-- **scheduler <-> agent**: the agent answers an Execute with the call's outcome
+- **api <-> agent**: the agent answers an Execute with the call's outcome
   label in `OUTCOME_HEADER` (a streamed one in an `: outcome <label>` comment
-  before its result event); the scheduler consumes it, meters the call on it and
+  before its result event); the api consumes it, meters the call on it and
   counts it in `sandpool_executions_total{outcome}`. The labels are `Outcome`.
 - **streamed Execute** (docs/api.md "Streaming"): `Accept: text/event-stream`
   asks for server-sent events named `Event`, with `: heartbeat` comments while the
@@ -19,7 +19,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 OUTCOME_HEADER = "X-Sandpool-Outcome"
-"""The agent's response header carrying the call's `Outcome` (consumed by the scheduler, never relayed)."""
+"""The agent's response header carrying the call's `Outcome` (consumed by the api, never relayed)."""
 
 
 class Outcome(StrEnum):
@@ -56,7 +56,7 @@ OUTPUT_EVENTS = (Event.STDOUT, Event.STDERR)
 HEARTBEAT_COMMENT = "heartbeat"
 """The comment (`: heartbeat`) sent while a call is silent, so idle proxies keep the connection."""
 OUTCOME_COMMENT = "outcome"
-"""The comment (`: outcome <label>`) the agent sends before a streamed result; the scheduler drops it."""
+"""The comment (`: outcome <label>`) the agent sends before a streamed result; the api drops it."""
 
 
 def lower_name(header: str) -> bytes:

@@ -21,7 +21,7 @@ egress proxy checks both on every connection.
 
 The egress proxy learns a workspace's limits from the lease: `egress_allow` is bound
 with the sandbox's credential, and the lease's numeric limits are recorded on the
-session, where the proxy reads `max_egress_connections` with the binding. That count
+session, where the egress proxy reads `max_egress_connections` with the binding. That count
 is the egress proxy's to enforce and its ceiling the egress proxy's setting
 (`ceiling_of="egress"`, `sandpool egress --max-connections-per-workspace`, also the
 default); the session layer, which has no such setting, passes it through unbounded.
@@ -48,11 +48,12 @@ class Limit:
     name: str
     description: str
     enforced_by: Enforcer
-    """`proxy`: at the edge; `scheduler`: on each call; `lease`: inside the atomic lease script, or
-    recorded by it for the egress proxy (the egress limits)."""
+    """`proxy`: at the edge; `scheduler`: by the session layer, on each call (the values keep the names
+    of the retired processes); `lease`: inside the atomic lease script, or recorded by it for the egress
+    proxy (the egress limits)."""
     ceiling: str
-    """The operator setting holding the ceiling (and the default): a scheduler setting, the proxy's for
-    limits the proxy enforces, the egress proxy's for the egress limits."""
+    """The operator setting holding the ceiling (and the default): an api setting (the session layer's,
+    or the edge's for limits the edge enforces), the egress proxy's for the egress limits."""
     unit: str = ""
     kind: Kind = "count"
     ceiling_of: Owner | None = None
@@ -86,7 +87,7 @@ LIMITS: tuple[Limit, ...] = (
           ceiling="max_exec_timeout_seconds", unit="s"),
     Limit("daily_session_seconds_budget", "Session-seconds per UTC day (live sessions count as they run)", "lease",
           ceiling="workspace_daily_session_seconds_budget", unit="s"),
-    Limit("requests_per_minute", "Requests per UTC minute, across all proxy replicas", "proxy",
+    Limit("requests_per_minute", "Requests per UTC minute, across all api replicas", "proxy",
           ceiling="ceiling_requests_per_minute", unit="requests"),
     Limit("egress_allow", "Destinations sessions may reach through the egress proxy (HOST[:PORT], port 443 by "
           "default; *.example.com for names below a domain); empty: no egress", "lease",

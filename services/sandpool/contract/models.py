@@ -135,7 +135,7 @@ def register_tool_kind(model: _Model) -> _Model:
     """Add a tool kind: `model` is its `ExecRequest` subclass (usable as a class decorator).
 
     Registration is process-wide and meant for import time; every service that parses
-    Execute bodies (the scheduler and the agent) must see the same kinds."""
+    Execute bodies (the api and the agent) must see the same kinds."""
     kind = _kind_of(model)
     if kind in _requests:
         raise ValueError(f"tool kind {kind!r} is already registered (by {_requests[kind].__name__})")

@@ -1,4 +1,4 @@
-"""The operations sandpool serves at the contract's paths: one table, read by the proxy, the scheduler and
+"""The operations sandpool serves at the contract's paths: one table, read by the edge, the session layer and
 their metrics (so an operation's name, a closed label set, is spelled once).
 
 Contract v1 has six; `GetSession` (`GET /sessions/{id}`, the session's handle) and

@@ -16,7 +16,7 @@ docs/egress.md), which sandboxed programs see instead of an error body: outside 
 API, so a catalogue of their own (`EGRESS_REFUSALS`, each word's statuses), which the
 egress proxy and the sandbox's relay name them from.
 
-Not here: the `cause` of a refused credential (the proxy's closed set, docs/api.md
+Not here: the `cause` of a refused credential (the edge's closed set, docs/api.md
 "Authentication"), a finer word under `unauthorized`.
 """
 
@@ -80,8 +80,9 @@ CATALOGUE: Mapping[Reason, Entry] = {
     Reason.FORBIDDEN: Entry(403, "not allowed: an admin-only call, or another workspace's data"),
     Reason.IMAGE_NOT_ALLOWED: Entry(403, "the workspace's policy does not allow the requested `image`"),
     Reason.PATH_OUTSIDE_WORKSPACE: Entry(403, "a file path that escapes the session's workspace"),
-    Reason.TENANCY_MISSING: Entry(403, "the scheduler got a call without the proxy's credential or a tenancy header"),
-    Reason.TENANCY_INVALID: Entry(403, "the scheduler got a tenancy header it cannot read"),
+    Reason.TENANCY_MISSING: Entry(403, "retired: the scheduler got a call without the proxy's credential or a "
+                                       "tenancy header"),
+    Reason.TENANCY_INVALID: Entry(403, "retired: the scheduler got a tenancy header it could not read"),
     Reason.NOT_FOUND: Entry(404, "no such session (or another workspace's), file or path"),
     Reason.METHOD_NOT_ALLOWED: Entry(405, "the path exists but not with this method"),
     Reason.CONFLICT: Entry(409, "the call conflicts with the state it finds"),
@@ -98,7 +99,7 @@ CATALOGUE: Mapping[Reason, Entry] = {
     Reason.START_TIMEOUT: Entry(503, "no sandbox could be started within the capacity wait; nothing was leased"),
     Reason.UNAVAILABLE: Entry(503, "the call cannot be served now (a queue is full, the interpreter cannot start)"),
     Reason.REDIS_UNAVAILABLE: Entry(503, "Redis cannot be reached"),
-    Reason.SCHEDULER_UNAVAILABLE: Entry(503, "the proxy cannot reach the scheduler"),
+    Reason.SCHEDULER_UNAVAILABLE: Entry(503, "retired: the proxy could not reach the scheduler"),
     Reason.SANDBOX_UNAVAILABLE: Entry(503, "the session's sandbox cannot be reached: the call did not run, the session "
                                            "is gone"),
     Reason.WORKSPACE_FULL: Entry(503, "the workspace's disk is full; nothing was written"),

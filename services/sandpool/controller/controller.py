@@ -259,7 +259,7 @@ class PoolController:
 
     async def _listen_for_nudges(self) -> None:
         """Wake the loop on everything published on the nudge channel, while leading: every lease,
-        claim and release (the scheduler's scripts), a lost sandbox, a caller queued as a waiter."""
+        claim and release (the session layer's scripts), a lost sandbox, a caller queued as a waiter."""
         loop = asyncio.get_running_loop()
         settle = self.timing.nudge_settle_seconds
 
@@ -313,14 +313,14 @@ class PoolController:
                 task.add_done_callback(self._start_tasks.discard)
 
     async def follow_demand(self) -> None:
-        """Move each pool's warm target with its lease rate; forget waiters whose scheduler vanished."""
+        """Move each pool's warm target with its lease rate; forget waiters whose api replica vanished."""
         now = time.time()
         for pool in self.pools.values():
             await self._follow(pool, now)
             fixed = await self.sandboxes.sweep_waiters(pool.name)
             if fixed:
                 self.metrics.reconciled.labels(kind="stale_waiter").inc(fixed)
-                log.info("forgot waiters whose scheduler vanished", extra={"pool": pool.name, "count": fixed})
+                log.info("forgot waiters whose api replica vanished", extra={"pool": pool.name, "count": fixed})
 
     async def _follow(self, pool: PoolSpec, now: float) -> int:
         """The pool's warm target after reading its lease rate (and the gauges saying why)."""
@@ -595,7 +595,7 @@ class PoolController:
     async def _forget_and_release(self, sandbox_id: str, pool: str, session_id: str) -> None:
         """Forget a sandbox the provider no longer runs, releasing its session first.
 
-        The release is the scheduler's own script (mode `dead`: session-seconds metered
+        The release is the session layer's own script (mode `dead`: session-seconds metered
         once, session and deadline dropped, sandbox doomed), so a session lost this way
         is accounted exactly like one whose agent died under a call.
         """

@@ -1,6 +1,6 @@
 """The narrow interface between the pool controller and whatever runs sandboxes.
 
-The scheduler and the controller see only this: no Kubernetes type, no local
+The controller sees only this: no Kubernetes type, no local
 process handle leaks past it. A provider creates a sandbox and returns where its
 agent listens (`http://host:port` or `unix:///path`) and the agent's
 per-sandbox secret; it lists what it runs (for reconciliation after a restart)
@@ -40,7 +40,7 @@ class PoolSpec:
     memory: str | None = None
     """Limit: memory of one sandbox (a quantity such as 1Gi)."""
     cpu_request: str | None = None
-    """What a scheduler should reserve for one sandbox (None: the limit, or nothing)."""
+    """What the Kubernetes scheduler should reserve for one sandbox (None: the limit, or nothing)."""
     memory_request: str | None = None
     runtime_class: str | None = None
     command: tuple[str, ...] = ()

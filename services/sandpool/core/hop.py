@@ -1,4 +1,4 @@
-"""The internal hops' HTTP client: proxy to scheduler, scheduler to agent.
+"""The internal hop's HTTP client: the session layer to a sandbox's agent.
 
 Both ends are ours, speak HTTP/1.1, and sit on loopback, a Unix socket or a
 cluster network; what the hop costs is CPU per request, on every call of every

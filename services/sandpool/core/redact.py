@@ -1,6 +1,6 @@
 """Credentials out of everything printed: the userinfo of URLs (`redis://:password@host`).
 
-Settings dumps and log lines carry URLs (Redis, the scheduler, a JWKS document, a
+Settings dumps and log lines carry URLs (Redis, a JWKS document, a
 cluster) and errors may quote them; their userinfo is a credential however the
 field is marked. `redact` blanks it in a string, or in every string of a list,
 tuple or dict, and leaves everything else as it is.

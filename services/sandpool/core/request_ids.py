@@ -50,9 +50,8 @@ RequestDone = Callable[[Scope, int, float], None]
 class RequestIdMiddleware:
     """Pure ASGI: request id in and out, one access line per request (at info), then `on_done`.
 
-    The agent and the scheduler use it as it is (the scheduler's `on_done` counts its
-    requests); the proxy's edge does the same next to its metrics, observed at the
-    first byte of the answer.
+    The agent uses it as it is; the api's edge does the same next to its metrics, observed at
+    the first byte of the answer.
     """
 
     def __init__(self, app: Any, *, on_done: RequestDone | None = None) -> None:

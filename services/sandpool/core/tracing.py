@@ -2,7 +2,7 @@
 
 On, a service makes a span for every request it serves and every HTTP call it makes
 (httpx, and the internal hops of `core.hop` through `hop_span`), and passes W3C trace context on, so one trace
-shows the proxy, the scheduler and the hop to the sandbox's agent. Spans go over
+shows the api and its hop to the sandbox's agent. Spans go over
 OTLP/HTTP to the endpoint the standard `OTEL_EXPORTER_OTLP_*` variables name
 (default http://localhost:4318). Probes and scrapes are not traced. Span names and
 attributes carry URL paths (session ids), never bodies or credentials.

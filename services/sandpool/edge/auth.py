@@ -5,7 +5,7 @@ The algorithm list handed to PyJWT is never taken from the token: the header's
 key verifies exactly one algorithm. Verified tokens are remembered in a bounded
 LRU keyed by the token's SHA-256, each entry until its `exp` (plus leeway), so a
 repeated token costs a hash and a dict lookup instead of a signature check.
-Revocation is not cached here: the proxy checks it in Redis on every request.
+Revocation is not cached here: the edge checks it in Redis on every request.
 """
 
 from __future__ import annotations

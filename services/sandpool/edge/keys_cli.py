@@ -3,7 +3,7 @@
 `generate_keypair` and `mint_token` are plain functions so `sandpool up` can
 create a dev key under its data directory and print a ready token. The private
 key is written 0600 and never overwritten unless asked; tokens carry the key's
-RFC 7638 thumbprint as `kid`, which is what the proxy looks keys up by.
+RFC 7638 thumbprint as `kid`, which is what the api looks keys up by.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def mint_token(private_key_path: str | Path, workspace: str, *, admin: bool = Fa
 
     Claims: workspace, aud, sub, iat, nbf, exp, jti, and scope (`admin` when
     `admin`). `kid` defaults to the public key's thumbprint, which is the kid
-    the proxy gives a key loaded from a PEM file.
+    the api gives a key loaded from a PEM file.
     """
     if not is_valid_workspace(workspace):
         raise ValueError(f"invalid workspace name {workspace!r}")
@@ -110,7 +110,7 @@ def register(subparsers: Any) -> None:
     keygen.set_defaults(func=run_keygen)
 
     token = subparsers.add_parser("token", help="print a signed token for a workspace",
-                                  description="Print a signed JWT for the proxy (EdDSA with an Ed25519 key).")
+                                  description="Print a signed JWT for the api (EdDSA with an Ed25519 key).")
     token.add_argument("--workspace", required=True, help="the token's workspace")
     token.add_argument("--admin", action="store_true", help="add the admin scope (the whole admin API)")
     token.add_argument("--ttl", type=int, default=DEFAULT_TTL_SECONDS,

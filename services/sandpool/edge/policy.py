@@ -1,12 +1,12 @@
 """Workspace policy: what an admin stored, bounded by the operator's ceilings.
 
 The policy's limit fields are the catalogue's (`contract/limits.py`): the model
-is built from it, and so are the headers that carry the scheduler's limits. A
+is built from it, and so are the limits the edge hands the session layer. A
 stored policy may only lower a ceiling: a PUT with a value above one is refused
 (422) rather than clamped, so the admin learns at once. A field left unset
-inherits the ceiling. The ceilings are read from the settings that enforce
-them: the scheduler publishes its own (lifetimes, timeouts, concurrency,
-budget), the proxy holds the ones it enforces (the request rate).
+inherits the ceiling. The ceilings are the api's own settings, held in process:
+the session layer's (lifetimes, timeouts, concurrency, budget) and the edge's
+(the request rate).
 
 The egress allow-list (`egress_allow`) is the one list: unset or empty means no
 egress at all (it never inherits the ceiling), each entry is checked with the
@@ -33,8 +33,8 @@ MAX_IMAGES = 256
 
 def _egress_entries(value: list[str] | None) -> list[str] | None:
     """Every entry as the egress proxy reads it (`HOST[:PORT]`, `*.domain`), or a 422 naming the bad one.
-    Stored in the proxy's canonical form (IDNA as ASCII, lower case, port 443 implied, duplicates
-    dropped): what is shown is what is enforced, and it travels in a header as ASCII."""
+    Stored in the egress proxy's canonical form (IDNA as ASCII, lower case, port 443 implied, duplicates
+    dropped): what is shown is what is enforced."""
     if value is None:
         return None
     try:
@@ -170,6 +170,6 @@ class PolicyCodec:
 
 
 def proxy_ceilings_of(settings: Any) -> dict[str, int]:
-    """The ceilings the proxy itself holds (of the limits it enforces), by catalogue name."""
+    """The ceilings the edge itself holds (of the limits it enforces), by catalogue name."""
     return {limit.name: int(getattr(settings, limit.ceiling, 0) or 0) for limit in catalogue.counts()
             if limit.ceiling_owner == "proxy"}

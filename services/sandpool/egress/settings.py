@@ -37,7 +37,7 @@ class EgressSettings(ServiceSettings):
     redis_url: str = Field(default="redis://127.0.0.1:6379/0",
                            description="Redis holding the credentials' bindings and the usage counters")
     redis_prefix: str = Field(default="sandpool", pattern=r"^[A-Za-z0-9._-]{1,64}$",
-                              description="Key prefix (hash tag) shared with the scheduler")
+                              description="Key prefix (hash tag) shared with the api and the controller")
     redis_timeout_seconds: float = Field(default=2.0, gt=0, description="Timeout of every Redis call")
     redis_max_connections: int = Field(default=256, ge=4, description="Redis connections of this process")
 

@@ -1,9 +1,9 @@
-"""Providers run sandboxes; the controller and scheduler see only `pool.provider.Provider`.
+"""Providers run sandboxes; the controller sees only `controller.provider.Provider`.
 
 Which providers exist, and how each is configured and built, is `providers.registry`:
 `build_provider(kind, settings)` is the one place a provider is chosen. A provider's
 settings are picked by field name from whatever settings object the caller has (the
-scheduler's, usually), so one `--data-dir` serves both; anything else comes from its
+controller's, usually), so one `--data-dir` serves both; anything else comes from its
 own `SANDPOOL_*` variables and defaults.
 """
 

@@ -1,6 +1,6 @@
 """Every provider sandpool can run, each declared once: its settings, its factory, its pool options.
 
-The scheduler's `--provider` choices and flags, `sandpool up`, the pools file and the
+The controller's `--provider` choices and flags, `sandpool up`, the pools file and the
 docs all read this table, so a new provider is one entry here plus its package. Entries
 name their parts as `module:attribute` strings, imported only when asked for: the
 Kubernetes provider's factory pulls in the optional `kubernetes` client, while its
@@ -50,7 +50,7 @@ class ProviderKind:
 
     def build(self, settings: Any = None, **overrides: Any) -> Provider:
         """The provider, configured from its own settings object, or from any settings object whose
-        fields it shares by name (the scheduler's `data_dir`), plus overrides."""
+        fields it shares by name (the controller's `data_dir`), plus overrides."""
         cls = self.settings_class()
         own = settings if isinstance(settings, cls) and not overrides else settings_from(cls, settings, overrides)
         try:

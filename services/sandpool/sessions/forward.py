@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 
 # Request headers a forwarded call keeps; everything else (the caller's credential,
 # X-Sandpool-*, cookies, hop-by-hop headers) stays behind.
-# `sandpool-cancel-on-disconnect` lets the agent cancel a streamed call should this scheduler's own
-# connection to it drop (the scheduler itself cancels when its client leaves).
+# `sandpool-cancel-on-disconnect` lets the agent cancel a streamed call should this api's own
+# connection to it drop (the api itself cancels when its client leaves).
 FORWARDED_REQUEST_HEADERS = ("content-type", "content-length", "accept", "x-request-id",
                              protocol.CANCEL_ON_DISCONNECT_HEADER.lower())
 # Response headers passed back to the client; the agent's X-Sandpool-* are consumed here.

@@ -1,6 +1,6 @@
 """Pure arithmetic of ceilings and deadlines (no I/O, unit-tested on its own).
 
-Operator settings are ceilings; a workspace's values (injected by the proxy, per
+Operator settings are ceilings; a workspace's values (handed over by the edge, per
 the catalogue in `contract/limits.py`) lower them further; a request hint may
 only lower what is left. Hints above a ceiling are clamped, never refused, and
 the values in force are reported back.
@@ -17,7 +17,7 @@ from sandpool.state.sessions import SessionLimits
 
 
 class WorkspacePolicy(dict[str, int]):
-    """A workspace's own numeric limits as the proxy injected them, by catalogue name (0 = none of its own)."""
+    """A workspace's own numeric limits as the edge handed them over, by catalogue name (0 = none of its own)."""
 
 
 NO_POLICY = WorkspacePolicy()
@@ -34,7 +34,7 @@ class Ceilings:
     default_exec: int
     max_exec: int
     workspace: Mapping[str, int] = field(default_factory=dict)
-    """The ceiling of every limit the scheduler enforces, by catalogue name (0 = none)."""
+    """The ceiling of every limit the session layer enforces, by catalogue name (0 = none)."""
 
     @classmethod
     def from_settings(cls, settings: Any) -> Ceilings:
@@ -48,7 +48,7 @@ class Ceilings:
 
 
 def in_force(ceilings: Ceilings, policy: Mapping[str, int]) -> dict[str, int]:
-    """Every limit the scheduler enforces, for one workspace: its value bounded by the ceiling."""
+    """Every limit the session layer enforces, for one workspace: its value bounded by the ceiling."""
     return {name: catalogue.combine(int(policy.get(name, 0)), ceiling) for name, ceiling in ceilings.workspace.items()}
 
 

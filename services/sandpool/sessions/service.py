@@ -1,6 +1,6 @@
 """The six contract operations: leases from Redis, calls forwarded to the session's agent.
 
-Per call the scheduler does one script round trip before forwarding (resolve
+Per call the session layer does one script round trip before forwarding (resolve
 and touch the session) and one after (meter it and mark it active); a lease is
 a single round trip. Bodies pass through byte for byte: only an exec's
 `timeout_seconds` is rewritten, and only when it must be clamped or filled in.
@@ -585,7 +585,7 @@ class SessionLayer:
     def _relay_stream(self, caller: Caller, session_id: str, target: Target, entry: ClientSlot, upstream: HopResponse,
                       request: Request, *, started: float, deadline: float,
                       meter: Callable[[int, str, float, int], Awaitable[Metered]] | None) -> Response:
-        """A streamed Execute (`scheduler.stream`): its pump runs as a task of its own, registered as the
+        """A streamed Execute (`sessions.stream`): its pump runs as a task of its own, registered as the
         session's call in flight (a release cuts it short) and metered when the agent's stream ends."""
 
         async def metered(outcome: str) -> None:

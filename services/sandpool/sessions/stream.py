@@ -9,7 +9,7 @@ that goes on running in the sandbox, nor its session's one-call-at-a-time order
   `result` and `error` events with one JSON `data` line, and the `heartbeat` and
   `outcome` comments; an event over its size bound or anything else ends the stream
   as a failed sandbox (a compromised agent cannot feed the client garbage, nor make
-  the scheduler buffer without bound);
+  the api buffer without bound);
 - relays each event as soon as it is parsed through a small bounded queue, so a slow
   client slows the agent down (backpressure down to the sandbox's pipe) instead of
   growing memory here;
@@ -202,7 +202,7 @@ class StreamRelay:
             if not finished or parser.pending:
                 raise MalformedStream("the stream ended before its result")
         except asyncio.CancelledError:
-            if not finished:  # the session was released under the call (or the scheduler is stopping)
+            if not finished:  # the session was released under the call (or the api is stopping)
                 self._ended()
                 await self._unmetered_once()
                 await self._put_nowait(error_event(Reason.SESSION_ENDED, "the session was released while the "

@@ -1,6 +1,6 @@
 """Counting the file bytes of a PutFile as it streams past, for metering.
 
-Usage must be the scheduler's own figure, never the sandbox's answer, and it must
+Usage must be the api's own figure, never the sandbox's answer, and it must
 be the file's bytes, not the multipart framing around them. The body is relayed
 to the agent untouched; a streaming multipart parser watches it go by and counts
 the data of the `file` part. A body it cannot parse counts nothing (the agent

@@ -1,7 +1,7 @@
 """Shared state in Redis: the key schema, every record, every script, behind a small typed API.
 
 No module outside this package imports `redis` or issues a Redis command; the
-scheduler, the pool controller and the proxy use the stores here, and see only
+session layer, the edge and the controller use the stores here, and see only
 `StateUnavailable` / `StateError` when Redis fails.
 """
 

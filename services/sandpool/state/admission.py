@@ -1,9 +1,9 @@
-"""What the proxy keeps in Redis: workspace policies, revoked tokens, and the rate windows.
+"""What the edge keeps in Redis: workspace policies, revoked tokens, and the rate windows.
 
-Per contract request the proxy makes exactly one round trip (`admit`): it checks
+Per contract request the edge makes exactly one round trip (`admit`): it checks
 the token's revocation marker, counts the request in the workspace's rate
 window and reads the workspace's policy, atomically, in one script. The rate
-counter is a fixed UTC-minute window shared by every proxy replica, so the
+counter is a fixed UTC-minute window shared by every api replica, so the
 limit is exact however many replicas run.
 """
 

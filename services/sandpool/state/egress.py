@@ -7,7 +7,7 @@ credential itself); the release removes it. The egress proxy reads the binding
 on every connection (`binding`: one script, which also refuses a binding whose
 session no longer lives, and returns the workspace's connection cap the lease
 recorded on the session) and meters each connection when it ends (`meter`:
-usage counters and an `egress` event in one script, like the scheduler's).
+usage counters and an `egress` event in one script, like the session layer's).
 
 The proxy also publishes the operator's ceiling (`publish_ceiling`), so the
 admin API can refuse a workspace list outside it without sharing the proxy's
@@ -44,7 +44,7 @@ RETENTION_SECONDS = USAGE_DAY_RETENTION_DAYS * 86400
 @dataclass(frozen=True)
 class EgressBinding:
     """Whose connection this is: the live session a credential is bound to, its allow-list as stored, and
-    its workspace's connection cap as the lease recorded it (0: none of its own, the proxy's ceiling)."""
+    its workspace's connection cap as the lease recorded it (0: none of its own, the egress proxy's ceiling)."""
 
     session: str
     workspace: str

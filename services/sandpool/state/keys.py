@@ -97,7 +97,7 @@ class Keys:
 
     @property
     def promised(self) -> str:
-        """Pub/sub channel of waiter ids just promised a sandbox (their scheduler claims it)."""
+        """Pub/sub channel of waiter ids just promised a sandbox (their api replica claims it)."""
         return f"{self.base}waiters:promised"
 
     def pool_rate_prefix(self, pool: str, what: str) -> str:
@@ -189,7 +189,7 @@ class Keys:
     # --- control ----------------------------------------------------------------------------
     @property
     def controller_leader(self) -> str:
-        """String with expiry: the id of the scheduler replica whose pool controller is active."""
+        """String with expiry: the id of the leading controller replica (whose pool controller is active)."""
         return f"{self.base}controller:leader"
 
     @property
@@ -199,5 +199,5 @@ class Keys:
 
     @property
     def released_sessions(self) -> str:
-        """Pub/sub channel of released session ids: every scheduler replica ends their calls in flight."""
+        """Pub/sub channel of released session ids: every api replica ends their calls in flight."""
         return f"{self.base}sessions:released"

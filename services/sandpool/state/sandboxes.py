@@ -115,7 +115,7 @@ class SandboxStore:
 
     @translated
     async def sweep_waiters(self, pool: str) -> int:
-        """Forget waiters whose scheduler vanished; hand on what was promised to them."""
+        """Forget waiters whose api replica vanished; hand on what was promised to them."""
         k = self.keys
         return int(await self._sweep(
             keys=[k.pool_waiters(pool), k.pool_queued(pool), k.pool_wait_ring(pool), k.pool_ready(pool),

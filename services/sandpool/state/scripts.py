@@ -6,7 +6,7 @@ are built in Lua from prefixes computed by `state.keys`, so the key schema stays
 in one module; every key carries the installation's hash tag, so a script still
 touches a single cluster slot.
 
-Times are the scheduler's clock (POSIX seconds, passed in), never a figure from
+Times are the caller's clock (the api's or the controller's: POSIX seconds, passed in), never a figure from
 inside a sandbox. Usage counters and the usage event are written by the same
 script as the state change they meter, so a crash can neither lose nor
 double-count them.
@@ -71,7 +71,7 @@ local function next_waiter(ring, queue_prefix, waiter_prefix, queued)
   return nil
 end
 
--- Hand a ready sandbox to the next waiter (their scheduler claims it), or back to the ready list.
+-- Hand a ready sandbox to the next waiter (their api replica claims it), or back to the ready list.
 local function hand_on(sandbox, sandbox_key, ready, front, ring, queue_prefix, waiter_prefix, queued, channel)
   local waiter = next_waiter(ring, queue_prefix, waiter_prefix, queued)
   if waiter then
@@ -393,7 +393,7 @@ RELEASE = _METER + r"""
 -- ARGV[10], ARGV[11] usage day key         = ARGV[10] .. workspace .. ARGV[11]
 -- ARGV[12] usage-day retention (s)  ARGV[13] stream maxlen  ARGV[14] pool events channel
 -- ARGV[15], ARGV[16] pool leased set key   = ARGV[15] .. pool .. ARGV[16]
--- ARGV[17] released-sessions channel (every scheduler replica ends the session's calls in flight)
+-- ARGV[17] released-sessions channel (every api replica ends the session's calls in flight)
 -- ARGV[18], ARGV[19] release rate bucket key = ARGV[18] .. pool .. ARGV[19] (counted per 10 seconds)
 -- ARGV[20] key prefix of egress credential bindings (the sandbox's binding is removed: its credential
 --          stops working at once)
@@ -522,7 +522,7 @@ return retired
 """
 
 SWEEP_WAITERS = _WAITING + r"""
--- Forget waiters whose scheduler vanished (their hash expired) and hand on what was promised to them.
+-- Forget waiters whose api replica vanished (their hash expired) and hand on what was promised to them.
 -- KEYS[1] pool waiters set, KEYS[2] pool queued set, KEYS[3] pool wait ring, KEYS[4] pool ready list,
 -- KEYS[5] pool members set
 -- ARGV: waiter prefix, sandbox prefix, wait queue prefix, promised channel
@@ -594,7 +594,7 @@ end
 return 0
 """
 
-# --- the proxy's admission ------------------------------------------------------------------
+# --- the edge's admission -------------------------------------------------------------------
 
 ADMIT = r"""
 -- Revocation, rate and policy of one request, in one round trip.

@@ -1,8 +1,8 @@
 """Sessions, leases and their usage in Redis: one script per state change, one round trip each.
 
-Used by the scheduler (lease, touch, done, release, reap), the proxy (an admin
-ending a session, listing a workspace's sessions) and the pool controller
-(releasing the session of a sandbox that vanished). Every method raises
+Used by the session layer (lease, touch, done, release), the edge (an admin
+ending a session, listing a workspace's sessions) and the controller (the
+session reaper; releasing the session of a sandbox that vanished). Every method raises
 `StateUnavailable` or `StateError`, never a Redis exception.
 """
 

@@ -1,6 +1,6 @@
 """Usage counters: their names, and how they read back.
 
-The scheduler's scripts meter each figure as a total (`executions`,
+The session layer's scripts meter each figure as a total (`executions`,
 `execution_seconds`) and, for executions, also per tool kind (`executions:<tool>`
 in the hashes); a reader gets the totals plus a nested `by_tool` breakdown, the
 shape a billing system takes as it is.

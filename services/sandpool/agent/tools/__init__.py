@@ -18,7 +18,7 @@ _tools: dict[str, AnyTool] = {}
 
 def register(tool: AnyTool) -> AnyTool:
     """Serve `tool`. Its kind must already be a contract kind (`register_tool_kind`), so the
-    agent and the scheduler parse its calls alike."""
+    agent and the api parse its calls alike."""
     if tool.kind not in TOOL_KINDS:
         raise ValueError(f"tool kind {tool.kind!r} has no request model in the contract (register_tool_kind)")
     if tool.kind in _tools:

@@ -2,7 +2,7 @@
 
 What the provider sees of the API server (calls, retries, 429s, 5xx, connection
 errors, watch lists and 410s) and of its sandboxes (created, failed creates,
-destroyed, lost) belongs where rates and alerts are made: the scheduler's
+destroyed, lost) belongs where rates and alerts are made: the controller's
 `/metrics` (see docs/kubernetes.md). The counters live in the provider
 (`ApiStats`, `PodWatcher`, `counts`); this collector only reads them, so there is
 no second bookkeeping to drift. Labels are closed sets (operation names, kinds).

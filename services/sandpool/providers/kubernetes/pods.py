@@ -99,8 +99,8 @@ def secret_name(installation: str, sandbox_id: str, attempt: str) -> str:
 
     A Secret left by an earlier pod of the same name (the garbage collector lags)
     must never be the one a new pod mounts: the kubelet would mount the stale
-    secret at once, and the agent would start with a secret the scheduler does
-    not hold. A per-attempt name makes that collision impossible.
+    secret at once, and the agent would start with a secret the api and the
+    controller do not hold. A per-attempt name makes that collision impossible.
     """
     return f"{installation}-{sandbox_id}-{attempt}"
 

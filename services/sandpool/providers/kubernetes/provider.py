@@ -3,7 +3,7 @@
 `create` POSTs the pod, then its Secret owned by the pod's uid, waits for the
 watch to report the pod Ready with an IP, then asks the agent itself
 (`GET http://<podIP>:<port>/healthz`) before returning: a sandbox is published
-only once the scheduler can reach its agent, NetworkPolicy and all. A create
+only once the controller can reach its agent, NetworkPolicy and all. A create
 that fails or is cancelled deletes its pod (the Secret follows through its
 ownerReference).
 
@@ -21,7 +21,7 @@ the egress proxy's address, resolved here to an IP (sandbox pods have no DNS).
 sandbox's pod was deleted, failed or stopped running behind our back (not for
 pods this provider is creating or was asked to destroy).
 
-Nothing here is on the CreateSession path: the scheduler leases from Redis.
+Nothing here is on the CreateSession path: the api leases from Redis.
 """
 
 from __future__ import annotations
@@ -398,7 +398,7 @@ class KubernetesProvider:
                 "pod_security": "non-root, read-only root filesystem, all capabilities dropped, "
                                 "no privilege escalation, seccomp RuntimeDefault, no service-account token",
                 "runtime_class": "per pool (runtimeClassName)",
-                "network": "NetworkPolicy from the chart (sandbox ingress from the scheduler only)",
+                "network": "NetworkPolicy from the chart (sandbox ingress from the api and the controller only)",
             },
             "rates": {"create_per_second": self.settings.kube_create_rate,
                       "delete_per_second": self.settings.kube_delete_rate},

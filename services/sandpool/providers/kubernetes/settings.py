@@ -1,7 +1,7 @@
 """Settings of the Kubernetes provider: flags of `sandpool controller --provider kubernetes`.
 
 Every field is a `--kube-*` flag (`--kubeconfig` keeps its familiar name) and a
-`SANDPOOL_KUBE_*` variable. The prefix keeps them apart from the scheduler's own
+`SANDPOOL_KUBE_*` variable. The prefix keeps them apart from the controller's own
 flags when its CLI adds both classes to one parser.
 """
 
@@ -44,7 +44,7 @@ class KubernetesProviderSettings(ServiceSettings):
                                           description=(
         "HOST:PORT of the egress proxy's Service (the chart sets it with egress.enabled): each sandbox pod gets "
         "an egress credential in its Secret, and its agent hands sandboxed code the proxy URL. A name is "
-        "resolved here, by the scheduler: sandbox pods have no DNS. Unset: sandboxes have no egress"))
+        "resolved here, by the controller: sandbox pods have no DNS. Unset: sandboxes have no egress"))
 
     kube_create_rate: float = Field(default=10.0, gt=0, description=(
         "Sandbox creations per second sustained (each is a Pod and a Secret POST): token bucket rate"))

@@ -63,7 +63,7 @@ SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 
 def data_dir_need(path: Path) -> str:
-    """What the data dir needs, said for this process's uid (the scheduler chmods it, so it must own it)."""
+    """What the data dir needs, said for this process's uid (the controller chmods it, so it must own it)."""
     uid = os.geteuid()
     try:
         owner = path.stat().st_uid
@@ -479,7 +479,7 @@ class LocalProvider:
 
         A sandbox's uid never changes once its meta.json is written, so each is read once and
         remembered by the directory's name and inode: a create lists the directory instead of
-        reading every sandbox's file (0.5 ms of the scheduler's CPU per create with ~25 on disk).
+        reading every sandbox's file (0.5 ms of the controller's CPU per create with ~25 on disk).
         A sandbox whose meta.json is not written yet is read again next time."""
         seen: dict[tuple[str, int], int] = {}
         with os.scandir(self.root) as entries:
@@ -513,7 +513,7 @@ class LocalProvider:
     async def _wait_serving(self, sandbox_id: str, socket_path: Path, ready_r: int) -> None:
         """Until the agent says `ok` on its readiness pipe, which it does once it accepts
         connections with its interpreter warm (what `/healthz` would answer): no polling and no
-        request, which cost the scheduler ~0.45 ms of CPU per sandbox. End-of-file: it died first."""
+        request, which cost the controller ~0.45 ms of CPU per sandbox. End-of-file: it died first."""
         try:
             async with asyncio.timeout(self.settings.start_timeout_seconds):
                 await until_ready(ready_r)
@@ -523,7 +523,7 @@ class LocalProvider:
         if os.read(ready_r, 16) != b"ok":
             raise ProviderError(f"agent of sandbox {sandbox_id} exited while starting: "
                                 f"{self._log_tail(self._dir(sandbox_id))}")
-        if not socket_path.exists():  # serving, but not where the scheduler will call it
+        if not socket_path.exists():  # serving, but not where the api will call it
             raise ProviderError(f"agent of sandbox {sandbox_id} serves, but its socket is not at the host path")
 
     @staticmethod

@@ -1,6 +1,6 @@
 """Settings of the local provider: where sandboxes live and the limits each one runs under.
 
-Every field is a flag and a `SANDPOOL_*` variable (the scheduler adds them to its
+Every field is a flag and a `SANDPOOL_*` variable (the controller adds them to its
 own command line). Limits are per sandbox; rlimits always apply, the workspace cap
 needs root (a size-capped tmpfs per workspace), and per-sandbox uids need root.
 """

@@ -5,11 +5,11 @@ data dir, which may be anywhere. They go to a directory of their own with a
 short random name under `$XDG_RUNTIME_DIR`, else `/dev/shm`, else the temporary
 directory, mode 0700, one subdirectory per sandbox (the only host directory a
 namespaced sandbox sees). Its path is recorded in the data dir, so a restarted
-provider, another scheduler replica on the same data dir and `sandpool up`'s
+provider, another controller replica on the same data dir and `sandpool up`'s
 clean-up find the same sockets; it is removed once no sandbox uses it.
 
 A memory filesystem first: a sandbox's socket directory is made and removed on
-the scheduler's event loop. On a journalled disk (ext4 here) that cost ~0.3 ms of
+the controller's event loop. On a journalled disk (ext4 here) that cost ~0.3 ms of
 CPU per sandbox, and the `rmdir` held the loop 0.45 ms at p50 and 2.8 ms at p90
 under the churn (waiting on the journal), against 0.02 ms on tmpfs.
 """

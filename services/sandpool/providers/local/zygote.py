@@ -1,7 +1,9 @@
-"""The zygote's client in the scheduler, and the local provider's `ZygoteLauncher`.
+"""The zygote's client in the controller, and the local provider's `ZygoteLauncher`.
 
-The scheduler starts one zygote (`zygote_server`) as its child and asks it, over
-a private socketpair, to fork one namespaced, cgroup-limited agent per sandbox.
+The controller starts one zygote (`zygote_server`) as its child (or, with
+`--sandboxes-outlive-controller`, adopts the one an earlier controller left
+running) and asks it, over a private socketpair, to fork one namespaced,
+cgroup-limited agent per sandbox.
 A launch costs the fork and the namespace/mount set-up (milliseconds) instead of
 a new interpreter's imports (a quarter of a CPU-second), which is what lets the
 pool refill faster than clients release sessions.
@@ -9,7 +11,7 @@ pool refill faster than clients release sessions.
 The zygote is started with a scrubbed environment (no `SANDPOOL_*`, no
 credentials), from the event-loop thread (PDEATHSIG follows the thread that
 forked it, so a worker thread's exit must not kill it), and its stdout goes to
-stderr so nothing a sandbox prints reaches the scheduler's stdout.
+stderr so nothing a sandbox prints reaches the controller's stdout.
 """
 
 from __future__ import annotations
@@ -361,7 +363,7 @@ async def shutdown_listening(listen: Path) -> bool:
 
 def _sweep_run_dirs() -> None:
     """Remove the (empty) run directories of zygote clients that died without closing: a
-    killed scheduler's zygote dies by PDEATHSIG before it can clean up. rmdir only: a
+    killed controller's zygote dies by PDEATHSIG before it can clean up. rmdir only: a
     directory with anything in it is left alone."""
     for path in Path(tempfile.gettempdir()).glob("sandpool-zygote-*-*"):
         owner = path.name.split("-")[2]
@@ -526,7 +528,7 @@ class ZygoteLauncher:
                     return outcome == "contained"
             except ZygoteError:
                 pass
-        # Not one of this zygote's (an earlier scheduler's, or the zygote is gone).
+        # Not one of this zygote's (an earlier controller's, or the zygote is gone).
         await kill_tree(handle, grace=0)
         return False
 

@@ -78,7 +78,7 @@ def _reset_signals() -> None:
 
 def _redirect_stdio(log_path: str | None) -> None:
     """stdin from /dev/null; stdout and stderr to the sandbox's own log (0600, host side),
-    opened before the root changes, so 64 agents do not write into the scheduler's stderr."""
+    opened before the root changes, so 64 agents do not write into the controller's stderr."""
     fd = os.open("/dev/null", os.O_RDONLY)
     os.dup2(fd, 0)
     os.close(fd)

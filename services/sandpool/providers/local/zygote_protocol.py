@@ -1,4 +1,4 @@
-"""Messages between the scheduler and its zygote: JSON over a SOCK_SEQPACKET socketpair.
+"""Messages between the controller and its zygote: JSON over a SOCK_SEQPACKET socketpair.
 
 A socketpair is private by construction (no path, no port, nothing another
 process or a sandbox could connect to), SEQPACKET keeps message boundaries, and
