@@ -40,10 +40,10 @@ from sandpool.edge.keyring import KeyRing
 from sandpool.edge.policy import PolicyCodec, proxy_ceilings_of
 from sandpool.sessions.caller import STANDALONE, Caller
 from sandpool.sessions.forward import AgentClients
-from sandpool.sessions.limits import Ceilings
+from sandpool.sessions.limits import Ceilings, WorkspacePolicy
 from sandpool.sessions.metrics import ApiMetrics
 from sandpool.sessions.pools import PoolDirectory, pools_from_settings
-from sandpool.sessions.service import SessionLayer, read_capped
+from sandpool.sessions.service import SESSION_ID_PATTERN, SessionLayer, read_capped
 from sandpool.sessions.waiting import Waiters
 from sandpool.state import StateUnavailable, channels, close, connect
 from sandpool.state.admission import AdmissionStore
@@ -58,6 +58,8 @@ CREATE_BODY_CAP = 64 * 1024
 """A CreateSession body carries three hints; anything near this size is not one."""
 UNCOUNTED = frozenset({"DestroySession", "CancelExecution"})
 """Operations that free resources: never refused for the rate, never counted against it."""
+CALLS = frozenset({"Execute", "ListFiles", "GetFile", "PutFile", "CancelExecution"})
+"""Calls to a session's agent: admitted and their session touched in one round trip."""
 
 Operation = Callable[[Request, SessionLayer, Caller], Awaitable[Response]]
 
@@ -200,8 +202,16 @@ def create_app(settings: ApiSettings) -> FastAPI:
             effective = None
         else:
             principal = await gate.principal(request)
-            effective = await gate.admit(principal, count=operation not in UNCOUNTED)
-            caller = Caller.of(principal.workspace, effective.limits, effective.egress_allow)
+            count = operation not in UNCOUNTED
+            session_id = session_id_of(request) if operation in CALLS else ""
+            if SESSION_ID_PATTERN.fullmatch(session_id):
+                effective, target = await gate.admit_call(principal, session_id, count=count,
+                                                          busy_for=sessions.busy_for(operation))
+                caller = Caller(workspace=principal.workspace, policy=WorkspacePolicy(effective.limits),
+                                egress_allow=effective.egress_allow, resolved=True, target=target)
+            else:
+                effective = await gate.admit(principal, count=count)
+                caller = Caller.of(principal.workspace, effective.limits, effective.egress_allow)
         if operation != "CreateSession":
             return await OPERATIONS[operation](request, sessions, caller)
         body = await read_capped(request, create_cap)

@@ -9,6 +9,7 @@ without Redis neither revocation nor the rate can be checked).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -26,7 +27,7 @@ from sandpool.sessions.metrics import ApiMetrics
 from sandpool.state import Client, StateError
 from sandpool.state.admission import AdmissionStore
 from sandpool.state.egress import EgressStore
-from sandpool.state.sessions import SessionStore
+from sandpool.state.sessions import SessionStore, Target
 from sandpool.state.usage import UsageStore
 
 
@@ -95,18 +96,60 @@ class Gate:
             raise self.store_failed(exc) from None
         if admission.revoked:
             raise self.refuse(AuthFailure("revoked", "the token has been revoked"))
-        try:
-            effective = self.codec.decode(admission.policy_raw)
-        except CorruptPolicy:
-            log.error("stored workspace policy is unreadable; refusing the workspace's requests",
-                      extra={"workspace": principal.workspace})
-            raise Unavailable("the workspace's policy is unreadable; ask the operator", retry_after=60) from None
+        effective = self._decode(principal, admission.policy_raw)
         limit = effective.requests_per_minute
         if count and limit and admission.count > limit:
-            retry_after = max(1, math.ceil((minute + 1) * 60 - now))
-            raise QuotaExceeded(f"the workspace's rate limit of {limit} requests per minute is exhausted",
-                                retry_after=retry_after, limit="requests_per_minute")
+            raise self._over_rate(limit, minute, now)
         return effective
+
+    async def admit_call(self, principal: Principal, session_id: str, *, busy_for: float,
+                         count: bool = True) -> tuple[Effective, Target | None]:
+        """`admit` and the session's touch in the same round trip (a call to a session reaches its agent
+        after one); the session's target, None when it is unknown or another workspace's. Refused
+        (revoked, over the rate, an unreadable policy) before anything of the session is touched."""
+        now = time.time()
+        minute = int(now // 60)
+        try:
+            admission = await self.stores.admission.admit_call(
+                principal.workspace, principal.jti, minute, count=count, session_id=session_id, now=now,
+                busy_for=busy_for, rate_ceiling=self.codec.proxy_ceilings.get("requests_per_minute", 0))
+        except StateError as exc:
+            raise self.store_failed(exc) from None
+        if admission.verdict == "revoked":
+            raise self.refuse(AuthFailure("revoked", "the token has been revoked"))
+        if admission.verdict == "unreadable":
+            raise self._unreadable(principal)
+        try:
+            effective = self._decode(principal, admission.policy_raw)
+        except Unavailable:
+            if admission.target is not None:  # readable JSON, yet no policy: give the touch back
+                await self._untouch(principal, session_id)
+            raise
+        if admission.verdict == "rate":
+            raise self._over_rate(effective.requests_per_minute, minute, now)
+        return effective, admission.target
+
+    def _decode(self, principal: Principal, raw: str | None) -> Effective:
+        try:
+            return self.codec.decode(raw)
+        except CorruptPolicy:
+            raise self._unreadable(principal) from None
+
+    @staticmethod
+    def _unreadable(principal: Principal) -> Unavailable:
+        log.error("stored workspace policy is unreadable; refusing the workspace's requests",
+                  extra={"workspace": principal.workspace})
+        return Unavailable("the workspace's policy is unreadable; ask the operator", retry_after=60)
+
+    @staticmethod
+    def _over_rate(limit: int, minute: int, now: float) -> QuotaExceeded:
+        retry_after = max(1, math.ceil((minute + 1) * 60 - now))
+        return QuotaExceeded(f"the workspace's rate limit of {limit} requests per minute is exhausted",
+                             retry_after=retry_after, limit="requests_per_minute")
+
+    async def _untouch(self, principal: Principal, session_id: str) -> None:
+        with contextlib.suppress(StateError):
+            await self.stores.sessions.done(session_id=session_id, workspace=principal.workspace, now=time.time())
 
     async def not_revoked(self, principal: Principal) -> None:
         """The admin API's check: no rate counted, revocation still exact."""

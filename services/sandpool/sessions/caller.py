@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sandpool.contract import tenancy
 from sandpool.sessions.limits import NO_POLICY, WorkspacePolicy
+from sandpool.state.sessions import Target
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,10 @@ class Caller:
     policy: WorkspacePolicy
     egress_allow: tuple[str, ...] = ()
     """The workspace's egress allow-list (bound to a new session's sandbox by the lease); empty: none."""
+    resolved: bool = False
+    """The edge already resolved and touched this call's session, in its admission round trip: `target`
+    is that session's (None: unknown, or another workspace's), and the session layer asks Redis no more."""
+    target: Target | None = None
 
     @classmethod
     def of(cls, workspace: str, limits: Mapping[str, int], egress_allow: tuple[str, ...] = ()) -> Caller:

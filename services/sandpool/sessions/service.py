@@ -344,8 +344,13 @@ class SessionLayer:
     async def execute(self, caller: Caller, session_id: str, request: Request) -> Response:
         if not SESSION_ID_PATTERN.fullmatch(session_id):
             raise unknown_session()
-        body = await read_capped(request, self.settings.max_body_bytes)
-        doc, parsed = self._parse_exec(body)
+        try:
+            body = await read_capped(request, self.settings.max_body_bytes)
+            doc, parsed = self._parse_exec(body)
+        except BaseException:
+            if caller.target is not None:  # the edge touched the session for a call that will not run
+                self._spawn(self._done(caller, session_id))
+            raise
         tool = parsed.tool
         # An upper bound of the timeout that will run, known before the session is read.
         workspace_max_exec = caller.policy.get("max_exec_timeout_seconds", 0)
@@ -447,7 +452,18 @@ class SessionLayer:
 
     # --- the forwarding core --------------------------------------------------------------------
 
+    def busy_for(self, operation: str) -> float:
+        """How far a call extends its session's deadline while it runs, before its body is read: an
+        Execute's longest timeout (the operator's ceiling) and grace, or a file call's timeout."""
+        if operation == "Execute":
+            return self.ceilings.max_exec + self.settings.exec_grace_seconds
+        return self.settings.forward_timeout_seconds
+
     async def _touch(self, caller: Caller, session_id: str, *, busy_for: float) -> Target:
+        if caller.resolved:
+            if caller.target is None:
+                raise unknown_session()
+            return caller.target
         target = await self.store.touch(session_id=session_id, workspace=caller.workspace, now=time.time(),
                                         busy_for=busy_for)
         if target is None:

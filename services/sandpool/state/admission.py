@@ -1,8 +1,10 @@
 """What the edge keeps in Redis: workspace policies, revoked tokens, and the rate windows.
 
-Per contract request the edge makes exactly one round trip (`admit`): it checks
-the token's revocation marker, counts the request in the workspace's rate
-window and reads the workspace's policy, atomically, in one script. The rate
+Per contract request the edge makes exactly one round trip: it checks the
+token's revocation marker, counts the request in the workspace's rate window
+and reads the workspace's policy, atomically, in one script (`admit`). A call
+to a session (Execute and the file calls) also resolves and touches the session
+in that same script (`admit_call`), so it reaches the agent after one round trip. The rate
 counter is a fixed UTC-minute window shared by every api replica, so the
 limit is exact however many replicas run.
 """
@@ -15,6 +17,7 @@ from sandpool.state import scripts
 from sandpool.state.client import Client
 from sandpool.state.errors import translated
 from sandpool.state.keys import Keys
+from sandpool.state.sessions import Target
 
 RATE_WINDOW_TTL = 120  # seconds a minute's counter outlives its minute (clock skew between replicas)
 
@@ -26,11 +29,23 @@ class Admission:
     policy_raw: str | None
 
 
+@dataclass(frozen=True)
+class CallAdmission:
+    """The verdict of `admit_call`: `revoked`, `unreadable` (policy), `rate`, `unknown` or `ok` (with
+    the session's `target`)."""
+
+    verdict: str
+    count: int
+    policy_raw: str | None
+    target: Target | None = None
+
+
 class AdmissionStore:
     def __init__(self, client: Client, keys: Keys) -> None:
         self.redis = client
         self.keys = keys
         self._admit = client.register_script(scripts.ADMIT)
+        self._admit_call = client.register_script(scripts.ADMIT_CALL)
 
     @translated
     async def admit(self, workspace: str, jti: str | None, minute: int, *, count: bool) -> Admission:
@@ -40,6 +55,24 @@ class AdmissionStore:
             keys.append(self.keys.revoked(jti))
         revoked, n, policy = await self._admit(keys=keys, args=["1" if count else "0", RATE_WINDOW_TTL])
         return Admission(revoked=bool(int(revoked)), count=int(n), policy_raw=policy or None)
+
+    @translated
+    async def admit_call(self, workspace: str, jti: str | None, minute: int, *, count: bool, rate_ceiling: int,
+                         session_id: str, now: float, busy_for: float) -> CallAdmission:
+        """`admit`, the rate decided here too, and the session's touch (as `SessionStore.touch`), at once."""
+        k = self.keys
+        keys = [k.rate(workspace, minute), k.workspace_policy(workspace), k.session(session_id), k.deadlines]
+        if jti is not None:
+            keys.append(k.revoked(jti))
+        found = await self._admit_call(keys=keys, args=["1" if count else "0", RATE_WINDOW_TTL, rate_ceiling,
+                                                        session_id, workspace, repr(now), repr(float(busy_for))])
+        verdict, n, policy = found[0], int(found[1]), found[2] or None
+        target = None
+        if verdict == "ok":
+            address, secret, exec_timeout, max_exec = found[3:7]
+            target = Target(address=address, secret=secret, exec_timeout_seconds=int(exec_timeout),
+                            max_exec_timeout_seconds=int(max_exec))
+        return CallAdmission(verdict=verdict, count=n, policy_raw=policy, target=target)
 
     @translated
     async def is_revoked(self, jti: str) -> bool:

@@ -620,6 +620,56 @@ end
 return {0, count, policy}
 """
 
+ADMIT_CALL = r"""
+-- Admission and the session's touch of one call to a session, in one round trip: revocation, the
+-- rate window and the policy (as ADMIT), then, only if admitted, the session resolved and marked
+-- busy (as TOUCH). A refusal is decided before anything is extended or marked in flight; a call to
+-- an unknown or another workspace's session is still counted against the rate (probing ids is not free).
+-- KEYS[1] rate counter of (workspace, UTC minute)   KEYS[2] the workspace's policy (JSON string)
+-- KEYS[3] session hash   KEYS[4] deadlines zset     KEYS[5] optional: the token's revocation marker
+-- ARGV[1] '1' to count this request against the rate, '0' not to   ARGV[2] counter expiry, seconds
+-- ARGV[3] the operator's ceiling of requests per minute (0: none)  ARGV[4] session id
+-- ARGV[5] caller's workspace   ARGV[6] now   ARGV[7] busy-for seconds
+-- Returns {verdict, count, policy JSON or '', address, secret, exec_timeout, max_exec_timeout}, the
+-- last four only when the verdict is 'ok'. Verdicts: 'revoked' (not counted), 'unreadable' (the
+-- policy is not JSON), 'rate' (over the workspace's limit), 'unknown' (no such session of this
+-- workspace, or past its deadline), 'ok'.
+if #KEYS >= 5 and redis.call('EXISTS', KEYS[5]) == 1 then
+  return {'revoked', 0, ''}
+end
+local count = 0
+if ARGV[1] == '1' then
+  count = redis.call('INCR', KEYS[1])
+  if count == 1 then
+    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
+  end
+end
+local policy = redis.call('GET', KEYS[2]) or ''
+local own = 0
+if policy ~= '' then
+  local ok, decoded = pcall(cjson.decode, policy)
+  if not ok or type(decoded) ~= 'table' then return {'unreadable', count, policy} end
+  if type(decoded['requests_per_minute']) == 'number' then own = decoded['requests_per_minute'] end
+end
+local ceiling = tonumber(ARGV[3])
+local limit = own
+if own > 0 and ceiling > 0 then limit = math.min(own, ceiling) elseif own <= 0 then limit = ceiling end
+if ARGV[1] == '1' and limit > 0 and count > limit then
+  return {'rate', count, policy}
+end
+local f = redis.call('HMGET', KEYS[3], 'workspace', 'address', 'secret', 'created_at',
+  'idle_timeout_seconds', 'max_lifetime_seconds', 'exec_timeout_seconds', 'max_exec_timeout_seconds')
+if not f[1] or f[1] ~= ARGV[5] then return {'unknown', count, policy} end
+local now = tonumber(ARGV[6])
+local score = redis.call('ZSCORE', KEYS[4], ARGV[4])
+if not score or tonumber(score) <= now then return {'unknown', count, policy} end
+local cap = tonumber(f[4]) + tonumber(f[6])
+local deadline = math.min(cap, now + tonumber(ARGV[7]) + tonumber(f[5]))
+if deadline > tonumber(score) then redis.call('ZADD', KEYS[4], 'XX', deadline, ARGV[4]) end
+redis.call('HINCRBY', KEYS[3], 'inflight', 1)
+return {'ok', count, policy, f[2], f[3], f[7], f[8]}
+"""
+
 # --- the egress proxy ---------------------------------------------------------------------------
 
 EGRESS_BINDING = r"""

@@ -1,0 +1,97 @@
+"""Redis round trips on the request path, as Redis itself sees them (MONITOR).
+
+An Execute or a file call with auth on sends Redis one script call before it reaches the agent
+(admission and the session's touch together) and one after (`done`); a refused call sends one and
+touches nothing, and a call to another workspace's session is still counted against the caller's rate.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import redis
+from testkit import wait_for
+
+from sandpool.state.keys import Keys as RedisKeys
+
+from .conftest import Api, Keys
+from .stack import PRINT_1, Sandboxes
+
+QUIET = {"PING", "INFO", "CLIENT", "HELLO"}
+"""Commands of the clients' own upkeep, not of a request."""
+
+
+@contextmanager
+def sent(redis_url: str) -> Iterator[list[str]]:
+    """The commands clients send while the block runs, by name (a script's own commands, run inside
+    Redis, are not sent by anyone and are left out)."""
+    seen: list[str] = []
+    client = redis.Redis.from_url(redis_url)
+    ready = threading.Event()
+
+    def watch() -> None:
+        try:
+            with client.monitor() as monitor:
+                ready.set()
+                while True:
+                    command = monitor.next_command()
+                    name = str(command["command"]).split(" ", 1)[0].upper()
+                    if command.get("client_type") != "lua" and name not in QUIET:
+                        seen.append(name)
+        except (redis.ConnectionError, OSError, ValueError):
+            return  # the block ended and closed the connection
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield seen
+    finally:
+        client.connection_pool.disconnect()
+        thread.join(5)
+
+
+def test_an_execute_sends_one_script_call_before_the_agent_and_one_after(
+        make_api: Callable[..., Api], keys: Keys, redis_url: str, sandboxes: Sandboxes) -> None:
+    api = make_api()
+    sandboxes.publish_agents(1)
+    with api.client(keys.token("acme")) as client:
+        sid = client.post("/sessions", json={}).json()["session_id"]
+        assert client.post(f"/sessions/{sid}/exec", json=PRINT_1).status_code == 200  # scripts loaded, warm
+        with sent(redis_url) as commands:
+            answer = client.post(f"/sessions/{sid}/exec", json=PRINT_1)
+            assert answer.status_code == 200 and answer.json()["result_block"]["content"]["stdout"] == "1\n"
+            # `done` may trail the answer: wait for it (bounded) rather than race it.
+            wait_for(lambda: len(commands) >= 2, timeout=10, what="the call's done", state=lambda: commands)
+        assert commands == ["EVALSHA", "EVALSHA"]
+        with sent(redis_url) as commands:
+            assert client.get(f"/sessions/{sid}/files/list").status_code == 200
+            wait_for(lambda: len(commands) >= 2, timeout=10, what="the call's done", state=lambda: commands)
+        assert commands == ["EVALSHA", "EVALSHA"]
+
+
+def test_a_refused_or_unknown_call_sends_one_script_call_and_touches_no_session(
+        make_api: Callable[..., Api], keys: Keys, rdb: redis.Redis, redis_url: str, redis_prefix: str,
+        sandboxes: Sandboxes) -> None:
+    api = make_api(ceiling_requests_per_minute=3)
+    sandboxes.publish_agents(1)
+    rkeys = RedisKeys(redis_prefix)
+    with api.client(keys.token("owner")) as owner:
+        sid = owner.post("/sessions", json={}).json()["session_id"]
+    deadline = rdb.zscore(rkeys.deadlines, sid)
+    with api.client(keys.token("prober")) as prober:
+        with sent(redis_url) as commands:
+            # Another workspace's session: the answer an unknown id gets, after one script call.
+            assert prober.post(f"/sessions/{sid}/exec", json=PRINT_1).status_code == 404
+        assert commands == ["EVALSHA"]
+        assert prober.get(f"/sessions/{sid}/files/list").status_code == 404
+        assert prober.get(f"/sessions/{sid}/files/list").status_code == 404
+        with sent(redis_url) as commands:
+            refused = prober.get(f"/sessions/{sid}/files/list")  # the prober's fourth request of the minute
+        assert refused.status_code == 429 and refused.json()["limit"] == "requests_per_minute"
+        assert commands == ["EVALSHA"]
+    # The probes were counted, and nothing of the owner's session was extended or marked in flight.
+    assert rdb.zscore(rkeys.deadlines, sid) == deadline
+    assert int(rdb.hget(rkeys.session(sid), "inflight") or 0) == 0
