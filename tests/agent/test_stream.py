@@ -115,15 +115,15 @@ def test_the_editor_and_refusals_answer_plain_json(agent: Agent) -> None:
 
 def test_cancel_interrupts_the_running_call_and_keeps_state(agent: Agent) -> None:
     assert agent.py("kept = 'still here'")["result_block"]["content"]["return_code"] == 0
-    answers: list[int] = []
+    answers: list[Any] = []
 
     def cancel_on_first_output(event: tuple[str, Any]) -> None:
         if event[0] == "stdout" and not answers:
-            answers.append(agent.new_client(agent.secret).delete("/sessions/s1/exec").status_code)
+            answers.append(agent.new_client(agent.secret).delete("/sessions/s1/exec"))
 
     got = stream(agent, "import sys, time\nsys.stdout.write('working\\n'); sys.stdout.flush()\n"
                         "while True: time.sleep(0.05)\n", on_event=cancel_on_first_output)
-    assert answers == [204]
+    assert [a.status_code for a in answers] == [200] and answers[0].json()["call_id"]  # names what it stopped
     result = result_of(got)
     assert result["cancelled"] is True
     content = result["result_block"]["content"]
@@ -146,7 +146,7 @@ def test_cancel_does_not_wait_behind_the_call_it_stops(agent: Agent) -> None:
     holder: list[dict[str, Any]] = []
     thread = threading.Thread(target=lambda: holder.append(agent.py("import time\ntime.sleep(120)")))
     thread.start()
-    wait_for(lambda: agent.new_client(agent.secret).delete("/sessions/s1/exec").status_code == 204,
+    wait_for(lambda: agent.new_client(agent.secret).delete("/sessions/s1/exec").status_code == 200,
              timeout=30, what="the sleeping call to be cancelled")
     thread.join(60)
     assert holder and holder[0]["cancelled"] is True
@@ -184,3 +184,36 @@ def test_a_timeout_ends_the_stream_as_it_ends_the_result(agent: Agent) -> None:
     assert text_of(got, "stderr") == content["stderr"]
     assert content["stderr"].endswith("[sandpool: timeout: execution exceeded the 1s limit and was interrupted]\n")
     assert got[-2] == ("comment", "outcome timeout")
+
+
+def test_a_cancel_names_its_call_a_waiting_one_is_withdrawn_and_the_running_one_untouched(agent: Agent) -> None:
+    """Call A runs; call B waits behind it. A cancel naming B withdraws B (it never runs, its stream ends
+    `cancelled`); A runs on to its end. A cancel naming a call that neither runs nor waits is a 409."""
+    release, ran = agent.workspace / "release-a.marker", agent.workspace / "b-ran.marker"
+    started = agent.workspace / "a-started.marker"
+    a_code = ("import os, time\nopen('a-started.marker', 'w').write('x')\n"
+              "while not os.path.exists('release-a.marker'): time.sleep(0.02)\nprint('a done')")
+    a_result: list[dict[str, Any]] = []
+    a = threading.Thread(target=lambda: a_result.append(agent.client.post(
+        "/sessions/s1/exec", json=body(a_code), headers={"Sandpool-Call-Id": "call-a"}).json()))
+    a.start()
+    wait_for(started.exists, timeout=30, what="A running")
+    nobody = agent.new_client(agent.secret).delete("/sessions/s1/exec?call_id=nobody")
+    assert nobody.status_code == 409 and nobody.json()["reason"] == "no_running_call"
+    b_events: list[list[tuple[str, Any]]] = []
+    b = threading.Thread(target=lambda: b_events.append(stream(
+        agent, "open('b-ran.marker', 'w').write('x')", headers={**STREAM_HEADERS, "Sandpool-Call-Id": "call-b"})))
+    b.start()
+    withdrawn = wait_for(lambda: (r := agent.new_client(agent.secret).delete(
+        "/sessions/s1/exec?call_id=call-b")).status_code == 200 and r, timeout=30, what="B withdrawn")
+    assert withdrawn.json() == {"call_id": "call-b"}
+    b.join(30)
+    result = result_of(b_events[0])
+    assert result["cancelled"] is True and result["result_block"]["content"]["return_code"] == 130
+    assert ("comment", "outcome withdrawn") in b_events[0]
+    release.write_text("go")
+    a.join(30)
+    assert a_result[0]["result_block"]["content"]["stdout"] == "a done\n" and "cancelled" not in a_result[0]
+    assert not ran.exists()
+    release.unlink()
+    started.unlink()

@@ -75,7 +75,7 @@ def test_cancel_through_the_api(session) -> None:
     forever = "import sys, time\nsys.stdout.write('go\\n'); sys.stdout.flush()\nwhile True: time.sleep(0.05)"
     with client.stream("POST", base + "/exec", headers=STREAM_HEADERS, json=code(forever)) as resp:
         got = collect(resp.iter_lines(), cancel)
-    assert [a.status_code for a in answers] == [204]
+    assert [a.status_code for a in answers] == [200] and answers[0].json()["call_id"]
     assert result_of(got)["cancelled"] is True
     assert client.post(base + "/exec", json=code("print(state)")).json()["result_block"]["content"]["stdout"] \
         == "kept\n"
@@ -104,6 +104,32 @@ def test_a_client_that_leaves_with_the_cancel_header_stops_the_call(session, r, 
     assert after.json()["result_block"]["content"]["stdout"] == "3\n"
     assert not (agent.workspace / "never.marker").exists()
     assert executions(r, keys) == 2  # the cancelled call ran and is metered too
+
+
+def test_a_queued_call_whose_client_leaves_is_withdrawn_and_the_running_one_untouched(session, r, keys) -> None:
+    """Call A (streamed, no cancel header) runs; call B (streamed, with it) waits behind A; B's client
+    leaves. B is withdrawn and never runs; A runs to its end; only A is metered."""
+    client, base, agent = session
+    a_source = ("import sys, time\nsys.stdout.write('a started\\n'); sys.stdout.flush()\n"
+                "while not __import__('os').path.exists('release.marker'): time.sleep(0.05)\nprint('a done')")
+    b_source = "open('b-ran.marker', 'w').write('x')"
+    with httpx.Client(base_url=str(client.base_url), timeout=60) as a_client, \
+            a_client.stream("POST", base + "/exec", json=code(a_source), headers=STREAM_HEADERS) as a:
+        a_lines = a.iter_lines()
+        assert next(e for e in events(a_lines) if e[0] != "comment") == ("stdout", "a started\n")
+        with httpx.Client(base_url=str(client.base_url), timeout=60) as b_client:
+            with b_client.stream("POST", base + "/exec", json=code(b_source), headers=CANCEL_HEADERS) as b:
+                assert b.status_code == 200  # its stream started; the call waits for its turn behind A
+            # B's client is gone: the api withdraws B by its call id.
+        (agent.workspace / "release.marker").write_text("go")
+        rest = collect(a_lines, lambda _: None)
+    assert result_of(rest)["result_block"]["content"]["stdout"] == "a started\na done\n"
+    assert "cancelled" not in result_of(rest)
+    assert client.post(base + "/exec", json=code("print('after')")).json()["result_block"]["content"]["stdout"] \
+        == "after\n"
+    assert not (agent.workspace / "b-ran.marker").exists()
+    wait_for(lambda: executions(r, keys) == 2, timeout=10, what="A and the last call metered")
+    assert executions(r, keys) == 2  # A and the call after it; B never ran and is not metered
 
 
 # --- agents that break the format ----------------------------------------------------------------------

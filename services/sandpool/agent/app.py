@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -34,12 +34,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandpool.agent import produced, streaming, tools
 from sandpool.agent.auth import BearerSecretMiddleware
+from sandpool.agent.calls import Withdrawn
 from sandpool.agent.execution import ChildStartFailed, OutputListener
 from sandpool.agent.limits import BodyLimitMiddleware
 from sandpool.agent.runtime import Runtime
 from sandpool.agent.settings import AgentSettings
 from sandpool.agent.workspace import shown
-from sandpool.contract.agent_protocol import OUTCOME_HEADER
+from sandpool.contract.agent_protocol import CALL_ID_HEADER, OUTCOME_HEADER, Outcome, lower_name
 from sandpool.contract.models import (
     CODE_EXECUTION,
     CodeExecutionOutputFile,
@@ -71,6 +72,9 @@ from sandpool.core.responses import ModelResponse
 log = logging.getLogger("sandpool.agent")
 
 RUNTIME_KEY = "sandpool.runtime"  # where a request finds the agent's runtime in its ASGI scope
+_CALL_ID = lower_name(CALL_ID_HEADER)
+WITHDRAWN_CODE = 130
+"""The return code of a call withdrawn before it ran: a cancelled call's (128 + SIGINT)."""
 _LIST_LIMIT = 10_000
 _READ_CHUNK = 1 << 20
 _EXEC_RESPONSE: TypeAdapter[ExecResponse] = TypeAdapter(ExecResponse)
@@ -97,9 +101,9 @@ def routes_app() -> FastAPI:
     async def execute(session_id: str, request: Request) -> Response:
         return await exec_call(rt(request), await request.body(), request.scope)
 
-    @app.delete("/sessions/{session_id}/exec", status_code=204)
-    async def cancel(session_id: str, request: Request) -> Response:
-        return await cancel_call(rt(request))
+    @app.delete("/sessions/{session_id}/exec")
+    async def cancel(session_id: str, request: Request, call_id: str | None = None) -> Response:
+        return await cancel_call(rt(request), call_id)
 
     @app.get("/sessions/{session_id}/files/list")
     async def list_files(session_id: str, request: Request, path: str = ".") -> Response:
@@ -150,12 +154,14 @@ def rt(request: Request) -> Runtime:
 
 @dataclass(frozen=True)
 class ExecCall:
-    """A parsed Execute: the call, the tool that runs it, its correlation id and the timeout in force."""
+    """A parsed Execute: the call, the tool that runs it, its correlation id, the timeout in force, and the
+    id a cancel names it by."""
 
     call: ExecRequest
     tool: tools.AnyTool
     tool_use_id: str
     timeout: float
+    call_id: str
 
     @property
     def streamable(self) -> bool:
@@ -163,7 +169,7 @@ class ExecCall:
         return self.tool.streams
 
 
-def parse_exec(runtime: Runtime, raw: bytes) -> ExecCall | Response:
+def parse_exec(runtime: Runtime, raw: bytes, scope: Scope) -> ExecCall | Response:
     """The call in an Execute body, or the 422 answer to a malformed one (other refusals raise)."""
     try:
         body = json.loads(raw)
@@ -178,13 +184,14 @@ def parse_exec(runtime: Runtime, raw: bytes) -> ExecCall | Response:
     tool = tools.get(call.tool)
     if tool is None:  # a contract kind this agent does not serve
         raise UnknownToolKind(f"tool kind {call.tool!r} is not served by this agent")
+    given = next((v.decode("latin-1") for k, v in scope["headers"] if k == _CALL_ID), None)
     return ExecCall(call, tool, call.tool_use_id or "srvtoolu_" + secrets.token_hex(12),
-                    runtime.clamp_timeout(call.timeout_seconds))
+                    runtime.clamp_timeout(call.timeout_seconds), runtime.calls.name(given))
 
 
 async def exec_call(runtime: Runtime, raw: bytes, scope: Scope) -> Response:
     """Execute: one tool call, answered with the contract's result (both paths run this)."""
-    parsed = parse_exec(runtime, raw)
+    parsed = parse_exec(runtime, raw, scope)
     if isinstance(parsed, Response):
         return parsed
     return await answer(runtime, parsed, scope)
@@ -205,8 +212,25 @@ async def run_call(runtime: Runtime, parsed: ExecCall, scope: Scope,
                    on_output: OutputListener | None = None) -> tuple[ExecResponse, str]:
     """Run one call under the session's lock with the tool its kind names: the contract's response
     and the outcome label. `on_output` sees the output the result keeps, as it arrives (a streamed call)."""
+    try:
+        return await _run_in_turn(runtime, parsed, scope, on_output)
+    except Withdrawn:
+        call, tool_use_id = parsed.call, parsed.tool_use_id
+        extra: dict[str, Any] = {"cancelled": True}
+        outcome_label = Outcome.WITHDRAWN
+        scope[ACCESS_EXTRA_KEY] = {"tool": call.tool, "outcome": outcome_label, "return_code": WITHDRAWN_CODE}
+        return ExecResponse(
+            tool_use_id=tool_use_id, execution_time_ms=0,
+            result_block=ResultBlock(type=result_type_for(call.tool), tool_use_id=tool_use_id,
+                                     content=CodeExecutionResult(stdout="", stderr="", return_code=WITHDRAWN_CODE,
+                                                                 content=[])),
+            **extra), outcome_label
+
+
+async def _run_in_turn(runtime: Runtime, parsed: ExecCall, scope: Scope,
+                       on_output: OutputListener | None) -> tuple[ExecResponse, str]:
     call, tool, tool_use_id, timeout = parsed.call, parsed.tool, parsed.tool_use_id, parsed.timeout
-    async with runtime.lock:
+    async with runtime.calls.turn(parsed.call_id):
         started = time.monotonic()
         extra: dict[str, Any] = {}
         before = _snapshot(runtime) if tool.snapshots_files else None
@@ -249,11 +273,14 @@ async def run_call(runtime: Runtime, parsed: ExecCall, scope: Scope,
     return response, outcome_label
 
 
-async def cancel_call(runtime: Runtime) -> Response:
-    """Stop the call running now (never queued behind it: no lock): 204 once it was stopped."""
-    if await runtime.cancel():
-        return Response(status_code=204)
-    raise NoRunningCall("no code or bash call is running in this session")
+async def cancel_call(runtime: Runtime, call_id: str | None = None) -> Response:
+    """Cancel the call `call_id`, or the one running now (never queued behind it: no lock): 200 with the
+    id of the call stopped or withdrawn."""
+    cancelled = await runtime.cancel(call_id)
+    if cancelled is None:
+        raise NoRunningCall("no code or bash call is running in this session" if call_id is None else
+                            "that call is neither running nor waiting in this session")
+    return JSONResponse({"call_id": cancelled})
 
 
 class AgentApp:
@@ -304,7 +331,7 @@ class AgentApp:
             if runtime is None:
                 raise Unavailable("the agent is not started", retry_after=1)
             if streaming.wants_stream(scope["headers"]):
-                parsed = parse_exec(runtime, raw)
+                parsed = parse_exec(runtime, raw, scope)
                 if isinstance(parsed, ExecCall) and parsed.streamable:
                     await self._stream(runtime, parsed, scope, receive, send)
                     return
@@ -327,11 +354,11 @@ class AgentApp:
         events = streaming.OutputEvents(send, self.settings.stream_heartbeat_seconds)
         work = asyncio.ensure_future(run_call(runtime, parsed, scope, events.on_output))
         gone = asyncio.ensure_future(streaming.disconnected(receive))
-        cancelling: set[asyncio.Task[bool]] = set()
+        cancelling: set[asyncio.Task[str | None]] = set()
 
         def on_gone() -> None:
             if cancel_on_gone and not work.done():
-                task = asyncio.ensure_future(runtime.cancel())
+                task = asyncio.ensure_future(runtime.cancel(parsed.call_id))
                 cancelling.add(task)
                 task.add_done_callback(cancelling.discard)
 
@@ -360,7 +387,8 @@ class AgentApp:
         try:
             if self.runtime is None:
                 raise Unavailable("the agent is not started", retry_after=1)
-            response = await cancel_call(self.runtime)
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            response = await cancel_call(self.runtime, (query.get("call_id") or [None])[0])
         except SandpoolError as exc:
             response = error_response(exc)
         await response(scope, receive, send)

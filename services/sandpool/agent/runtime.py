@@ -21,6 +21,7 @@ import signal
 from pathlib import Path
 
 from sandpool.agent import egress, hardening, process_cap, procs, produced, seccomp
+from sandpool.agent.calls import CallQueue
 from sandpool.agent.editor import Editor
 from sandpool.agent.execution import ChildStartFailed
 from sandpool.agent.interpreter import Interpreter
@@ -44,6 +45,7 @@ class Runtime:
         self.policy = hardening.ChildPolicy.from_settings(settings)
         self.workspace = Workspace(workspace, owner=(self.policy.uid, self.policy.gid))
         self.lock = asyncio.Lock()
+        self.calls = CallQueue(self.lock)
         self.child_reaper = procs.ChildReaper()
         self.mplconfigdir = hardening.matplotlib_dir(settings.matplotlib_cache, self.policy)
         env = hardening.child_env(str(workspace), python=settings.sandbox_python(), mplconfigdir=self.mplconfigdir)
@@ -127,12 +129,18 @@ class Runtime:
         self.shell.stop_now()
         procs.kill_trees(set(), keep=set(), include_roots=False)
 
-    async def cancel(self) -> bool:
-        """Stop the code or bash call running now (True once stopped; False: none was running)."""
+    async def cancel(self, call_id: str | None = None) -> str | None:
+        """Cancel the call `call_id` (stopped if it runs, withdrawn if it waits), or with none named the
+        call running now; the id of the call cancelled, None when there was none to cancel."""
+        running = self.calls.running()
+        if call_id is not None and call_id != running:
+            return call_id if self.calls.withdraw(call_id) else None
+        if running is None:
+            return None
         for child in (self.interpreter, self.shell):
             if child.running:
-                return await child.cancel()
-        return False
+                return running if await child.cancel() else None
+        return None
 
     def clamp_timeout(self, requested: int | None) -> float:
         if requested is None:

@@ -147,14 +147,14 @@ def execute(timeouts: Timeouts, session_id: str, tool: str, tool_input: dict[str
 
 
 def cancel_exec(timeouts: Timeouts, session_id: str) -> Call[bool]:
-    """CancelExecution (sandpool's addition): True when a running call was stopped (204), False when
-    none was running (409 `no_running_call`)."""
-    return Call("cancel_exec", "DELETE", _session_path(session_id, "/exec"), (204, 409), Retry.ONCE,
+    """CancelExecution (sandpool's addition): True when a running call was stopped (200 naming it; 204
+    from a server before call ids), False when none was running (409 `no_running_call`)."""
+    return Call("cancel_exec", "DELETE", _session_path(session_id, "/exec"), (200, 204, 409), Retry.ONCE,
                 timeouts.plain(), _cancelled)
 
 
 def _cancelled(resp: httpx.Response) -> bool:
-    if resp.status_code == 204:
+    if resp.status_code in (200, 204):
         return True
     try:
         reason = resp.json().get("reason")

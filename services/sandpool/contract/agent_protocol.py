@@ -30,6 +30,8 @@ class Outcome(StrEnum):
     TIMEOUT = "timeout"
     LIMIT = "limit"
     CANCELLED = "cancelled"
+    WITHDRAWN = "withdrawn"
+    """Cancelled while it waited for its turn: it never ran (and is not metered as an execution)."""
 
 
 EVENT_STREAM = "text/event-stream"
@@ -38,6 +40,9 @@ EVENT_STREAM_CONTENT_TYPE = EVENT_STREAM + "; charset=utf-8"
 """The `Content-Type` of a streamed answer."""
 CANCEL_ON_DISCONNECT_HEADER = "Sandpool-Cancel-On-Disconnect"
 """Request header: `true` makes a streamed call's disconnect cancel the call."""
+CALL_ID_HEADER = "Sandpool-Call-Id"
+"""Request header of an Execute to the agent: the id the api gave the call, which a cancel names
+(`DELETE /sessions/{id}/exec?call_id=...`) so that it stops that call and no other."""
 TRUE_VALUES = ("true", "1", "yes")
 """The values of a boolean request header that mean true (compared in lower case)."""
 
@@ -64,5 +69,6 @@ def lower_name(header: str) -> bytes:
     return header.lower().encode("latin-1")
 
 
-__all__ = ["CANCEL_ON_DISCONNECT_HEADER", "EVENT_STREAM", "EVENT_STREAM_CONTENT_TYPE", "HEARTBEAT_COMMENT",
-           "OUTCOME_COMMENT", "OUTCOME_HEADER", "OUTPUT_EVENTS", "TRUE_VALUES", "Event", "Outcome", "lower_name"]
+__all__ = ["CALL_ID_HEADER", "CANCEL_ON_DISCONNECT_HEADER", "EVENT_STREAM", "EVENT_STREAM_CONTENT_TYPE",
+           "HEARTBEAT_COMMENT", "OUTCOME_COMMENT", "OUTCOME_HEADER", "OUTPUT_EVENTS", "TRUE_VALUES", "Event",
+           "Outcome", "lower_name"]

@@ -30,6 +30,8 @@ FORWARDED_REQUEST_HEADERS = ("content-type", "content-length", "accept", "x-requ
 # Response headers passed back to the client; the agent's X-Sandpool-* are consumed here.
 FORWARDED_RESPONSE_HEADERS = ("content-type", "content-length", "content-disposition", "content-encoding",
                               "last-modified", "etag")
+CALL_ID = protocol.CALL_ID_HEADER.lower()
+"""The header naming an Execute's call to its agent (set here, never taken from the client)."""
 OUTCOME_HEADER = protocol.lower_name(protocol.OUTCOME_HEADER)
 """The agent's outcome header, as the hop's responses carry it (consumed here, never relayed)."""
 

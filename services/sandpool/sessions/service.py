@@ -50,6 +50,7 @@ from sandpool.core.logs import request_id_var
 from sandpool.sessions import limits
 from sandpool.sessions.caller import Caller
 from sandpool.sessions.forward import (
+    CALL_ID,
     OUTCOME_HEADER,
     AgentClients,
     BadAddress,
@@ -137,6 +138,12 @@ def patience(waiting: Waiting, wait: float) -> float:
     if not waiting.past_ceiling:
         return wait
     return min(wait, max(PAST_CEILING_MIN_WAIT_SECONDS, 2 * waiting.expected_seconds()))
+
+
+def new_call_id() -> str:
+    """The id an Execute goes to its agent with, which a cancel of it names (unguessable: a cancel is
+    made only by the api, but the id never leaves it either)."""
+    return secrets.token_urlsafe(12)
 
 
 def new_session_id() -> str:
@@ -368,7 +375,7 @@ class SessionLayer:
             body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
         async def metered(status: int, outcome: str, elapsed: float, _: int) -> Metered:
-            if status != 200:
+            if status != 200 or outcome == Outcome.WITHDRAWN:  # a withdrawn call never ran
                 return NOTHING
             self.metrics.executions.labels(tool=tool, outcome=outcome).inc()
             self.metrics.execution_duration.labels(tool=tool).observe(elapsed)
@@ -377,7 +384,7 @@ class SessionLayer:
         return await self._forward(
             caller, session_id, target, request, "POST", f"/sessions/{session_id}/exec",
             content=body, read_timeout=timeout + self.settings.exec_grace_seconds, meter=metered,
-            stream=wants_stream(request.headers.raw),
+            stream=wants_stream(request.headers.raw), call_id=new_call_id(),
         )
 
     async def cancel_exec(self, caller: Caller, session_id: str, request: Request) -> Response:
@@ -474,6 +481,7 @@ class SessionLayer:
         self, caller: Caller, session_id: str, target: Target, request: Request, method: str, path: str, *,
         read_timeout: float, content: bytes | AsyncIterator[bytes] | None = None, content_length: int | None = None,
         meter: Callable[[int, str, float, int], Awaitable[Metered]] | None = None, stream: bool = False,
+        call_id: str | None = None,
     ) -> Response:
         """Send one call to the agent and stream its answer back; meter it once it has been relayed.
 
@@ -483,6 +491,8 @@ class SessionLayer:
         query = request.scope.get("query_string", b"")
         url = path + ("?" + query.decode("latin-1") if query else "")
         headers = request_headers(request.headers.raw, secret=target.secret, request_id=request_id_var.get() or "")
+        if call_id is not None:
+            headers.append((CALL_ID, call_id))
         try:
             entry = self.clients.take(target.address)
         except BadAddress:
@@ -538,7 +548,7 @@ class SessionLayer:
 
         if stream and upstream.status == 200 and (upstream.header(b"content-type") or b"").startswith(EVENT_STREAM):
             return self._relay_stream(caller, session_id, target, entry, upstream, request, started=started,
-                                      deadline=read_timeout, meter=meter)
+                                      deadline=read_timeout, meter=meter, call_id=call_id)
 
         raw_outcome = (upstream.header(OUTCOME_HEADER) or Outcome.OK.encode()).decode("latin-1")
         outcome = raw_outcome if raw_outcome in EXEC_OUTCOMES else Outcome.FAILED
@@ -600,7 +610,8 @@ class SessionLayer:
 
     def _relay_stream(self, caller: Caller, session_id: str, target: Target, entry: ClientSlot, upstream: HopResponse,
                       request: Request, *, started: float, deadline: float,
-                      meter: Callable[[int, str, float, int], Awaitable[Metered]] | None) -> Response:
+                      meter: Callable[[int, str, float, int], Awaitable[Metered]] | None,
+                      call_id: str | None) -> Response:
         """A streamed Execute (`sessions.stream`): its pump runs as a task of its own, registered as the
         session's call in flight (a release cuts it short) and metered when the agent's stream ends."""
 
@@ -612,8 +623,10 @@ class SessionLayer:
         async def cancel() -> None:
             headers = [("authorization", f"Bearer {target.secret}"), ("x-request-id", request_id_var.get() or "")]
             try:
-                answer = await entry.pool.request("DELETE", f"/sessions/{session_id}/exec", headers,
-                                                  timeout=self.settings.forward_timeout_seconds)
+                # Named: the call whose client left, whether it runs or still waits behind another;
+                # never the session's running call as such (that may be another client's).
+                answer = await entry.pool.request("DELETE", f"/sessions/{session_id}/exec?call_id={call_id}",
+                                                  headers, timeout=self.settings.forward_timeout_seconds)
                 await answer.read()
                 await answer.close()
             except HopError as exc:
