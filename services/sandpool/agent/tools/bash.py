@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from sandpool.agent.execution import ExecOutcome, OutputListener
 from sandpool.agent.tools.base import Tool
-from sandpool.contract.models import BashExecutionInput
+from sandpool.contract.models import BASH_CODE_EXECUTION, BashExecutionInput
 
 if TYPE_CHECKING:
     from sandpool.agent.runtime import Runtime
@@ -19,4 +19,4 @@ async def run(runtime: Runtime, call: BashExecutionInput, timeout: float,
     return await runtime.shell.run(call.command, timeout, on_output)
 
 
-TOOL = Tool[BashExecutionInput](kind="bash_code_execution", run=run, restart_field="shell_restarted")
+TOOL = Tool[BashExecutionInput](kind=BASH_CODE_EXECUTION, run=run, restart_field="shell_restarted")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from sandpool.agent.execution import ExecOutcome, OutputListener
 from sandpool.agent.tools.base import Tool
-from sandpool.contract.models import CodeExecutionInput
+from sandpool.contract.models import CODE_EXECUTION, CodeExecutionInput
 
 if TYPE_CHECKING:
     from sandpool.agent.runtime import Runtime
@@ -17,4 +17,4 @@ async def run(runtime: Runtime, call: CodeExecutionInput, timeout: float,
     return await runtime.interpreter.run(call.code, timeout, on_output)
 
 
-TOOL = Tool[CodeExecutionInput](kind="code_execution", run=run, restart_field="interpreter_restarted")
+TOOL = Tool[CodeExecutionInput](kind=CODE_EXECUTION, run=run, restart_field="interpreter_restarted")

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from sandpool.agent.capture import StreamCapture
 from sandpool.agent.execution import ExecOutcome, OutputListener
 from sandpool.agent.tools.base import Tool
-from sandpool.contract.models import TextEditorInput
+from sandpool.contract.models import TEXT_EDITOR_CODE_EXECUTION, TextEditorInput
 
 if TYPE_CHECKING:
     from sandpool.agent.runtime import Runtime
@@ -27,5 +27,5 @@ async def run(runtime: Runtime, call: TextEditorInput, timeout: float,
                        output_truncated=shown_out.truncated)
 
 
-TOOL = Tool[TextEditorInput](kind="text_editor_code_execution", run=run, streams=False, snapshots_files=False,
+TOOL = Tool[TextEditorInput](kind=TEXT_EDITOR_CODE_EXECUTION, run=run, streams=False, snapshots_files=False,
                              timed=False)

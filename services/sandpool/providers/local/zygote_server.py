@@ -565,9 +565,9 @@ def _warm_agent() -> None:
     from sandpool.agent import seccomp
     from sandpool.agent.app import create_app, routes_app
     from sandpool.agent.settings import AgentSettings
-    from sandpool.contract.models import parse_exec_request
+    from sandpool.contract.models import CODE_EXECUTION, parse_exec_request
 
-    parse_exec_request({"tool": "code_execution", "input": {"code": "pass"}})  # builds the kinds' parser, once
+    parse_exec_request({"tool": CODE_EXECUTION, "input": {"code": "pass"}})  # builds the kinds' parser, once
     arch = seccomp.native_arch()
     if arch is not None:
         seccomp.build_program(arch)  # built once here, installed by every sandbox
