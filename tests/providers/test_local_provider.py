@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from local_helpers import agent_client, output, run
-from testkit import eventually
+from testkit import alive, eventually
 
 from sandpool.controller.provider import SANDBOX_ID_LENGTH, PoolSpec, Provider, ProviderError
 from sandpool.core.settings import ConfigurationError
@@ -477,3 +477,30 @@ def test_destroy_on_the_services_event_loop_kills_what_escaped_the_agents_tree(d
         uid, left = runner.run(scenario())
     assert not left, f"processes of uid {uid} survived destroy: {sorted(left)}"
     assert not (data_dir / "sandboxes" / "sb-uvloop").exists()
+
+
+@pytest.mark.skipif(not ROOT, reason="the zygote's namespaces need root")
+async def test_a_zygote_left_to_outlive_its_provider_is_adopted_with_its_sandboxes(data_dir: Path) -> None:
+    """--sandboxes-outlive-controller: closing the provider (a controller stopping) leaves the zygote and
+    its sandboxes running; the next provider on the data dir adopts them, and the sandbox keeps its
+    state; destroy_all ends the zygote with the sandboxes and leaves no socket or run directory."""
+    # (ended with this test process should the test fail before destroy_all: nothing outlives the run)
+    outlive = {"sandboxes_outlive_controller": True, "sandboxes_end_with_pid": os.getpid()}
+    first = await started(data_dir, launcher="zygote", **outlive)
+    info = await first.create(POOL, "sb-kept")
+    await run(info.address, info.secret, "code_execution", code="kept = 42")
+    zygote_pid = first.launcher.client.pid  # type: ignore[attr-defined]
+    await first.close()
+    _OPEN.remove(first)
+    assert alive(zygote_pid)
+
+    second = await started(data_dir, launcher="zygote", **outlive)
+    assert second.launcher.client.adopted  # type: ignore[attr-defined]
+    assert [s.sandbox_id for s in await second.list() if s.ready] == ["sb-kept"]
+    assert output(await run(info.address, info.secret, "code_execution", code="print(kept)"))[0] == "42\n"
+    sockets = SocketDir(data_dir).current()
+    assert sockets is not None and (sockets / "zygote.sock").exists()
+
+    assert await second.destroy_all() == 1
+    await eventually(lambda: not alive(zygote_pid), timeout=15, what="the zygote to end")
+    assert not sockets.exists()

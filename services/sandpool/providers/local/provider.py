@@ -402,8 +402,11 @@ class LocalProvider:
         sandboxes = await self.list()
         await asyncio.gather(*(self.destroy(s.sandbox_id) for s in sandboxes))
         root = self.sockets.current()
-        if root is not None and (root / ZYGOTE_SOCKET).exists():
-            await shutdown_listening(root / ZYGOTE_SOCKET)
+        if isinstance(self.launcher, ZygoteLauncher) and self.launcher.listen_path and self.launcher.client.alive:
+            await self.launcher.client.shutdown()  # ours: a zygote serves one controller at a time
+        elif root is not None and (root / ZYGOTE_SOCKET).exists():
+            await shutdown_listening(root / ZYGOTE_SOCKET)  # one a stopped controller left running
+        if root is not None:
             shutil.rmtree(root / "zygote-run", ignore_errors=True)
         self.sockets.close_if_empty()
         return len(sandboxes)

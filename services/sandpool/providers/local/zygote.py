@@ -129,7 +129,7 @@ class ZygoteClient:
                 env=env, cwd=str(self.run_dir), start_new_session=True)
         except OSError as exc:
             parent.close()
-            await self.close()
+            await self.close(keep=False)
             raise ZygoteError(f"the zygote did not start: {self.python}: {exc.strerror or exc}") from None
         finally:
             child.close()
@@ -137,7 +137,7 @@ class ZygoteClient:
         try:
             zygote_protocol.send(parent, {"op": "configure", **config})
         except OSError as exc:  # it died before reading its configuration
-            await self.close()
+            await self.close(keep=False)
             raise ZygoteError(f"the zygote did not start: {exc.strerror or exc}") from None
         return await self._greeted(parent)
 
@@ -150,7 +150,9 @@ class ZygoteClient:
         try:
             hello = await asyncio.wait_for(asyncio.shield(self._hello), self.start_timeout)
         except (TimeoutError, ZygoteError) as exc:
-            await self.close()
+            # One we started and that never said hello is ended, even one meant to outlive us; one we
+            # only tried to adopt is not ours to end.
+            await self.close(keep=self.adopted)
             raise ZygoteError(f"the zygote did not start: {exc or 'timed out'}") from None
         self.report = IsolationReport.from_dict(hello["isolation"])
         self.cgroup_bases = [str(p) for p in hello.get("cgroup_bases", [])]
@@ -328,8 +330,8 @@ class ZygoteClient:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGKILL)
                 self.proc.wait()
-        if self._own_run_dir and self.run_dir is not None:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.run_dir is not None and (self._own_run_dir or (self.listen is not None and not self.adopted)):
+            shutil.rmtree(self.run_dir, ignore_errors=True)  # (a stable one too: its zygote is gone)
             self.run_dir = None
         # A zygote killed outright leaves empty groups behind (nested ones too): remove them.
         for base in self.cgroup_bases:
