@@ -319,23 +319,31 @@ end
 return 1
 """
 
-TOUCH = r"""
--- Resolve a session for a call: it must exist, belong to the caller and not be past its
--- deadline. Marks a call in flight and extends the deadline over it.
+# Shared by TOUCH and ADMIT_CALL: resolve a session for a call and mark it busy.
+_TOUCH = r"""
+-- The session must exist, belong to the caller and not be past its deadline; the deadline is
+-- extended over the call (never past the max lifetime) and a call is marked in flight.
+-- Returns {address, secret, exec_timeout, max_exec_timeout}, or nil (unknown, or not the caller's).
+local function touch(session_key, deadlines_key, sid, workspace, now, busy_for)
+  local f = redis.call('HMGET', session_key, 'workspace', 'address', 'secret', 'created_at',
+    'idle_timeout_seconds', 'max_lifetime_seconds', 'exec_timeout_seconds', 'max_exec_timeout_seconds')
+  if not f[1] or f[1] ~= workspace then return nil end
+  local score = redis.call('ZSCORE', deadlines_key, sid)
+  if not score or tonumber(score) <= now then return nil end
+  local cap = tonumber(f[4]) + tonumber(f[6])
+  local deadline = math.min(cap, now + busy_for + tonumber(f[5]))
+  if deadline > tonumber(score) then redis.call('ZADD', deadlines_key, 'XX', deadline, sid) end
+  redis.call('HINCRBY', session_key, 'inflight', 1)
+  return {f[2], f[3], f[7], f[8]}
+end
+"""
+
+TOUCH = _TOUCH + r"""
+-- Resolve a session for a call (standalone: the edge's ADMIT_CALL does it with auth on).
 -- KEYS[1] session hash   KEYS[2] deadlines zset
 -- ARGV[1] session id     ARGV[2] caller's workspace   ARGV[3] now   ARGV[4] busy-for seconds
 -- Returns {address, secret, exec_timeout, max_exec_timeout} or nil (unknown, or not the caller's).
-local f = redis.call('HMGET', KEYS[1], 'workspace', 'address', 'secret', 'created_at',
-  'idle_timeout_seconds', 'max_lifetime_seconds', 'exec_timeout_seconds', 'max_exec_timeout_seconds')
-if not f[1] or f[1] ~= ARGV[2] then return nil end
-local now = tonumber(ARGV[3])
-local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score or tonumber(score) <= now then return nil end
-local cap = tonumber(f[4]) + tonumber(f[6])
-local deadline = math.min(cap, now + tonumber(ARGV[4]) + tonumber(f[5]))
-if deadline > tonumber(score) then redis.call('ZADD', KEYS[2], 'XX', deadline, ARGV[1]) end
-redis.call('HINCRBY', KEYS[1], 'inflight', 1)
-return {f[2], f[3], f[7], f[8]}
+return touch(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]))
 """
 
 DONE = _METER + r"""
@@ -596,31 +604,34 @@ return 0
 
 # --- the edge's admission -------------------------------------------------------------------
 
-ADMIT = r"""
+# Shared by ADMIT and ADMIT_CALL: revocation, the rate window and the policy.
+_ADMISSION = r"""
+-- A revoked token is refused before it is counted, so it cannot spend the workspace's rate.
+-- Returns revoked (true: nothing counted), the count after this request (0 when not counted), and
+-- the policy JSON ('' when none is stored).
+local function admission(rate_key, policy_key, revoked_key, counted, expiry)
+  if revoked_key and redis.call('EXISTS', revoked_key) == 1 then return true, 0, '' end
+  local count = 0
+  if counted then
+    count = redis.call('INCR', rate_key)
+    if count == 1 then redis.call('EXPIRE', rate_key, tonumber(expiry)) end
+  end
+  return false, count, redis.call('GET', policy_key) or ''
+end
+"""
+
+ADMIT = _ADMISSION + r"""
 -- Revocation, rate and policy of one request, in one round trip.
 -- KEYS[1] rate counter of (workspace, UTC minute)    KEYS[2] the workspace's policy (JSON string)
 -- KEYS[3] optional: the token's revocation marker
 -- ARGV[1] '1' to count this request against the rate, '0' not to    ARGV[2] counter expiry, seconds
 -- Returns {revoked 0|1, count after this request (0 when not counted or revoked), policy JSON or ''}.
--- A revoked token is refused before it is counted, so it cannot spend the workspace's rate.
-if #KEYS >= 3 and redis.call('EXISTS', KEYS[3]) == 1 then
-  return {1, 0, ''}
-end
-local count = 0
-if ARGV[1] == '1' then
-  count = redis.call('INCR', KEYS[1])
-  if count == 1 then
-    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
-  end
-end
-local policy = redis.call('GET', KEYS[2])
-if not policy then
-  policy = ''
-end
+local revoked, count, policy = admission(KEYS[1], KEYS[2], KEYS[3], ARGV[1] == '1', ARGV[2])
+if revoked then return {1, 0, ''} end
 return {0, count, policy}
 """
 
-ADMIT_CALL = r"""
+ADMIT_CALL = _ADMISSION + _TOUCH + r"""
 -- Admission and the session's touch of one call to a session, in one round trip: revocation, the
 -- rate window and the policy (as ADMIT), then, only if admitted, the session resolved and marked
 -- busy (as TOUCH). A refusal is decided before anything is extended or marked in flight; a call to
@@ -634,17 +645,9 @@ ADMIT_CALL = r"""
 -- last four only when the verdict is 'ok'. Verdicts: 'revoked' (not counted), 'unreadable' (the
 -- policy is not JSON), 'rate' (over the workspace's limit), 'unknown' (no such session of this
 -- workspace, or past its deadline), 'ok'.
-if #KEYS >= 5 and redis.call('EXISTS', KEYS[5]) == 1 then
-  return {'revoked', 0, ''}
-end
-local count = 0
-if ARGV[1] == '1' then
-  count = redis.call('INCR', KEYS[1])
-  if count == 1 then
-    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
-  end
-end
-local policy = redis.call('GET', KEYS[2]) or ''
+local counted = ARGV[1] == '1'
+local revoked, count, policy = admission(KEYS[1], KEYS[2], KEYS[5], counted, ARGV[2])
+if revoked then return {'revoked', 0, ''} end
 local own = 0
 if policy ~= '' then
   local ok, decoded = pcall(cjson.decode, policy)
@@ -654,20 +657,12 @@ end
 local ceiling = tonumber(ARGV[3])
 local limit = own
 if own > 0 and ceiling > 0 then limit = math.min(own, ceiling) elseif own <= 0 then limit = ceiling end
-if ARGV[1] == '1' and limit > 0 and count > limit then
+if counted and limit > 0 and count > limit then
   return {'rate', count, policy}
 end
-local f = redis.call('HMGET', KEYS[3], 'workspace', 'address', 'secret', 'created_at',
-  'idle_timeout_seconds', 'max_lifetime_seconds', 'exec_timeout_seconds', 'max_exec_timeout_seconds')
-if not f[1] or f[1] ~= ARGV[5] then return {'unknown', count, policy} end
-local now = tonumber(ARGV[6])
-local score = redis.call('ZSCORE', KEYS[4], ARGV[4])
-if not score or tonumber(score) <= now then return {'unknown', count, policy} end
-local cap = tonumber(f[4]) + tonumber(f[6])
-local deadline = math.min(cap, now + tonumber(ARGV[7]) + tonumber(f[5]))
-if deadline > tonumber(score) then redis.call('ZADD', KEYS[4], 'XX', deadline, ARGV[4]) end
-redis.call('HINCRBY', KEYS[3], 'inflight', 1)
-return {'ok', count, policy, f[2], f[3], f[7], f[8]}
+local target = touch(KEYS[3], KEYS[4], ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]))
+if not target then return {'unknown', count, policy} end
+return {'ok', count, policy, target[1], target[2], target[3], target[4]}
 """
 
 # --- the egress proxy ---------------------------------------------------------------------------
