@@ -7,6 +7,7 @@ touches nothing, and a call to another workspace's session is still counted agai
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,10 +27,13 @@ QUIET = {"PING", "INFO", "CLIENT", "HELLO"}
 @contextmanager
 def sent(redis_url: str) -> Iterator[list[str]]:
     """The commands clients send while the block runs, by name (a script's own commands, run inside
-    Redis, are not sent by anyone and are left out)."""
+    Redis, are not sent by anyone and are left out). On the way out a marker command is sent and
+    waited for: MONITOR reports commands in the order Redis ran them, so everything the block
+    caused has been seen by then."""
     seen: list[str] = []
     client = redis.Redis.from_url(redis_url)
-    ready = threading.Event()
+    ready, ended = threading.Event(), threading.Event()
+    marker = "end-of-block-" + secrets.token_hex(4)
 
     def watch() -> None:
         try:
@@ -37,8 +41,11 @@ def sent(redis_url: str) -> Iterator[list[str]]:
                 ready.set()
                 while True:
                     command = monitor.next_command()
-                    name = str(command["command"]).split(" ", 1)[0].upper()
-                    if command.get("client_type") != "lua" and name not in QUIET:
+                    text = str(command["command"])
+                    name = text.split(" ", 1)[0].upper()
+                    if name == "ECHO" and marker in text:
+                        ended.set()
+                    elif command.get("client_type") != "lua" and name not in QUIET:
                         seen.append(name)
         except (redis.ConnectionError, OSError, ValueError):
             return  # the block ended and closed the connection
@@ -48,6 +55,9 @@ def sent(redis_url: str) -> Iterator[list[str]]:
     assert ready.wait(10)
     try:
         yield seen
+        with redis.Redis.from_url(redis_url) as other:
+            other.echo(marker)
+        assert ended.wait(10), "the end-of-block marker never reached the monitor"
     finally:
         client.connection_pool.disconnect()
         thread.join(5)
