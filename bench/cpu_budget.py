@@ -1,25 +1,29 @@
-"""CPU per churned session, by component, against `sandpool up` with auth on: the pool must beat on demand.
+"""CPU per churned session, by component, against `sandpool up` with auth on, alone or beside the reference backend.
 
     python bench/cpu_budget.py                       # 300 sessions, 16 clients, then the latency and 64-client phases
     python bench/cpu_budget.py --sessions 600 --json bench/results/cpu.json --profile bench/results/profiles
+    python bench/cpu_budget.py --reference /tmp/otari-ref --reference-python /tmp/otari-venv/bin/python --runs 3
 
 One churned session is the contract's typical use: CreateSession, five `print(1)`
 Execute calls, DestroySession. `--clients` clients (each with its own connections, as
-independent callers have) churn `--sessions` sessions
-through the api (auth on: the printed dev token). CPU is read before and after
-from the kernel's own accounting, the stack settled both times (no sandbox
-starting or doomed), so the warm-ups a session causes are counted:
+independent callers have) churn `--sessions` sessions through the api (auth on: the
+printed dev token). CPU is read from the kernel's own accounting over a window that
+opens with the pool settled and closes only when the pool is back where it started
+(the same ready count, nothing starting or doomed), so the teardown and refills a
+session defers, and the warm target's way back down, are counted:
 
 - api (the edge over the session layer), controller (pool controller, session
   reaper, provider), redis, zygote, runner template: each process's user+system
   time (/proc/<pid>/stat);
-- sandboxes (agent, interpreter, shell, everything they ran): a cpuacct cgroup the
+- sandboxes (agent, interpreter, shell, everything they ran): a cpuacct group the
   zygote and its runner templates are put in before the run (cgroup v1), or the
   zygote's cgroup (v2), minus the zygote's and the templates' own time: charges stay
   with the group after each sandbox is gone;
+- the process tree: a cpuacct group holding the whole `sandpool up` tree, the
+  sandboxes' group nested in it (cgroup v1; on v2 the sum of the parts above);
 - the whole machine (/proc/stat: all but idle and iowait) minus the load client
-  (this process): what serving the sessions cost, kernel work included (namespace
-  teardown runs in kernel threads nobody's cgroup pays for);
+  (this process, /proc/self/stat): what serving the sessions cost, kernel work
+  included (namespace teardown runs in kernel threads nobody's cgroup pays for);
 - "kernel and rest" is the whole machine minus the components and the client.
 
 Then, with one client and the pool warm: `print(1)` through the api
@@ -34,8 +38,16 @@ the churn, and reports which share of the controller's samples the pool
 controller and the provider took. Prints a table and writes JSON. Needs root
 (cgroups, py-spy).
 
-The budget was set for the retired topology (proxy 5 ms, scheduler with its
-controller 10 ms); the api and the controller now share those 15 ms between them.
+`--reference CHECKOUT` is DESIGN.md's yardstick: the same churn (same load client)
+against the contract's reference backend (`reference.py`; no auth) and against
+sandpool, one backend at a time, each started for its run and stopped after it,
+interleaved s, r, s, r for `--runs` pairs. For each run: the whole machine minus the
+load client and the backend's own process tree (a cpuacct group, so runners and
+sandboxes count after they are gone) per churned session, over a window that closes
+when the backend is back at rest (sandpool: its pool where it started; the reference:
+its session runners gone). The machine's load with no backend running, read just
+before and after each run, is reported beside it as context: on a shared machine the
+whole-machine figure takes in everyone's work. Needs cgroup v1's cpuacct.
 """
 
 from __future__ import annotations
@@ -45,71 +57,30 @@ import asyncio
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from load import PRINT_1, Client, Counters, StartedUp, callers, ms, pct
+from procstat import CpuGroup, children_of, cmdline, descendants_of, machine_seconds, process_seconds, system_seconds
+from reference import Reference
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-CPUACCT = Path("/sys/fs/cgroup/cpuacct")
-BUDGET_MS = {"api and controller together": 15, "redis": 3, "sandbox start and teardown (incl. kernel)": 25,
-             "agent and interpreter (5 x print(1))": 15, "whole machine minus client": 60}
-
-
-# --- where the CPU goes ------------------------------------------------------------------------------
-
-def _stat(pid: int) -> list[str]:
-    raw = Path(f"/proc/{pid}/stat").read_text()
-    return raw[raw.rfind(")") + 2:].split()
-
-
-def process_seconds(pid: int) -> float:
-    """user+system of the process itself (its threads), not of its children."""
-    fields = _stat(pid)
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def system_seconds(pid: int) -> float:
-    """The kernel's share of `process_seconds` (syscalls, mounts, page faults)."""
-    return int(_stat(pid)[12]) / CLK_TCK
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int(_stat(int(entry.name))[1]) == pid:
-                    out.append(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                continue
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def machine_seconds() -> float:
-    """Busy CPU of the whole machine: every /proc/stat cpu column but idle and iowait."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
-
-
-def client_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+BUDGET_MS = {"api": 5.5, "controller": 3.0, "redis": 1.5, "control plane (api, controller, redis)": 10.0,
+             "sandbox (zygote, template, its processes)": 20.0, "process tree": 30.0}
+"""DESIGN.md's guide per churned session on this machine kind, where the reference's process tree
+spends about 30 ms: the control plane 10 ms, a sandbox's start, five calls and teardown with the
+zygote's and templates' share 20 ms."""
+BUDGET_RATIO = {"process tree": (1.0, 0.5), "whole machine minus client": (1.0, None)}
+"""DESIGN.md's rule, sandpool over the reference (at most, goal): the process tree at most the
+reference's, on the way to half; the whole machine minus the load client, over a window that
+closes only when the backend is back at rest, is the figure that counts."""
 
 
 @dataclass
@@ -120,7 +91,22 @@ class Stack:
     pids: dict[str, int] = field(default_factory=dict)
     templates: list[int] = field(default_factory=list)
     """The zygote's runner templates (agent/runner_template.py): they fork the sandboxes' runners."""
-    cgroup: Path | None = None
+    tree: CpuGroup | None = None
+    """cgroup v1: the whole `sandpool up` tree, with `sandboxes` nested in it."""
+    sandboxes: CpuGroup | None = None
+    """cgroup v1: the zygote, its templates and every sandbox they fork after the move."""
+    unified: Path | None = None
+    """cgroup v2: the zygote's group's cpu.stat (its sandboxes' groups are nested in it)."""
+    polled: Counter[str] = field(default_factory=Counter)
+    """The Redis calls the bench made itself to watch the pool, to leave out of the service's."""
+
+    @property
+    def url(self) -> str | None:
+        return self.up.url
+
+    @property
+    def token(self) -> str | None:
+        return self.up.token
 
     def find(self) -> None:
         for pid in children_of(self.up.proc.pid):
@@ -139,47 +125,60 @@ class Stack:
             raise SystemExit(f"cpu_budget: not found in the stack: {', '.join(sorted(missing))} "
                              "(is auth on and the zygote launcher in use?)")
 
-    def account_sandboxes(self) -> None:
-        """A cpuacct group for the zygote, so every sandbox it forks is charged there for good."""
-        if CPUACCT.is_dir():
-            group = CPUACCT / f"sandpool-cpu-budget-{os.getpid()}"
-            group.mkdir(exist_ok=True)
-            for pid in (self.pids["zygote"], *self.templates):  # the runners are the templates' forks
-                (group / "cgroup.procs").write_text(str(pid))
-            self.cgroup = group / "cpuacct.usage"
+    def account(self) -> None:
+        """Groups that charge the whole tree and, nested, every sandbox the zygote forks, for good."""
+        zygote = self.pids["zygote"]
+        if CpuGroup.available():
+            below_zygote = {zygote, *descendants_of(zygote)}
+            self.tree = CpuGroup(f"sandpool-cpu-budget-{os.getpid()}")
+            self.tree.add(self.up.proc.pid, *(p for p in descendants_of(self.up.proc.pid) if p not in below_zygote))
+            self.sandboxes = CpuGroup("sandboxes", parent=self.tree)
+            self.sandboxes.add(zygote, *self.templates)  # the runners are the templates' forks
             return
-        line = Path(f"/proc/{self.pids['zygote']}/cgroup").read_text().splitlines()
-        unified = [entry.split(":", 2)[2] for entry in line if entry.startswith("0::")]
+        lines = Path(f"/proc/{zygote}/cgroup").read_text().splitlines()
+        unified = [entry.split(":", 2)[2] for entry in lines if entry.startswith("0::")]
         if not unified:
             raise SystemExit("cpu_budget: no cpuacct hierarchy and no cgroup v2 to account the sandboxes with")
-        self.cgroup = Path("/sys/fs/cgroup") / unified[0].lstrip("/") / "cpu.stat"
+        self.unified = Path("/sys/fs/cgroup") / unified[0].lstrip("/") / "cpu.stat"
 
     def sandbox_group_seconds(self) -> float:
-        assert self.cgroup is not None
-        text = self.cgroup.read_text()
-        if self.cgroup.name == "cpuacct.usage":
-            return int(text) / 1e9
-        usage = re.search(r"^usage_usec (\d+)", text, re.M)
+        if self.sandboxes is not None:
+            return self.sandboxes.seconds()
+        assert self.unified is not None
+        usage = re.search(r"^usage_usec (\d+)", self.unified.read_text(), re.M)
         return int(usage.group(1)) / 1e6 if usage else 0.0
 
     def release(self) -> None:
-        if self.cgroup is not None and self.cgroup.name == "cpuacct.usage":
-            group = self.cgroup.parent
-            try:
-                for pid in group.joinpath("cgroup.procs").read_text().split():
-                    (CPUACCT / "cgroup.procs").write_text(pid)
-                group.rmdir()
-            except OSError:
-                pass
+        if self.tree is not None:
+            self.tree.release()
 
     def snapshot(self) -> dict[str, float]:
         seconds = {name: process_seconds(pid) for name, pid in self.pids.items()}
         seconds.update({f"{name} system": system_seconds(pid) for name, pid in self.pids.items()})
         seconds["runner template"] = sum(process_seconds(pid) for pid in self.templates)
         seconds["sandbox group"] = self.sandbox_group_seconds()
+        if self.tree is not None:
+            seconds["tree"] = self.tree.seconds()
         seconds["machine"] = machine_seconds()
-        seconds["client"] = client_seconds()
+        seconds["client"] = process_seconds(os.getpid())
         return seconds
+
+    def floor(self) -> int:
+        """The pool's warm floor, as `up` gave it to the controller."""
+        found = re.search(r"--pool-size (\d+)", cmdline(self.pids["controller"]))
+        if found is None:
+            raise SystemExit("cpu_budget: the controller's command line names no --pool-size")
+        return int(found.group(1))
+
+    def at_rest(self) -> int:
+        """Settle the pool at its floor (a warm target the warm-up raised comes down first): a
+        place the pool is sure to come back to, where a ready count read on the way down is not."""
+        floor = self.floor()
+        settle(self, floor)
+        return floor
+
+    def back_to(self, ready: int) -> None:
+        settle(self, ready)
 
 
 def redis_of(stack: Stack) -> Any:
@@ -193,39 +192,50 @@ def redis_of(stack: Stack) -> Any:
     return redis.Redis(port=int(port.group(1)), password=password.group(1), decode_responses=True)
 
 
-def redis_commands(stack: Stack) -> dict[str, int]:
+def redis_commands(stack: Stack) -> Counter[str]:
     """Calls so far by Redis command (INFO commandstats): the round trips a session costs."""
     client = redis_of(stack)
     try:
         stats = client.info("commandstats")
     finally:
         client.close()
-    return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+    return Counter({name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()})
 
 
-def settle(stack: Stack, timeout: float = 120.0) -> None:
-    """Wait until no sandbox is starting or doomed: a released session's teardown is counted."""
+def pool_states(stack: Stack) -> tuple[Counter[str], int]:
+    """How many of the pool's sandboxes are in each state, and how many wait in the doomed set."""
     from sandpool.state.keys import Keys
 
     keys = Keys()
     client = redis_of(stack)
-    deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline:
-            members = client.smembers(keys.pool_members("default"))
-            states = [client.hget(keys.sandbox(m), "state") for m in members]
-            if client.scard(keys.doomed) == 0 and "starting" not in states and "doomed" not in states:
-                time.sleep(1.0)  # the last destroys' kernel work (namespace teardown) lands
-                return
-            time.sleep(0.2)
+        members = client.smembers(keys.pool_members("default"))
+        states = Counter(client.hget(keys.sandbox(m), "state") for m in members)
+        doomed = client.scard(keys.doomed)
     finally:
         client.close()
-    raise SystemExit("cpu_budget: the pool did not settle")
+    stack.polled.update({"smembers": 1, "hget": len(members), "scard": 1})  # not the service's calls
+    return states, doomed
+
+
+def settle(stack: Stack, ready: int | None = None, timeout: float = 300.0) -> None:
+    """Wait until no sandbox is starting or doomed; given `ready`, until the pool is back where it
+    started (that many ready sandboxes and nothing else): a released session's teardown and the
+    warm target's slow way back down to where it was (demand.py) land in the window."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states, doomed = pool_states(stack)
+        quiet = doomed == 0 and states["starting"] == 0 and states["doomed"] == 0
+        if quiet and (ready is None or states == Counter(ready=ready)):
+            time.sleep(1.0)  # the last destroys' kernel work (namespace teardown) lands
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"cpu_budget: the pool did not settle{'' if ready is None else f' back to {ready} ready'}")
 
 
 # --- the churn ----------------------------------------------------------------------------------------
 
-async def churn(url: str, token: str, clients: int, sessions: int, calls: int = 5) -> dict[str, Any]:
+async def churn(url: str, token: str | None, clients: int, sessions: int, calls: int = 5) -> dict[str, Any]:
     counters = Counters()
     remaining = [sessions]
 
@@ -364,53 +374,95 @@ def controller_share(collapsed: Path) -> float | None:
 
 # --- the report -------------------------------------------------------------------------------------
 
+def whole(before: dict[str, float], after: dict[str, float], sessions: int) -> dict[str, float]:
+    """What any backend is measured by: its process tree, and the whole machine minus the load client."""
+    def per(seconds: float) -> float:
+        return round(seconds / sessions * 1000, 2)
+
+    out = {"whole machine minus client": per(after["machine"] - before["machine"]
+                                             - (after["client"] - before["client"])),
+           "load client": per(after["client"] - before["client"])}
+    if "tree" in before:
+        out["process tree"] = per(after["tree"] - before["tree"])
+    return out
+
+
 def per_session(before: dict[str, float], after: dict[str, float], sessions: int) -> dict[str, float]:
+    """sandpool's CPU per session by component, with its tree and the machine."""
     spent = {name: after[name] - before[name] for name in before}
     out = {name: round(spent[name] / sessions * 1000, 2) for name in ("api", "controller", "redis", "zygote")}
-    out["api and controller together"] = round(out["api"] + out["controller"], 2)
+    out["control plane (api, controller, redis)"] = round(out["api"] + out["controller"] + out["redis"], 2)
     out["runner template"] = round(spent["runner template"] / sessions * 1000, 2)
     out["sandboxes (agent, interpreter, shell)"] = round(
         (spent["sandbox group"] - spent["zygote"] - spent["runner template"]) / sessions * 1000, 2)
-    out["whole machine minus client"] = round((spent["machine"] - spent["client"]) / sessions * 1000, 2)
-    out["load client"] = round(spent["client"] / sessions * 1000, 2)
-    counted = sum(v for k, v in out.items()
-                  if k not in ("whole machine minus client", "load client", "api and controller together"))
-    out["kernel and rest"] = round(out["whole machine minus client"] - counted, 2)
+    out["sandbox (zygote, template, its processes)"] = round(
+        out["zygote"] + out["runner template"] + out["sandboxes (agent, interpreter, shell)"], 2)
+    out |= whole(before, after, sessions)
+    out.setdefault("process tree", round(out["control plane (api, controller, redis)"]
+                                         + out["sandbox (zygote, template, its processes)"], 2))
+    parts = ("api", "controller", "redis", "sandbox (zygote, template, its processes)")
+    out["kernel and rest"] = round(out["whole machine minus client"] - sum(out[k] for k in parts), 2)
     for name in ("api", "controller", "redis", "zygote"):
         out[f"{name}: of which system"] = round(spent[f"{name} system"] / sessions * 1000, 2)
     return out
 
 
 def table(rows: dict[str, float], title: str) -> str:
+    """One figure a line, with DESIGN.md's figure beside those it gives one for."""
     width = max(len(k) for k in rows) + 2
     lines = [title, "-" * len(title)]
-    lines += [f"{name:<{width}}{value:>9.2f} ms" for name, value in rows.items()]
+    for name, value in rows.items():
+        budget = f"   (DESIGN: {BUDGET_MS[name]:g} ms)" if name in BUDGET_MS else ""
+        lines.append(f"{name:<{width}}{value:>9.2f} ms{budget}")
     return "\n".join(lines)
+
+
+class Backend(Protocol):
+    """What a churn window needs of a backend: where it answers, and when it is at rest."""
+
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def token(self) -> str | None: ...
+    def at_rest(self) -> Any: ...
+    def back_to(self, mark: Any) -> None: ...
+    def snapshot(self) -> dict[str, float]: ...
+
+
+async def churn_window(backend: Backend, args: argparse.Namespace,
+                       edge: Callable[[], Any] = lambda: None) -> dict[str, Any]:
+    """Warm up, then churn `--sessions` sessions in a window that opens with the backend at rest and
+    closes only when it is back there: what a churn defers (teardown, refills) is counted. `edge`
+    reads anything else at the window's two edges."""
+    assert backend.url
+    await churn(backend.url, backend.token, args.clients, args.warmup)  # caches, arenas, warm targets
+    mark = backend.at_rest()
+    before, opened, edges = backend.snapshot(), time.monotonic(), [edge()]
+    result = await churn(backend.url, backend.token, args.clients, args.sessions)
+    backend.back_to(mark)
+    after = backend.snapshot()
+    edges.append(edge())
+    return {"churn": result, "rest": mark, "window_s": round(time.monotonic() - opened, 1),
+            "before": before, "after": after, "edges": edges}
 
 
 async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     assert stack.up.url and stack.up.token
     url, token = stack.up.url, stack.up.token
     report: dict[str, Any] = {"cores": os.cpu_count(), "sessions": args.sessions, "clients": args.clients}
-    await churn(url, token, args.clients, args.warmup)  # caches, arenas and the warm target warmed up
-    settle(stack)
-    profiles = start_profiles(stack, args.profile, 600) if args.profile else []
-    commands_before = redis_commands(stack)
-    before = stack.snapshot()
-    result = await churn(url, token, args.clients, args.sessions)
-    settle(stack)
-    after = stack.snapshot()
-    commands_after = redis_commands(stack)
+    profiles = start_profiles(stack, args.profile, 900) if args.profile else []
+    window = await churn_window(stack, args, edge=lambda: redis_commands(stack) - stack.polled)
+    commands_before, commands_after = window["edges"]
     for proc in profiles:
         proc.send_signal(2)  # SIGINT: py-spy writes what it has
     for proc in profiles:
         proc.wait(60)
-    report["churn"] = result
-    report["cpu_ms_per_session"] = per_session(before, after, result["sessions"])
+    result = report["churn"] = window["churn"]
+    report["window_s"], report["pool_ready"] = window["window_s"], window["rest"]
+    report["cpu_ms_per_session"] = per_session(window["before"], window["after"], result["sessions"])
     report["redis_calls_per_session"] = {
-        name: round((calls - commands_before.get(name, 0)) / result["sessions"], 2)
-        for name, calls in sorted(commands_after.items(), key=lambda kv: commands_before.get(kv[0], 0) - kv[1])
-        if calls > commands_before.get(name, 0) and name != "info"}
+        name: round(calls / result["sessions"], 2)
+        for name, calls in (commands_after - commands_before).most_common() if name != "info"}
     if args.profile:
         report["profiles"] = str(args.profile)
         report["controller_share_in_pool_controller"] = controller_share(args.profile / "controller.txt")
@@ -423,7 +475,108 @@ async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def main() -> int:
+# --- sandpool and the reference, interleaved ---------------------------------------------------------
+
+def background(seconds: float) -> float:
+    """The machine's busy CPU per second with no backend running: on a shared machine, what others
+    add to the whole-machine figure for each second of a window (indicative: it moves)."""
+    start = machine_seconds()
+    time.sleep(seconds)
+    return (machine_seconds() - start) / seconds
+
+
+def charge_background(run: dict[str, Any], cores: float) -> None:
+    """Put the machine's load with no backend running beside a run, as ms per session over its
+    window. Context, not a correction: a busy backend displaces part of that load on a small
+    machine, so subtracting it would take off more than others added."""
+    run["background_cores"] = round(cores, 3)
+    run["background_ms_per_session"] = round(cores * run["window_s"] / run["churn"]["sessions"] * 1000, 2)
+
+
+def run_sandpool(args: argparse.Namespace) -> dict[str, Any]:
+    stack = Stack(StartedUp(None, None, args.port, auth=True))
+    try:
+        stack.find()
+        stack.account()
+        window = asyncio.run(churn_window(stack, args))
+    finally:
+        stack.release()
+        stack.up.stop()
+    sessions = window["churn"]["sessions"]
+    return {"churn": window["churn"], "window_s": window["window_s"], "pool_ready": window["rest"],
+            "cpu_ms_per_session": per_session(window["before"], window["after"], sessions)}
+
+
+def run_reference(args: argparse.Namespace) -> dict[str, Any]:
+    backend = Reference(args.reference, args.reference_python, args.reference_port)
+    try:
+        window = asyncio.run(churn_window(backend, args))
+    finally:
+        backend.stop()
+    return {"churn": window["churn"], "window_s": window["window_s"],
+            "cpu_ms_per_session": whole(window["before"], window["after"], window["churn"]["sessions"])}
+
+
+def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
+    """sandpool and the reference, one at a time, each started for its run and stopped after it
+    (an idle backend's ticks would land in the other's window), interleaved s, r, s, r, ..."""
+    runs: list[dict[str, Any]] = []
+    for number in range(1, args.runs + 1):
+        for name, run in (("sandpool", run_sandpool), ("reference", run_reference)):
+            before = background(args.background)
+            result = {"backend": name, "run": number, **run(args)}
+            charge_background(result, (before + background(args.background)) / 2)  # read on both sides
+            print(f"{name} {number}: {summary(result)}", flush=True)
+            runs.append(result)
+    return {"cores": os.cpu_count(), "sessions": args.sessions, "clients": args.clients,
+            "reference": str(args.reference), "runs": runs, "ratios": ratios(runs)}
+
+
+def summary(run: dict[str, Any]) -> str:
+    cpu, churned = run["cpu_ms_per_session"], run["churn"]
+    return (f"whole machine minus client {cpu['whole machine minus client']} ms, tree {cpu['process tree']} ms per "
+            f"session; {churned['sessions']} sessions at {churned['sessions_per_s']}/s, window {run['window_s']} s "
+            f"(background {run['background_ms_per_session']} ms per session), errors {churned['errors']}")
+
+
+def ratios(runs: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """sandpool over the reference, pair by pair (DESIGN.md: at most 1, the tree on the way to 0.5)."""
+    out = []
+    for ours, theirs in zip(runs[::2], runs[1::2], strict=True):
+        out.append({name: round(ours["cpu_ms_per_session"][name] / theirs["cpu_ms_per_session"][name], 2)
+                    for name in BUDGET_RATIO})
+    return out
+
+
+def side_by_side_table(report: dict[str, Any]) -> str:
+    runs = report["runs"]
+    heads = [f"{run['backend'][0]}{run['run']}" for run in runs]
+    rows: list[tuple[str, list[Any]]] = [
+        (name, [run["cpu_ms_per_session"].get(name, "") for run in runs])
+        for name in ("whole machine minus client", "process tree", "load client", "api", "controller", "redis",
+                     "control plane (api, controller, redis)", "sandbox (zygote, template, its processes)")]
+    rows += [("background (ms/session over the window)", [run["background_ms_per_session"] for run in runs]),
+             ("window (s)", [run["window_s"] for run in runs]),
+             ("sessions/s", [run["churn"]["sessions_per_s"] for run in runs]),
+             ("errors, dropped", [f"{run['churn']['errors']}, {sum(run['churn']['dropped_connections'].values())}"
+                                  for run in runs])]
+    width = max(len(name) for name, _ in rows) + 2
+    title = (f"CPU per churned session in ms, sandpool (s) and the reference (r) interleaved "
+             f"({report['sessions']} sessions, {report['clients']} clients, {report['cores']} cores)")
+    lines = [title, "-" * len(title), f"{'':<{width}}" + "".join(f"{h:>10}" for h in heads)]
+    lines += [f"{name:<{width}}" + "".join(f"{v:>10}" for v in values) for name, values in rows]
+    lines.append("")
+    for number, pair in enumerate(report["ratios"], 1):
+        lines.append(f"pair {number}, sandpool / reference: " + ", ".join(f"{k} {v}" for k, v in pair.items()))
+    lines.append("DESIGN.md: " + "; ".join(
+        f"{name} at most {most:g} x the reference's" + (f" (goal {goal:g} x)" if goal else "")
+        for name, (most, goal) in BUDGET_RATIO.items()))
+    return "\n".join(lines)
+
+
+# --- the command -------------------------------------------------------------------------------------
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=300, help="sessions churned in the measured phase")
     parser.add_argument("--warmup", type=int, default=60, help="sessions churned before measuring")
@@ -434,21 +587,40 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     parser.add_argument("--profile", type=Path, default=None, help="write py-spy profiles (collapsed) here")
     parser.add_argument("--quick", action="store_true", help="the churn only (no latency or 64-client phase)")
+    side = parser.add_argument_group("side by side with the reference backend (the churn only)")
+    side.add_argument("--reference", type=Path, default=None, metavar="CHECKOUT",
+                      help="a checkout of otari-sandbox-container: churn it and sandpool, interleaved")
+    side.add_argument("--reference-python", default="python3",
+                      help="a Python with the reference's dependencies (fastapi, uvicorn, ...)")
+    side.add_argument("--reference-port", type=int, default=18190, help="port of the reference started")
+    side.add_argument("--runs", type=int, default=3, help="pairs of runs (sandpool, then the reference)")
+    side.add_argument("--background", type=float, default=3.0,
+                      help="seconds of the machine's load read before and after each run, no backend running")
     args = parser.parse_args()
+    if args.reference is not None and args.profile is not None:
+        parser.error("--profile is for sandpool alone")
+    return args
+
+
+def main() -> int:
+    args = arguments()
     if os.geteuid() != 0:
         raise SystemExit("cpu_budget: run as root (cgroup accounting, the zygote's isolation, py-spy)")
-    up = StartedUp(None, None, args.port, auth=True)
-    stack = Stack(up)
+    if args.reference is not None:
+        report = side_by_side(args)
+        print("\n" + side_by_side_table(report))
+        return _write(report, args.json)
+    stack = Stack(StartedUp(None, None, args.port, auth=True))
     try:
         stack.find()
-        stack.account_sandboxes()
+        stack.account()
         report = asyncio.run(measure(stack, args))
     finally:
         stack.release()
-        up.stop()
+        stack.up.stop()
     print(table(report["cpu_ms_per_session"], f"CPU per churned session ({report['churn']['sessions']} sessions, "
-                                              f"{args.clients} clients, {report['cores']} cores)"))
-    print("\nbudget (DESIGN.md):", ", ".join(f"{k} {v} ms" for k, v in BUDGET_MS.items()))
+                                              f"{args.clients} clients, {report['cores']} cores, window "
+                                              f"{report['window_s']} s back to {report['pool_ready']} ready)"))
     calls = report["redis_calls_per_session"]
     print(f"\nredis calls per session {sum(calls.values()):.1f}: "
           + ", ".join(f"{name} {count}" for name, count in calls.items()))
