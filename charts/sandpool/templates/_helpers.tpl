@@ -385,3 +385,25 @@ port 6379
 # The password, from the Secret (never on a command line).
 include /etc/redis-auth/auth.conf
 {{- end -}}
+
+{{/*
+A bundled Redis with persistence and no storageClass needs the cluster's default StorageClass:
+without one its claim stays Pending forever, Redis never starts and nothing becomes Ready, while
+`helm install` reports success. Refuse instead, saying what to set. Only against a live cluster
+(`helm template` and client-side dry runs look nothing up: kube-system is then not found).
+*/}}
+{{- define "sandpool.redis.checkStorageClass" -}}
+{{- $p := .Values.redis.bundled.persistence -}}
+{{- if and $p.enabled $p.checkStorageClass (not $p.storageClass) (lookup "v1" "Namespace" "" "kube-system") -}}
+{{- $default := false -}}
+{{- range (lookup "storage.k8s.io/v1" "StorageClass" "" "").items -}}
+{{- $a := default (dict) .metadata.annotations -}}
+{{- if or (eq (toString (index $a "storageclass.kubernetes.io/is-default-class")) "true") (eq (toString (index $a "storageclass.beta.kubernetes.io/is-default-class")) "true") -}}
+{{- $default = true -}}
+{{- end -}}
+{{- end -}}
+{{- if not $default -}}
+{{- fail "redis.bundled.persistence: this cluster has no default StorageClass, so Redis's PersistentVolumeClaim would stay Pending forever and no sandpool pod would become Ready. Set redis.bundled.persistence.storageClass to one that exists, or redis.bundled.persistence.enabled=false (an emptyDir: Redis's data is lost when its pod restarts), or redis.mode=external (docs/helm.md, \"Redis storage\"). redis.bundled.persistence.checkStorageClass=false skips this check." -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
