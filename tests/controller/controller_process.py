@@ -24,7 +24,7 @@ async def main(url: str, prefix: str, data_dir: str, replica: str, leadership_ms
     await provider.start()
     controller = PoolController(client, Keys(prefix=prefix), provider,
                                 [PoolSpec(name="default", image="python", warm=int(warm), ceiling=int(ceiling))],
-                                replica_id=replica, leadership_ms=int(leadership_ms), tick_seconds=0.2)
+                                replica_id=replica, leadership_ms=int(leadership_ms))
     await controller.run()
 
 

@@ -29,9 +29,23 @@ def pool(warm: int = 2, ceiling: int = 4, name: str = "default") -> PoolSpec:
 
 
 def controller(redis, keys, provider, pools, replica="r1", **timing) -> PoolController:
-    timing.setdefault("tick_seconds", 0.2)
+    """With the production safety-net wake: what these tests see happen, events and deadlines made happen."""
     timing.setdefault("leadership_ms", 2000)
     return PoolController(redis, keys, provider, pools, replica_id=replica, **timing)
+
+
+async def more_passes(c: PoolController, n: int, *, after_each: Any = None) -> None:
+    """`n` more passes of the leader's loop, each woken by a nudge (an idle leader sleeps until one)."""
+    for _ in range(n):
+        before = c.ticks
+        c.nudge()
+
+        async def passed(before: int = before) -> bool:
+            return c.ticks > before
+
+        await eventually(passed, what="a pass of the leader loop")
+        if after_each is not None:
+            await after_each()
 
 
 def start(tasks: list, c: PoolController) -> asyncio.Task:
@@ -60,13 +74,11 @@ async def test_fills_the_pool_to_its_warm_target_with_healthy_published_sandboxe
         return len(await ready_ids(redis, keys)) == 2
 
     await eventually(two_ready, what="two ready sandboxes")
-    ticks = c.ticks
 
-    async def more_ticks() -> bool:
+    async def members() -> None:
         seen.append(await redis.scard(keys.pool_members("default")))
-        return c.ticks >= ticks + 5
 
-    await eventually(more_ticks, what="five more ticks")
+    await more_passes(c, 5, after_each=members)
     assert max(seen) <= 2  # the warm target, not the ceiling: no create beyond what is missing
     assert c.running and c.is_leader
     assert await redis.get(keys.controller_leader) == "r1"
@@ -93,13 +105,11 @@ async def test_never_exceeds_the_ceiling(redis, keys, provider, tasks):
         return len(await ready_ids(redis, keys)) == 2
 
     await eventually(settled, what="the ceiling's worth of ready sandboxes")
-    ticks = c.ticks
 
-    async def more_ticks() -> bool:
+    async def members() -> None:
         seen.append(await redis.scard(keys.pool_members("default")))
-        return c.ticks >= ticks + 5
 
-    await eventually(more_ticks, what="five more controller ticks")
+    await more_passes(c, 5, after_each=members)
     assert max(seen) <= 2
     assert len(await provider.list()) == 2
 
@@ -108,8 +118,9 @@ async def test_a_lease_nudge_settles_but_a_queued_caller_and_a_release_are_serve
         redis, keys, provider, tasks):
     """The refill a lease sets off waits `nudge_settle_seconds` (the new session's first call goes
     first); a caller queued for a sandbox and a release wake the controller at once. Settle and
-    tick are both longer than the test: only those two nudges can make the controller act here."""
-    c = controller(redis, keys, provider, [pool(warm=1, ceiling=3)], tick_seconds=600, nudge_settle_seconds=600)
+    safety-net wake are both longer than the test: only those two nudges can make the controller act here."""
+    c = controller(redis, keys, provider, [pool(warm=1, ceiling=3)], safety_wake_seconds=600,
+                   nudge_settle_seconds=600)
     start(tasks, c)
 
     async def one_ready() -> bool:
@@ -139,8 +150,8 @@ async def test_a_lease_nudge_settles_but_a_queued_caller_and_a_release_are_serve
 
 
 async def test_replaces_released_sandboxes_promptly_on_the_nudge(redis, keys, provider, tasks):
-    # A long tick: only the PUBLISHes of the lease and the release can wake the controller in time.
-    c = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], tick_seconds=120)
+    # A long safety net: only the PUBLISHes of the lease and the release can wake the controller in time.
+    c = controller(redis, keys, provider, [pool(warm=2, ceiling=4)], safety_wake_seconds=120)
     start(tasks, c)
 
     async def two_ready() -> bool:
@@ -263,9 +274,11 @@ async def test_exactly_one_leader_and_a_graceful_handover(redis, keys, provider,
 
     async def one_leads_a_while() -> bool:
         both.append(a.is_leader and b.is_leader)
+        a.nudge()  # an idle leader's loop passes only when woken
+        b.nudge()
         return (a.is_leader or b.is_leader) and max(a.ticks, b.ticks) >= 10
 
-    await eventually(one_leads_a_while, what="a leader running ten ticks")
+    await eventually(one_leads_a_while, what="a leader running ten passes")
     assert not any(both)
     assert a.running and b.running
     leader, follower = (a, b) if a.is_leader else (b, a)
@@ -314,6 +327,7 @@ async def test_a_killed_leader_is_replaced_within_seconds(redis_url, redis, keys
         # running and they are adopted; the zygote's die with it and are released and replaced),
         # the new leader ends with a warm pool and Redis agreeing with the provider.
         async def consistent() -> bool:
+            standby.nudge()  # its passes counted below come on events, not on a tick
             ready = sorted(await ready_ids(redis, keys))
             members = sorted(await redis.smembers(keys.pool_members("default")))
             listed = sorted(s.sandbox_id for s in await provider.list() if s.ready)
@@ -362,10 +376,7 @@ async def test_a_pool_with_a_zero_warm_target_creates_nothing(redis, keys, provi
     c = controller(redis, keys, provider, [pool(warm=0, ceiling=4)])
     start(tasks, c)
 
-    async def ticking() -> bool:
-        return c.ticks >= 5
-
-    await eventually(ticking, what="five ticks")
+    await more_passes(c, 5)
     assert await redis.scard(keys.pool_members("default")) == 0
     assert await provider.list() == []
 

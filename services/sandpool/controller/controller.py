@@ -8,13 +8,18 @@ a session's hold on a sandbox.) The leader follows the sandbox lifecycle of `doc
 - register `starting` (ceiling checked atomically) -> `provider.create` (returns once
   the agent answers its health check) -> publish `ready` (one script);
 - drain `doomed` -> `provider.destroy` -> forget the record;
-- reconcile on takeover and periodically: what the provider runs but Redis does not
-  know is destroyed; what Redis knows but the provider does not run is forgotten (its
-  session released); `starting` records older than the start timeout are destroyed.
+- reconcile on takeover and periodically: `reconcile.plan` decides, from the records and
+  what the provider runs, what to destroy, forget, release or mark lost; this executes it.
+
+The leader sleeps until something happens, so an idle installation costs almost nothing:
+a message on the nudge channel (a lease, claim, release, lost sandbox or new waiter), one
+of its own starts or destroys ending, or the next deadline it keeps (a pool's backoff, a
+failed step's retry, demand to follow while a pool is above its floor or has waiters, a
+reconciliation due). A long safety-net wake bounds what a lost message can cost.
 
 Nothing here is authoritative in memory: the in-flight set only stops this leader
 from counting its own creates twice. Provider failures back off per pool and are
-bounded; a failed step is retried on a later tick or left to reconciliation.
+bounded; a failed step is retried after a backoff or left to reconciliation.
 """
 
 from __future__ import annotations
@@ -32,12 +37,23 @@ from typing import Any
 from sandpool.controller.demand import WarmTarget
 from sandpool.controller.metrics import ControllerMetrics
 from sandpool.controller.provider import PoolSpec, Provider, ProviderError, SandboxInfo, new_sandbox_id
+from sandpool.controller.reconcile import (
+    Action,
+    Destroy,
+    DestroySessionless,
+    DoomAgain,
+    Forget,
+    MarkLost,
+    ReleaseDead,
+    Situation,
+    plan,
+)
 from sandpool.state import channels
 from sandpool.state.client import Client
 from sandpool.state.errors import StateError
 from sandpool.state.keys import Keys
 from sandpool.state.leader import Leadership
-from sandpool.state.sandboxes import SandboxRecord, SandboxStore
+from sandpool.state.sandboxes import SandboxStore
 from sandpool.state.sessions import SessionStore
 
 log = logging.getLogger("sandpool.controller.controller")
@@ -48,8 +64,8 @@ class ControllerTiming:
     """How often and how patiently the controller acts. Defaults suit production and tests."""
 
     leadership_ms: int = 5000  # the leadership term: a dead leader is replaced within about this long
-    tick_seconds: float = 0.1  # top-up/drain cadence when nothing on the nudge channel (a lease, claim,
-    # release, lost sandbox or new waiter) wakes it sooner: a few cheap Redis calls per pool and tick
+    safety_wake_seconds: float = 5.0  # the longest the leader sleeps with no message and no deadline due:
+    # all a lost nudge (a lease, claim, release, lost sandbox or new waiter) can cost. Its idle cost.
     nudge_settle_seconds: float = 0.03  # a lease's nudge wakes the loop this much later (any other at
     # once): a new session's first call is not made to share the CPU with the refill its lease set off
     reconcile_seconds: float = 30.0
@@ -57,6 +73,7 @@ class ControllerTiming:
     destroy_timeout_seconds: float = 30.0
     max_concurrent_starts: int = 8
     demand_seconds: float = 1.0  # how often the warm targets follow the lease rate (and stale waiters go)
+    # while a target is above its floor or a pool has waiters; otherwise on the next wake-up (a lease's)
     demand_window_buckets: int = 6  # the lease rate is taken over this many 10-second buckets (a minute)
     demand_headroom: float = 2.0  # the warm target is lease rate x start time x this (within floor and cap)
     demand_shrink_seconds: float = 10.0  # a target above demand comes down one sandbox per this long
@@ -93,6 +110,8 @@ class PoolController:
     def __init__(self, redis: Client, keys: Keys, provider: Provider, pools: Iterable[PoolSpec], *,
                  replica_id: str, timing: ControllerTiming | None = None,
                  metrics: ControllerMetrics | None = None, **timing_overrides: Any) -> None:
+        if "tick_seconds" in timing_overrides:  # the safety net's former name, as tools and older tests pass it
+            timing_overrides["safety_wake_seconds"] = timing_overrides.pop("tick_seconds")
         self.redis = redis
         self.keys = keys
         self.provider = provider
@@ -107,6 +126,9 @@ class PoolController:
         self._leader = False
         self._leading_since = math.inf  # monotonic time this replica's leadership began
         self._recheck_at = math.inf  # an early reconciliation, for a former leader's starts
+        self._retry_at = math.inf  # a failed step's retry
+        self._step_failed = False  # in this pass
+        self._step_failures = 0  # consecutive passes with a failed step: their retry backs off
         self._wake = asyncio.Event()
         self._starting: dict[str, str] = {}  # sandbox id -> pool, this leader's creates in flight
         self._start_tasks: set[asyncio.Task[None]] = set()
@@ -117,11 +139,13 @@ class PoolController:
         self._backoff_until: dict[str, float] = {}
         self._last_reconcile = 0.0
         self._last_demand = -math.inf
+        self._waiters: dict[str, int] = {}  # pool -> its waiters when last read: demand is followed while any
+        self._demand_moved = False  # a nudge came since demand was last followed (a lease or wait counts in it)
         self.targets = {p.name: WarmTarget(floor=p.warm, cap=p.warm_cap, headroom=self.timing.demand_headroom,
                                            shrink_every=self.timing.demand_shrink_seconds)
                         for p in self.pools.values()}
         self._lost_tasks: set[asyncio.Task[None]] = set()
-        self.ticks = 0  # leader loop iterations, for status and tests that wait for "a few more"
+        self.ticks = 0  # leader loop passes, for status and tests that wait for "a few more"
         register = getattr(provider, "on_lost", None)
         if register is not None:
             register(self._on_lost)
@@ -228,6 +252,8 @@ class PoolController:
     # --- the leader's loop ---------------------------------------------------------------
     async def _leader_work(self) -> None:
         self._leading_since = time.monotonic()
+        self._step_failures = 0
+        self._step_failed = False
         await self._step("reconcile", self.reconcile())
         while self._leader:
             self._wake.clear()
@@ -235,27 +261,60 @@ class PoolController:
             await self._step("drain", self.drain_doomed())
             now = time.monotonic()
             if now - self._last_demand >= self.timing.demand_seconds:
-                self._last_demand = now
+                self._last_demand, self._demand_moved = now, False
                 await self._step("demand", self.follow_demand())
             await self._step("top-up", self.top_up())
             now = time.monotonic()
             if now - self._last_reconcile >= self.timing.reconcile_seconds or now >= self._recheck_at:
                 self._recheck_at = math.inf
                 await self._step("reconcile", self.reconcile())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.timing.tick_seconds):
-                    await self._wake.wait()
+            self._book_retry(now)
+            await self._sleep_until(self._next_wake(time.monotonic()))
+
+    def _book_retry(self, now: float) -> None:
+        """A pass with a failed step goes again after a backoff (doubling, at most the safety net)."""
+        if not self._step_failed:
+            self._step_failures, self._retry_at = 0, math.inf
+            return
+        self._step_failed = False
+        self._step_failures += 1
+        self._retry_at = now + min(self.timing.retry_base_seconds * 2 ** (self._step_failures - 1),
+                                   self.timing.safety_wake_seconds)
+
+    def _next_wake(self, now: float) -> float:
+        """When the leader must look again though nothing wakes it: the earliest deadline it keeps."""
+        t = self.timing
+        deadlines = [now + t.safety_wake_seconds, self._last_reconcile + t.reconcile_seconds, self._recheck_at,
+                     self._retry_at, *(until for until in self._backoff_until.values() if until > now)]
+        # Demand is followed within `demand_seconds` of a lease or a wait (both nudge), and while a target
+        # is above its floor (it comes down one sandbox per shrink period) or someone waits (stale waiters
+        # are swept); at the floor with nobody waiting, only a lease can move it, and a lease wakes us.
+        if self._demand_moved or any(w.target > w.floor for w in self.targets.values()) or any(
+                self._waiters.values()):
+            deadlines.append(self._last_demand + t.demand_seconds)
+        return min(deadlines)
+
+    async def _sleep_until(self, deadline: float) -> None:
+        """Until `deadline` (monotonic), or sooner if woken (a nudge, a start or destroy ending)."""
+        delay = deadline - time.monotonic()
+        if delay <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._wake.wait()
 
     async def _step(self, what: str, coro: Any) -> None:
-        """One step of the loop; a failure is logged and the loop carries on next tick."""
+        """One step of the loop; a failure is logged and the pass retried after a backoff."""
         try:
             await coro
+            return
         except (StateError, OSError, TimeoutError) as exc:
             log.warning("pool controller step failed", extra={"step": what, "error": str(exc)})
         except ProviderError as exc:
             log.warning("pool controller step failed", extra={"step": what, "error": str(exc)})
         except Exception:  # a bug must not stop pools from being kept warm
             log.exception("pool controller step crashed", extra={"step": what})
+        self._step_failed = True
 
     async def _listen_for_nudges(self) -> None:
         """Wake the loop on everything published on the nudge channel, while leading: every lease,
@@ -264,12 +323,15 @@ class PoolController:
         settle = self.timing.nudge_settle_seconds
 
         def on_nudge(message: str) -> None:
+            self._demand_moved = True
             if settle > 0 and message.startswith(channels.LEASE_NUDGE_PREFIX):
                 loop.call_later(settle, self._wake.set)
             else:  # a release frees a slot, a queued caller waits for a start: at once
                 self._wake.set()
 
-        await channels.listen(self.redis, self.keys.pool_events, on_nudge, while_=lambda: self._leader)
+        # The poll only bounds how long a swallowed cancellation goes unnoticed: no need to wake often.
+        await channels.listen(self.redis, self.keys.pool_events, on_nudge, while_=lambda: self._leader,
+                              poll_seconds=self.timing.safety_wake_seconds)
 
     # --- keeping pools warm --------------------------------------------------------------
     async def top_up(self) -> None:
@@ -280,6 +342,7 @@ class PoolController:
             # twice (one tick of under-filling), never missed (one sandbox over the target).
             starting = sum(1 for p in self._starting.values() if p == pool.name)
             fill = await self.sandboxes.fill(pool.name)
+            self._waiters[pool.name] = fill.waiters
             target = self.targets[pool.name].target
             if starting == 0 and fill.queued == 0 and fill.ready > target:
                 # Demand may have moved since the last look (a waiter gave up and left its sandbox
@@ -487,11 +550,11 @@ class PoolController:
 
     # --- reconciliation ------------------------------------------------------------------
     async def reconcile(self) -> None:
-        """Make Redis and the provider agree. Safe to run at any time on the leader."""
+        """Make Redis and the provider agree (`reconcile.plan` decides). Safe to run at any time on the leader."""
         self._last_reconcile = time.monotonic()
-        # Creates in flight when the list was taken may finish (and publish) before their record
-        # is checked below; the provider's list may not show them yet: never judge those.
-        in_flight = set(self._starting)
+        # Creates in flight when the list was taken may finish (and publish) before their record is
+        # read; the provider's list may not show them yet: never judge those, nor our destroys.
+        busy = frozenset(self._starting) | frozenset(self._destroying)
         try:
             running = {info.sandbox_id: info for info in await self.provider.list()}
         except (ProviderError, OSError) as exc:
@@ -501,111 +564,76 @@ class PoolController:
         # Members are read after the provider's list: a sandbox the provider runs was
         # registered before it was created, so it is in its pool's members by now.
         pool_names = set(self.pools) | {info.pool for info in running.values() if info.pool}
-        members = await self.sandboxes.members(pool_names)
-
-        for sandbox_id, info in running.items():
-            if sandbox_id not in members and sandbox_id not in self._starting:
-                log.warning("destroying orphan sandbox", extra={"sandbox": sandbox_id, "pool": info.pool})
-                self.metrics.reconciled.labels(kind="orphan_sandbox").inc()
-                await self._destroy_and_forget(sandbox_id, info.pool)
-
-        now = time.time()
-        checked = [(sid, pool) for sid, pool in members.items()
-                   if sid not in in_flight and sid not in self._starting and sid not in self._destroying]
-        records = await self.sandboxes.records([sid for sid, _ in checked])
-        leased = [sid for sid, _ in checked if records[sid].state == "leased"]
-        holders = await self.sandboxes.sessions_on([records[sid].session for sid in leased])
-        sessionless = {sid for sid, on in zip(leased, holders, strict=True) if on != sid}
-        for sandbox_id, pool in checked:
-            if sandbox_id in self._starting or sandbox_id in self._destroying:
+        members = {sid: pool for sid, pool in (await self.sandboxes.members(pool_names)).items() if sid not in busy}
+        records = {sid: dataclasses.replace(record, pool=members[sid])
+                   for sid, record in (await self.sandboxes.records(list(members))).items()}
+        session_ids = sorted({record.session for record in records.values() if record.session})
+        sessions = dict(zip(session_ids, await self.sandboxes.sessions_on(session_ids), strict=True))
+        led_for = time.monotonic() - self._leading_since
+        decided = plan(records, running, sessions, Situation(
+            now=time.time(), replica_id=self.replica_id, start_timeout=self.timing.start_timeout_seconds,
+            term=self.timing.leadership_ms / 1000, led_for=led_for, busy=busy))
+        if decided.recheck_in is not None:
+            self._recheck_at = min(self._recheck_at, time.monotonic() + decided.recheck_in)
+        failed: set[str] = set()
+        for action in decided.actions:
+            sandbox_id = action.sandbox_id
+            if sandbox_id in failed or sandbox_id in self._starting or sandbox_id in self._destroying:
                 continue
             try:
-                await self._reconcile_record(records[sandbox_id], pool, running, now,
-                                             sessionless=sandbox_id in sessionless)
+                if not await self._execute(action):
+                    failed.add(sandbox_id)
             except (StateError, OSError, TimeoutError, ProviderError) as exc:
+                failed.add(sandbox_id)
                 log.warning("reconciling a sandbox failed", extra={"sandbox": sandbox_id, "error": str(exc)})
             except Exception:  # one sandbox's bug must not keep every later one from being reconciled
+                failed.add(sandbox_id)
                 log.exception("reconciling a sandbox crashed", extra={"sandbox": sandbox_id})
 
-    async def _reconcile_record(self, record: SandboxRecord, pool: str, running: dict[str, SandboxInfo],
-                                now: float, *, sessionless: bool = False) -> None:
-        """One member of a pool against what the provider runs (see `reconcile`). `sessionless`: a
-        `leased` record whose session does not name it (gone): nothing would ever release it."""
-        sandbox_id = record.sandbox_id
-        state = record.state
-        if sandbox_id in running:
-            if state == "starting":
-                if self._start_abandoned(record, now):
-                    log.warning("destroying sandbox stuck starting", extra={"sandbox": sandbox_id})
-                    self.metrics.reconciled.labels(kind="stuck_starting").inc()
-                    await self._destroy_and_forget(sandbox_id, pool)
-            elif state == "doomed":
-                await self.sandboxes.doom_again(sandbox_id)
-            elif state in ("ready", "leased") and not running[sandbox_id].ready:
-                # Its agent is gone for good: the session on it is lost, replace it.
-                log.warning("sandbox agent is gone; releasing and destroying",
-                            extra={"sandbox": sandbox_id, "state": state})
-                self.metrics.reconciled.labels(kind="stale_record").inc()
-                if await self._destroy_quietly(sandbox_id):
-                    await self._forget_and_release(sandbox_id, pool, record.session)
-            elif not state:
-                # Its record expired or vanished: nobody can lease it any more.
-                self.metrics.reconciled.labels(kind="orphan_sandbox").inc()
-                await self._destroy_and_forget(sandbox_id, pool)
-            elif state == "leased" and sessionless:
-                # A lease writes the session with the record, a release drops it while dooming the
-                # sandbox, both in one script: its session was lost some other way (its key's
-                # expiry, a restored or edited Redis). Unless it was released since the records
-                # were read, nothing would ever release it: it would hold a slot for good.
-                current = (await self.sandboxes.records([sandbox_id]))[sandbox_id]
-                if current.state == "leased" and current.session == record.session:
-                    log.warning("destroying sandbox leased to a session that is gone",
-                                extra={"sandbox": sandbox_id, "session": record.session})
-                    self.metrics.reconciled.labels(kind="sessionless_lease").inc()
-                    await self._destroy_and_forget(sandbox_id, pool)
-            return
-        # Redis knows it, the provider does not run it.
-        if state == "starting":
-            if not self._start_abandoned(record, now):
-                return  # another (old) leader may still be creating it
-            self.metrics.reconciled.labels(kind="stuck_starting").inc()
-        elif state != "doomed":
-            self.metrics.reconciled.labels(kind="stale_record").inc()
-        log.info("forgetting sandbox the provider does not run",
-                 extra={"sandbox": sandbox_id, "pool": pool, "state": state or "missing"})
-        await self._forget_and_release(sandbox_id, pool, record.session)
-
-    def _start_abandoned(self, record: SandboxRecord, now: float) -> bool:
-        """Whether a `starting` record will never be published: past the start timeout, or made
-        by another replica while it led. A leader stops its creates when it loses leadership
-        (within one leadership term), so once this one has led that long they are dead; until
-        then an early reconciliation is booked for them."""
-        age = now - record.created_at
-        if age > self.timing.start_timeout_seconds:
-            return True
-        if record.owner in ("", self.replica_id):
-            return False
-        term = self.timing.leadership_ms / 1000
-        led_for = time.monotonic() - self._leading_since
-        if led_for >= term:
-            return True
-        self._recheck_at = min(self._recheck_at, time.monotonic() + term - led_for)
-        return False
-
-    async def _forget_and_release(self, sandbox_id: str, pool: str, session_id: str) -> None:
-        """Forget a sandbox the provider no longer runs, releasing its session first.
-
-        The release is the session layer's own script (mode `dead`: session-seconds metered
-        once, session and deadline dropped, sandbox doomed), so a session lost this way
-        is accounted exactly like one whose agent died under a call.
-        """
-        if session_id and await self.sandboxes.session_on(session_id) == sandbox_id:
-            released = await self.sessions.release(session_id=session_id, workspace=None, now=time.time(),
-                                                   mode="dead")
-            if released is not None:
+    async def _execute(self, action: Action) -> bool:
+        """One action of a reconciliation plan; False when the sandbox's later actions must not run."""
+        sandbox_id = action.sandbox_id
+        if isinstance(action, Destroy):
+            log.warning("destroying sandbox", extra={"sandbox": sandbox_id, "pool": action.pool,
+                                                     "why": action.kind})
+            self.metrics.reconciled.labels(kind=action.kind).inc()
+            return await self._destroy_and_forget(sandbox_id, action.pool)
+        if isinstance(action, ReleaseDead):
+            # The release is the session layer's own script (mode `dead`: session-seconds metered once,
+            # session and deadline dropped, sandbox doomed), so a session lost this way is accounted
+            # exactly like one whose agent died under a call. Checked again: a plan's facts may be stale.
+            if await self.sandboxes.session_on(action.session_id) == sandbox_id and await self.sessions.release(
+                    session_id=action.session_id, workspace=None, now=time.time(), mode="dead") is not None:
                 log.info("released the session of a lost sandbox",
-                         extra={"sandbox": sandbox_id, "session": session_id})
-        await self._forget(sandbox_id, pool)
+                         extra={"sandbox": sandbox_id, "session": action.session_id})
+            return True
+        if isinstance(action, Forget):
+            if action.kind is not None:
+                self.metrics.reconciled.labels(kind=action.kind).inc()
+            log.info("forgetting sandbox the provider does not run", extra={"sandbox": sandbox_id,
+                                                                            "pool": action.pool})
+            await self._forget(sandbox_id, action.pool)
+            return True
+        if isinstance(action, MarkLost):
+            lost = await self.sandboxes.lost(sandbox_id, action.pool)
+            self.metrics.reconciled.labels(kind=action.kind).inc()
+            log.warning("sandbox agent is gone; marked lost", extra={
+                "sandbox": sandbox_id, "pool": action.pool, "state": lost.state or "missing"})
+            self._wake.set()  # the drain destroys it, the top-up replaces it
+            return True
+        if isinstance(action, DoomAgain):
+            await self.sandboxes.doom_again(sandbox_id)
+            self._wake.set()
+            return True
+        if isinstance(action, DestroySessionless):
+            current = (await self.sandboxes.records([sandbox_id]))[sandbox_id]
+            if current.state == "leased" and current.session == action.session_id:
+                log.warning("destroying sandbox leased to a session that is gone",
+                            extra={"sandbox": sandbox_id, "session": action.session_id})
+                self.metrics.reconciled.labels(kind="sessionless_lease").inc()
+                return await self._destroy_and_forget(sandbox_id, action.pool)
+            return True
+        raise TypeError(f"unknown reconciliation action {action!r}")
 
     # --- observability -------------------------------------------------------------------
     def _count_provider_error(self, operation: str) -> None:

@@ -26,6 +26,7 @@ class PoolFill:
     ready: int
     members: int
     queued: int = 0  # waiters no sandbox is promised to yet: each wants one started
+    waiters: int = 0  # waiters of any state (queued or promised): the controller sweeps them while any wait
 
 
 @dataclass(frozen=True)
@@ -71,13 +72,14 @@ class SandboxStore:
 
     @translated
     async def fill(self, pool: str) -> PoolFill:
-        """How many of the pool's sandboxes are ready, and how many it has at all."""
+        """How many of the pool's sandboxes are ready, how many it has at all, and who waits for one."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.llen(self.keys.pool_ready(pool))
             pipe.scard(self.keys.pool_members(pool))
             pipe.scard(self.keys.pool_queued(pool))
-            ready, members, queued = await pipe.execute()
-        return PoolFill(int(ready), int(members), int(queued))
+            pipe.scard(self.keys.pool_waiters(pool))
+            ready, members, queued, waiters = await pipe.execute()
+        return PoolFill(int(ready), int(members), int(queued), int(waiters))
 
     @translated
     async def lease_rate(self, pool: str, now: float, *, buckets: int = 6) -> float:

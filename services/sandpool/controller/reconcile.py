@@ -1,0 +1,165 @@
+"""Reconciliation's decision, as a pure function: what Redis says each sandbox is, against what the
+provider runs, to the actions that make them agree.
+
+Kept apart from the controller so that every case (each record state against a sandbox running
+healthy, running with its agent gone, or not running at all; stale `starting` records; another
+replica's; orphans) is one row of a table test with no Redis and no provider
+(`tests/controller/test_reconcile_plan.py`). The controller gathers the inputs, calls `plan`, and
+executes the actions in order; an action whose sandbox failed an earlier one is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sandpool.controller.provider import SandboxInfo
+from sandpool.state.sandboxes import SandboxRecord
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the plan needs besides the records and the provider's list."""
+
+    now: float  # wall clock, the records' timestamps' clock
+    replica_id: str  # this leader: its own `starting` records get the whole start timeout
+    start_timeout: float  # a `starting` record older than this will never be published
+    term: float  # the leadership term (seconds): a former leader stops its creates within it
+    led_for: float  # how long this replica has led
+    busy: frozenset[str] = frozenset()  # this leader's own starts and destroys in flight: never judged
+
+
+# --- actions, executed in order ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Destroy:
+    """Destroy it through the provider, then forget its record (kept if the provider failed)."""
+
+    sandbox_id: str
+    pool: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class ReleaseDead:
+    """End the session on it as `dead` (metered once, its sandbox doomed), if the session still names it."""
+
+    session_id: str
+    sandbox_id: str
+
+
+@dataclass(frozen=True)
+class Forget:
+    """Drop every trace of a sandbox the provider does not run (`kind` None: nothing to count)."""
+
+    sandbox_id: str
+    pool: str
+    kind: str | None
+
+
+@dataclass(frozen=True)
+class MarkLost:
+    """The LOST script: out of the ready list now (atomically with leases), a waiter it was promised to
+    queued again, doomed; the controller's drain then destroys and forgets it."""
+
+    sandbox_id: str
+    pool: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class DoomAgain:
+    """A doomed sandbox still running whose destroy was dropped: put it back on the doomed set."""
+
+    sandbox_id: str
+
+
+@dataclass(frozen=True)
+class DestroySessionless:
+    """Leased to a session that no longer names it: destroy it, if it is still so when re-read (a
+    release since the records were read is not a reason to destroy twice)."""
+
+    sandbox_id: str
+    pool: str
+    session_id: str
+
+
+Action = Destroy | ReleaseDead | Forget | MarkLost | DoomAgain | DestroySessionless
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    recheck_in: float | None = None
+    """Seconds until another replica's `starting` records can be judged (None: nothing to look at again)."""
+
+
+# --- the decision -----------------------------------------------------------------------------
+
+def plan(records: Mapping[str, SandboxRecord], running: Mapping[str, SandboxInfo],
+         sessions: Mapping[str, str], situation: Situation) -> Plan:
+    """The actions that make Redis and the provider agree.
+
+    `records`: every member of the pools, by sandbox id, with its pool (`state` '' when the member's
+    record is gone). `running`: what the provider runs, by sandbox id (`ready`: its agent is alive).
+    `sessions`: session id -> the sandbox that session names ('' or absent: the session is gone).
+    """
+    actions: list[Action] = []
+    for sandbox_id, info in running.items():
+        if sandbox_id not in records and sandbox_id not in situation.busy:
+            actions.append(Destroy(sandbox_id, info.pool, "orphan_sandbox"))
+    recheck: float | None = None
+    for sandbox_id, record in records.items():
+        if sandbox_id in situation.busy:
+            continue
+        if record.state == "starting":
+            wait = _starting_wait(record, situation)
+            if wait is not None:
+                recheck = wait if recheck is None else min(recheck, wait)
+                continue
+        actions.extend(_judge(record, running.get(sandbox_id), sessions))
+    return Plan(tuple(actions), recheck)
+
+
+def _starting_wait(record: SandboxRecord, situation: Situation) -> float | None:
+    """None when a `starting` record is abandoned (past the start timeout, or made by another replica
+    while it led, once this one has led a whole term: a leader stops its creates within a term of
+    losing leadership); else how long until it may be."""
+    age = situation.now - record.created_at
+    if age > situation.start_timeout:
+        return None
+    if record.owner in ("", situation.replica_id):
+        return situation.start_timeout - age  # our own create (a restart of this replica) may still publish
+    if situation.led_for >= situation.term:
+        return None
+    return situation.term - situation.led_for
+
+
+def _judge(record: SandboxRecord, info: SandboxInfo | None, sessions: Mapping[str, str]) -> list[Action]:
+    """One member (a `starting` one only once abandoned) against what the provider says of it."""
+    sandbox_id, pool, state = record.sandbox_id, record.pool, record.state
+    holds = bool(record.session) and sessions.get(record.session) == sandbox_id
+    release: list[Action] = [ReleaseDead(record.session, sandbox_id)] if holds else []
+    if info is None:  # Redis knows it, the provider does not run it
+        if state == "promised":  # its waiter goes back to the queue at once, not at its claim
+            return [MarkLost(sandbox_id, pool, "stale_record")]
+        kind = {"starting": "stuck_starting", "doomed": None}.get(state, "stale_record")
+        return [*release, Forget(sandbox_id, pool, kind)]
+    if state == "starting":
+        return [Destroy(sandbox_id, pool, "stuck_starting")]
+    if state == "doomed":
+        return [DoomAgain(sandbox_id)]
+    if not state:  # its record expired or vanished: nobody can lease it any more
+        return [Destroy(sandbox_id, pool, "orphan_sandbox")]
+    if state == "leased" and not holds:
+        # A lease writes the session with the record and a release drops it while dooming the sandbox,
+        # both in one script: its session was lost some other way (its key's expiry, a restored or
+        # edited Redis). Nothing would ever release it: it would hold a slot for good.
+        return [DestroySessionless(sandbox_id, pool, record.session)]
+    if state in ("ready", "promised", "leased") and not info.ready:  # its agent is gone for good
+        return [MarkLost(sandbox_id, pool, "stale_record"), *release]
+    return []
+
+
+__all__ = ["Action", "Destroy", "DestroySessionless", "DoomAgain", "Forget", "MarkLost", "Plan", "ReleaseDead",
+           "Situation", "plan"]
