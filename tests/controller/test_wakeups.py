@@ -100,3 +100,33 @@ async def test_a_target_raised_by_demand_comes_back_down_with_nothing_else_happe
         return target.target == 1 and await ready_count(redis, keys) == 1
 
     await eventually(back_down, what="the target and the pool back at the floor once the rate turned over")
+
+
+async def test_a_slot_a_reconciliation_frees_is_filled_at_once(redis, keys, provider, tasks):
+    """A record of a sandbox the provider does not run holds a slot under the ceiling: the refill a lease
+    asks for cannot start until reconciliation forgets it, and then starts without waiting for a deadline."""
+    c = controller(redis, keys, provider, PoolSpec(name="default", image="python", warm=1, ceiling=2),
+                   reconcile_seconds=NEVER)  # the test's own call is the only reconciliation after takeover
+    tasks.append(asyncio.create_task(c.run()))
+
+    async def warm() -> bool:
+        return await ready_count(redis, keys) == 1
+
+    await eventually(warm, what="the warm sandbox ready")
+    await redis.hset(keys.sandbox("sb-ghost"), mapping={"state": "ready", "pool": "default", "image": "python",
+                                                         "created_at": f"{time.time():.3f}", "owner": "r1"})
+    await redis.sadd(keys.pool_members("default"), "sb-ghost")
+    store = SessionStore(redis, keys)
+    passes = c.ticks
+    leased = await store.lease(session_id="s1", workspace="ws", pool="default", image="python", now=time.time(),
+                               limits=LIMITS, workspace_limits={})
+    assert isinstance(leased, Leased)
+
+    async def settled() -> bool:  # the lease's nudge, then demand followed a second later: no deadline left
+        return c.ticks >= passes + 2
+
+    await eventually(settled, what="the lease's nudge and demand followed after it")
+    assert await redis.scard(keys.pool_members("default")) == 2  # at the ceiling: no refill could start
+    await c.reconcile()
+    await eventually(warm, what="the refill started once the ghost's slot was freed")
+    assert not await redis.sismember(keys.pool_members("default"), "sb-ghost")

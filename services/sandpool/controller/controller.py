@@ -589,6 +589,8 @@ class PoolController:
             except Exception:  # one sandbox's bug must not keep every later one from being reconciled
                 failed.add(sandbox_id)
                 log.exception("reconciling a sandbox crashed", extra={"sandbox": sandbox_id})
+        if decided.actions:
+            self._wake.set()  # slots were freed and sandboxes doomed: top up and drain now, not at a deadline
 
     async def _execute(self, action: Action) -> bool:
         """One action of a reconciliation plan; False when the sandbox's later actions must not run."""
@@ -619,11 +621,9 @@ class PoolController:
             self.metrics.reconciled.labels(kind=action.kind).inc()
             log.warning("sandbox agent is gone; marked lost", extra={
                 "sandbox": sandbox_id, "pool": action.pool, "state": lost.state or "missing"})
-            self._wake.set()  # the drain destroys it, the top-up replaces it
             return True
         if isinstance(action, DoomAgain):
             await self.sandboxes.doom_again(sandbox_id)
-            self._wake.set()
             return True
         if isinstance(action, DestroySessionless):
             current = (await self.sandboxes.records([sandbox_id]))[sandbox_id]
