@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -105,3 +106,37 @@ def test_a_refused_or_unknown_call_sends_one_script_call_and_touches_no_session(
     # The probes were counted, and nothing of the owner's session was extended or marked in flight.
     assert rdb.zscore(rkeys.deadlines, sid) == deadline
     assert int(rdb.hget(rkeys.session(sid), "inflight") or 0) == 0
+
+
+def test_a_warm_create_session_sends_one_script_call_and_still_sees_a_changed_policy_and_a_revocation(
+        make_api: Callable[..., Api], keys: Keys, redis_url: str, sandboxes: Sandboxes) -> None:
+    api, other_replica = make_api(), make_api()
+    sandboxes.publish_agents(4)
+    token = keys.token("acme", jti="acme-token-1")
+    with api.client(token) as client:
+        # The first CreateSession of a workspace on a replica reads its policy (admission, then the lease).
+        with sent(redis_url) as commands:
+            assert client.post("/sessions", json={}).status_code == 201
+        assert commands == ["EVALSHA", "EVALSHA"]
+        # From then on, the lease's own round trip admits it.
+        with sent(redis_url) as commands:
+            assert client.post("/sessions", json={}).status_code == 201
+        assert commands == ["EVALSHA"]
+
+        # The policy changed through another replica: the lease is computed again under it.
+        with other_replica.client(keys.token("ops", admin=True)) as admin:
+            assert admin.put("/v1/workspaces/acme/policy", json={"max_concurrent_sessions": 2}).status_code == 200
+            with sent(redis_url) as commands:
+                refused = client.post("/sessions", json={})
+            assert refused.status_code == 429 and refused.json()["limit"] == "max_concurrent_sessions", refused.text
+            assert commands == ["EVALSHA", "EVALSHA"]
+            with sent(redis_url) as commands:  # known again here: one round trip, and the same answer
+                again = client.post("/sessions", json={})
+            assert again.status_code == 429 and again.json()["limit"] == "max_concurrent_sessions"
+            assert commands == ["EVALSHA"]
+
+            # A revocation is seen by the very next warm CreateSession.
+            revocation = {"jti": "acme-token-1", "exp": int(time.time()) + 600}
+            assert admin.post("/v1/revocations", json=revocation).status_code == 201
+        revoked = client.post("/sessions", json={})
+        assert revoked.status_code == 401 and revoked.json()["cause"] == "revoked", revoked.text

@@ -22,28 +22,29 @@ import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.routing import Route
 
 from sandpool import __version__
+from sandpool.api.contract import Contract
 from sandpool.api.settings import ApiSettings
 from sandpool.contract.operations import ROUTES
 from sandpool.core import tracing
-from sandpool.core.asgi import ContractApp, OperationFastPath, client_gone, session_id_of
-from sandpool.core.errors import StateStoreUnavailable, error_response, install_error_handlers
-from sandpool.core.responses import ModelResponse
+from sandpool.core.asgi import ContractApp, OperationFastPath
+from sandpool.core.errors import install_error_handlers
 from sandpool.core.tasks import finish
 from sandpool.edge.admin import build_router
 from sandpool.edge.auth import TokenVerifier
 from sandpool.edge.edge import OPERATION_KEY, EdgeMiddleware
 from sandpool.edge.gate import Gate, Stores
-from sandpool.edge.images import check_image
 from sandpool.edge.keyring import KeyRing
 from sandpool.edge.policy import PolicyCodec, proxy_ceilings_of
-from sandpool.sessions.caller import STANDALONE, Caller
+from sandpool.mcp.http import PATH as MCP_PATH
+from sandpool.mcp.http import McpEndpoint
 from sandpool.sessions.forward import AgentClients
-from sandpool.sessions.limits import Ceilings, WorkspacePolicy
+from sandpool.sessions.limits import Ceilings
 from sandpool.sessions.metrics import ApiMetrics
 from sandpool.sessions.pools import PoolDirectory, pools_from_settings
-from sandpool.sessions.service import SESSION_ID_PATTERN, SessionLayer, read_capped
+from sandpool.sessions.service import SessionLayer
 from sandpool.sessions.waiting import Waiters
 from sandpool.state import StateUnavailable, channels, close, connect
 from sandpool.state.admission import AdmissionStore
@@ -53,46 +54,6 @@ from sandpool.state.sessions import SessionStore
 from sandpool.state.usage import UsageStore
 
 log = logging.getLogger(__name__)
-
-CREATE_BODY_CAP = 64 * 1024
-"""A CreateSession body carries three hints; anything near this size is not one."""
-UNCOUNTED = frozenset({"DestroySession", "CancelExecution"})
-"""Operations that free resources: never refused for the rate, never counted against it."""
-CALLS = frozenset({"Execute", "ListFiles", "GetFile", "PutFile", "CancelExecution"})
-"""Calls to a session's agent: admitted and their session touched in one round trip."""
-
-Operation = Callable[[Request, SessionLayer, Caller], Awaitable[Response]]
-
-
-# --- the operations, over the session layer --------------------------------------------------
-
-async def _create_session(request: Request, sessions: SessionLayer, caller: Caller, body: bytes) -> Response:
-    handle = await sessions.create_session(caller, body, client_gone=lambda: client_gone(request))
-    return ModelResponse(handle, status_code=201, exclude_unset=True)
-
-
-async def _get_session(request: Request, sessions: SessionLayer, caller: Caller) -> Response:
-    return ModelResponse(await sessions.get_session(caller, session_id_of(request)), exclude_unset=True)
-
-
-async def _destroy_session(request: Request, sessions: SessionLayer, caller: Caller) -> Response:
-    await sessions.destroy_session(caller, session_id_of(request))
-    return Response(status_code=204)
-
-
-def _forwarded(call: Callable[[SessionLayer], Callable[..., Awaitable[Response]]]) -> Operation:
-    async def handle(request: Request, sessions: SessionLayer, caller: Caller) -> Response:
-        return await call(sessions)(caller, session_id_of(request), request)
-    return handle
-
-
-OPERATIONS: dict[str, Operation] = {
-    "GetSession": _get_session, "DestroySession": _destroy_session,
-    "Execute": _forwarded(lambda s: s.execute), "ListFiles": _forwarded(lambda s: s.list_files),
-    "GetFile": _forwarded(lambda s: s.get_file), "PutFile": _forwarded(lambda s: s.put_file),
-    "CancelExecution": _forwarded(lambda s: s.cancel_exec),
-}
-"""Every operation but CreateSession (whose body the edge reads first) by name."""
 
 SUMMARIES = {
     "CreateSession": ("contract v1", 201), "GetSession": ("sandpool additions", 200),
@@ -110,7 +71,6 @@ def create_app(settings: ApiSettings) -> FastAPI:
     pools = PoolDirectory(pool_specs)
     metrics = ApiMetrics()
     keys = Keys(settings.redis_prefix)
-    create_cap = min(CREATE_BODY_CAP, settings.max_body_bytes)
     auth = settings.auth
     keyring = KeyRing(settings.auth_public_keys, settings.auth_jwks) if auth else None
     codec = PolicyCodec(proxy_ceilings_of(settings))
@@ -159,7 +119,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
             log.info("api started", extra={"mode": "multi-tenant" if auth else "standalone",
                                            "pools": [p.name for p in pool_specs],
                                            "trusted_kids": keyring.kids() if keyring is not None else []})
-            yield
+            async with mcp.serving(redis):  # /mcp: the SDK's session manager runs with the app
+                yield
         finally:
             stopping.set()
             for task in tasks:
@@ -178,13 +139,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
     if auth:
         app.include_router(build_router())
 
-    def redis_down(exc: Exception) -> Response | None:
-        if not isinstance(exc, StateUnavailable):
-            return None
-        metrics.redis_error()
-        cause = exc.__cause__ or exc
-        log.warning("redis call failed", extra={"error": f"{type(cause).__name__}: {exc}"})
-        return error_response(StateStoreUnavailable("state store unavailable; retry later", retry_after=1))
+    contract = Contract(settings, metrics)
+    redis_down = contract.errors
+    # /mcp: MCP tools calling the contract in process (inside the edge's request ids and metrics).
+    mcp = McpEndpoint(EdgeMiddleware(contract.asgi, metrics=metrics), contract.authenticate, keys)
+    app.router.routes.append(Route(MCP_PATH, mcp, include_in_schema=False))
 
     async def _redis_down(_: Request, exc: Exception) -> Response:
         answer = redis_down(exc)
@@ -193,39 +152,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
 
     app.add_exception_handler(StateUnavailable, _redis_down)
 
-    async def contract(request: Request, operation: str) -> Response:
-        request.scope[OPERATION_KEY] = operation
-        sessions: SessionLayer = request.app.state.sessions
-        gate: Gate | None = request.app.state.gate
-        if gate is None:
-            caller = STANDALONE
-            effective = None
-        else:
-            principal = await gate.principal(request)
-            count = operation not in UNCOUNTED
-            session_id = session_id_of(request) if operation in CALLS else ""
-            if SESSION_ID_PATTERN.fullmatch(session_id):
-                effective, target = await gate.admit_call(principal, session_id, count=count,
-                                                          busy_for=sessions.busy_for(operation))
-                caller = Caller(workspace=principal.workspace, policy=WorkspacePolicy(effective.limits),
-                                egress_allow=effective.egress_allow, resolved=True, target=target)
-            else:
-                effective = await gate.admit(principal, count=count)
-                caller = Caller.of(principal.workspace, effective.limits, effective.egress_allow)
-        if operation != "CreateSession":
-            return await OPERATIONS[operation](request, sessions, caller)
-        body = await read_capped(request, create_cap)
-        if effective is not None:
-            check_image(body, effective)
-        return await _create_session(request, sessions, caller, body)
-
     # The router knows the operations too (the fast path answers them first): a wrong method on a
     # contract path is 405 rather than 404, the OpenAPI document lists them, and with tracing on
     # they go through FastAPI's instrumented stack.
     for method, path, operation in ROUTES:
         tag, status = SUMMARIES[operation]
-        app.add_api_route(path, _route(contract, operation), methods=[method], name=operation, summary=operation,
-                          tags=[tag], status_code=status)
+        app.add_api_route(path, _route(contract.handle, operation), methods=[method], name=operation,
+                          summary=operation, tags=[tag], status_code=status)
 
     @app.get("/healthz", tags=["operations"], summary="Alive")
     async def healthz(request: Request) -> dict[str, str]:
@@ -250,10 +183,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         request.scope[OPERATION_KEY] = "metrics"
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(OperationFastPath, handler=contract, errors=redis_down)
+    app.add_middleware(OperationFastPath, handler=contract.handle, errors=redis_down)
     app.add_middleware(EdgeMiddleware, metrics=metrics)  # outermost: request ids and metrics for everything
     if not settings.tracing:  # (traced, the contract goes through FastAPI's instrumented stack above)
-        app.serve_operations(contract, errors=redis_down, outer=lambda inner: EdgeMiddleware(inner, metrics=metrics))
+        app.serve_operations(contract.handle, errors=redis_down,
+                             outer=lambda inner: EdgeMiddleware(inner, metrics=metrics))
     app.state.metrics = metrics
     app.state.settings = settings
     app.state.tracer_provider = tracing.instrument(app, "api") if settings.tracing else None

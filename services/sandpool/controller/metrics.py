@@ -38,6 +38,7 @@ class ControllerMetrics:
     pool_sandboxes: Gauge  # sandpool_pool_sandboxes{pool, state}: read from Redis at scrape time
     pool_ceiling: Gauge  # sandpool_pool_ceiling{pool}
     reaped: Counter  # sandpool_sessions_reaped_total{reason}: sessions the session reaper released
+    unconfirmed_calls: Counter  # sandpool_unconfirmed_calls_total{kind: execution|file}: overdue calls settled
     redis_errors: Counter  # sandpool_redis_errors_total{service="controller"}
     registry: CollectorRegistry
 
@@ -66,6 +67,9 @@ class ControllerMetrics:
                                registry=registry),
             reaped=Counter("sandpool_sessions_reaped_total", "Sessions released by sandpool itself, by reason",
                            ["reason"], registry=registry),
+            unconfirmed_calls=Counter("sandpool_unconfirmed_calls_total",
+                                      "Calls whose done never came (their api crashed), settled from their record",
+                                      ["kind"], registry=registry),
             redis_errors=Counter("sandpool_redis_errors_total", "Redis calls that failed", ["service"],
                                  registry=registry),
             registry=registry,

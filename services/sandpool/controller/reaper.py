@@ -1,4 +1,5 @@
-"""The session reaper: releases sessions whose deadline passed (idle or max lifetime).
+"""The session reaper: releases sessions whose deadline passed (idle or max lifetime), and settles
+calls whose `done` never came (the api that ran them crashed).
 
 (Not the agent's `ChildReaper`, which collects exited child processes.)
 
@@ -6,6 +7,9 @@ Every controller replica runs one (leader or not); it costs one index range
 read per pass when nothing is due. The release script re-checks each deadline atomically, so replicas racing
 over the same session are harmless (one of them releases it, the others see
 nothing to do), and a session touched after the range read is left alone.
+A call's record past its deadline is metered as an unconfirmed call and removed,
+and its session's deadline reset to its idle timeout from now; a `done` that
+comes later finds no record and counts nothing twice.
 """
 
 from __future__ import annotations
@@ -28,10 +32,18 @@ class SessionReaper:
         self.metrics = metrics
         self.interval = interval
         self.batch = batch
+        self.backlog = False  # the last pass settled a full batch of overdue calls: more may be due
 
     async def reap_once(self, now: float | None = None) -> int:
         """One pass; returns how many sessions it released."""
         now = time.time() if now is None else now
+        settled, metered = await self.store.settle_overdue(now, self.batch)
+        if settled:
+            self.metrics.unconfirmed_calls.labels(kind="execution").inc(metered)
+            self.metrics.unconfirmed_calls.labels(kind="file").inc(settled - metered)
+            log.warning("calls settled without their done (their api crashed)",
+                        extra={"calls": settled, "executions_metered": metered})
+        self.backlog = settled >= self.batch
         released = 0
         for session_id in await self.store.due(now, self.batch):
             result = await self.store.release(session_id=session_id, workspace=None, now=now, mode="reap")
@@ -50,7 +62,7 @@ class SessionReaper:
         while not stop.is_set():
             try:
                 # A full batch means more are due: go again at once rather than after a pause.
-                if await self.reap_once() >= self.batch:
+                if await self.reap_once() >= self.batch or self.backlog:
                     continue
                 if down:
                     log.info("session reaper reaches redis again")

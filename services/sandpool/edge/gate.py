@@ -13,6 +13,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from sandpool.sessions.metrics import ApiMetrics
 from sandpool.state import Client, StateError
 from sandpool.state.admission import AdmissionStore
 from sandpool.state.egress import EgressStore
-from sandpool.state.sessions import SessionStore, Target
+from sandpool.state.sessions import CallSpec, LeaseAdmission, NotAdmitted, SessionStore, Target, policy_digest
 from sandpool.state.usage import UsageStore
 
 
@@ -44,6 +45,17 @@ class Stores:
 
 log = logging.getLogger(__name__)
 
+KNOWN_POLICIES = 4096
+"""Workspaces whose last-read policy a replica keeps for the lease's own admission (least recent go)."""
+
+
+@dataclass(frozen=True)
+class KnownPolicy:
+    """A workspace's policy as last read from Redis: its digest, and the values it puts in force."""
+
+    digest: str
+    effective: Effective
+
 
 class Gate:
     def __init__(self, *, verifier: TokenVerifier, keyring: KeyRing, stores: Stores, codec: PolicyCodec,
@@ -57,6 +69,7 @@ class Gate:
         self.codec = codec
         self.metrics = metrics
         self.jwks_client = jwks_client
+        self._known: OrderedDict[str, KnownPolicy] = OrderedDict()
 
     def refuse(self, failure: AuthFailure) -> Unauthorized:
         self.metrics.auth_failures.labels(failure.reason).inc()
@@ -102,17 +115,18 @@ class Gate:
             raise self._over_rate(limit, minute, now)
         return effective
 
-    async def admit_call(self, principal: Principal, session_id: str, *, busy_for: float,
+    async def admit_call(self, principal: Principal, session_id: str, *, call: CallSpec,
                          count: bool = True) -> tuple[Effective, Target | None]:
-        """`admit` and the session's touch in the same round trip (a call to a session reaches its agent
-        after one); the session's target, None when it is unknown or another workspace's. Refused
-        (revoked, over the rate, an unreadable policy) before anything of the session is touched."""
+        """`admit`, the session's touch and the call's record in the same round trip (a call to a session
+        reaches its agent after one); the session's target, None when it is unknown or another
+        workspace's. Refused (revoked, over the rate, an unreadable policy) before anything of the
+        session is touched or recorded."""
         now = time.time()
         minute = int(now // 60)
         try:
             admission = await self.stores.admission.admit_call(
                 principal.workspace, principal.jti, minute, count=count, session_id=session_id, now=now,
-                busy_for=busy_for, rate_ceiling=self.codec.proxy_ceilings.get("requests_per_minute", 0))
+                call=call, rate_ceiling=self.codec.proxy_ceilings.get("requests_per_minute", 0))
         except StateError as exc:
             raise self.store_failed(exc) from None
         if admission.verdict == "revoked":
@@ -123,17 +137,49 @@ class Gate:
             effective = self._decode(principal, admission.policy_raw)
         except Unavailable:
             if admission.target is not None:  # readable JSON, yet no policy: give the touch back
-                await self._untouch(principal, session_id)
+                await self._untouch(principal, session_id, call)
             raise
         if admission.verdict == "rate":
             raise self._over_rate(effective.requests_per_minute, minute, now)
         return effective, admission.target
 
     def _decode(self, principal: Principal, raw: str | None) -> Effective:
+        """The values a stored policy puts in force, remembered for the workspace's next CreateSession."""
         try:
-            return self.codec.decode(raw)
+            effective = self.codec.decode(raw)
         except CorruptPolicy:
+            self._known.pop(principal.workspace, None)
             raise self._unreadable(principal) from None
+        self._known[principal.workspace] = KnownPolicy(policy_digest(raw), effective)
+        self._known.move_to_end(principal.workspace)
+        while len(self._known) > KNOWN_POLICIES:
+            self._known.popitem(last=False)
+        return effective
+
+    def lease_admission(self, principal: Principal, *, count: bool = True) -> tuple[Effective, LeaseAdmission] | None:
+        """A CreateSession admitted by its lease's own round trip: the workspace's policy as this replica
+        last read it, and the admission the lease script checks it against (None: not known here yet)."""
+        known = self._known.get(principal.workspace)
+        if known is None:
+            return None
+        admission = LeaseAdmission(jti=principal.jti, minute=int(time.time() // 60), count=count,
+                                   rate_ceiling=self.codec.proxy_ceilings.get("requests_per_minute", 0),
+                                   policy_digest=known.digest)
+        return known.effective, admission
+
+    def not_admitted(self, principal: Principal, refused: NotAdmitted) -> Effective:
+        """A lease's admission that refused: its error (revoked, unreadable, over the rate); or, admitted
+        under another policy than this replica knew, the values that policy puts in force (remembered)."""
+        if refused.verdict == "revoked":
+            raise self.refuse(AuthFailure("revoked", "the token has been revoked"))
+        if refused.verdict == "unreadable":
+            self._known.pop(principal.workspace, None)
+            raise self._unreadable(principal)
+        effective = self._decode(principal, refused.policy_raw)
+        if refused.verdict == "rate":
+            now = time.time()
+            raise self._over_rate(effective.requests_per_minute, int(now // 60), now)
+        return effective
 
     @staticmethod
     def _unreadable(principal: Principal) -> Unavailable:
@@ -147,9 +193,10 @@ class Gate:
         return QuotaExceeded(f"the workspace's rate limit of {limit} requests per minute is exhausted",
                              retry_after=retry_after, limit="requests_per_minute")
 
-    async def _untouch(self, principal: Principal, session_id: str) -> None:
+    async def _untouch(self, principal: Principal, session_id: str, call: CallSpec) -> None:
         with contextlib.suppress(StateError):
-            await self.stores.sessions.done(session_id=session_id, workspace=principal.workspace, now=time.time())
+            await self.stores.sessions.done(call_id=call.call_id, session_id=session_id, workspace=principal.workspace,
+                                            now=time.time())
 
     async def not_revoked(self, principal: Principal) -> None:
         """The admin API's check: no rate counted, revocation still exact."""

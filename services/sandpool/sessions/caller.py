@@ -10,10 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sandpool.contract import tenancy
 from sandpool.sessions.limits import NO_POLICY, WorkspacePolicy
-from sandpool.state.sessions import Target
+from sandpool.state.sessions import CallSpec, Target
+
+if TYPE_CHECKING:
+    from sandpool.sessions.calls import ExecBody
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The call the edge admitted in its one round trip: the spec its record was written with, its
+    session's target (None: unknown, or another workspace's: nothing was touched or recorded) and, for
+    an Execute, the body it read and checked first. The session layer asks Redis no more before the agent."""
+
+    spec: CallSpec
+    target: Target | None
+    body: ExecBody | None = None
 
 
 @dataclass(frozen=True)
@@ -22,10 +37,8 @@ class Caller:
     policy: WorkspacePolicy
     egress_allow: tuple[str, ...] = ()
     """The workspace's egress allow-list (bound to a new session's sandbox by the lease); empty: none."""
-    resolved: bool = False
-    """The edge already resolved and touched this call's session, in its admission round trip: `target`
-    is that session's (None: unknown, or another workspace's), and the session layer asks Redis no more."""
-    target: Target | None = None
+    admitted: Admitted | None = None
+    """Set when the edge already admitted this call to a session (touched, recorded) in its round trip."""
 
     @classmethod
     def of(cls, workspace: str, limits: Mapping[str, int], egress_allow: tuple[str, ...] = ()) -> Caller:

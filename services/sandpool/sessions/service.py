@@ -1,8 +1,9 @@
 """The six contract operations: leases from Redis, calls forwarded to the session's agent.
 
 Per call the session layer does one script round trip before forwarding (resolve
-and touch the session) and one after (meter it and mark it active); a lease is
-a single round trip. Bodies pass through byte for byte: only an exec's
+and touch the session, record the call: with auth on, the edge's admission does
+it) and one after the answer is sent (the call's `done`: `sessions.calls`); a
+lease is a single round trip. Bodies pass through byte for byte: only an exec's
 `timeout_seconds` is rewritten, and only when it must be clamped or filled in.
 """
 
@@ -49,6 +50,7 @@ from sandpool.core.hop import Response as HopResponse
 from sandpool.core.logs import request_id_var
 from sandpool.sessions import limits
 from sandpool.sessions.caller import Caller
+from sandpool.sessions.calls import NOTHING, Call, ExecBody, Metered, new_call_id
 from sandpool.sessions.forward import (
     CALL_ID,
     OUTCOME_HEADER,
@@ -72,7 +74,7 @@ from sandpool.sessions.uploads import FileBytes
 from sandpool.sessions.waiting import Waiters
 from sandpool.state import usage
 from sandpool.state.errors import StateUnavailable
-from sandpool.state.sessions import Leased, Refused, SessionStore, Target, Waiting
+from sandpool.state.sessions import CallSpec, LeaseAdmission, Leased, Refused, SessionStore, Target, Waiting
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +142,6 @@ def patience(waiting: Waiting, wait: float) -> float:
     return min(wait, max(PAST_CEILING_MIN_WAIT_SECONDS, 2 * waiting.expected_seconds()))
 
 
-def new_call_id() -> str:
-    """The id an Execute goes to its agent with, which a cancel of it names (unguessable: a cancel is
-    made only by the api, but the id never leaves it either)."""
-    return secrets.token_urlsafe(12)
-
-
 def new_session_id() -> str:
     # 128 random bits: a session id is a capability within its workspace.
     return secrets.token_urlsafe(16)
@@ -184,18 +180,6 @@ class _Counter:
     n: int = 0
 
 
-@dataclass(frozen=True)
-class Metered:
-    """What a finished call adds to the workspace's usage: an event and its amounts."""
-
-    event: str
-    amounts: dict[str, int | float]
-    tool: str = ""
-
-
-NOTHING = Metered("", {})
-
-
 class SessionLayer:
     def __init__(self, settings: SessionSettings, store: SessionStore, clients: AgentClients,
                  metrics: ApiMetrics, pools: PoolDirectory, waiters: Waiters | None = None) -> None:
@@ -214,11 +198,13 @@ class SessionLayer:
     # --- CreateSession ------------------------------------------------------------------------
 
     async def create_session(self, caller: Caller, body: bytes, *,
-                             client_gone: Callable[[], Awaitable[None]] | None = None) -> SessionDetails:
+                             client_gone: Callable[[], Awaitable[None]] | None = None,
+                             admission: LeaseAdmission | None = None) -> SessionDetails:
         """Lease a sandbox; with none ready, wait (up to the capacity wait) while the controller starts
         one: below the ceiling at once, at it once a release frees a slot (only when the pool's recent
         releases say one comes in time: else 503 at once). `client_gone` returns when the caller
-        disconnects: it stops waiting."""
+        disconnects: it stops waiting. `admission`: the edge's admission, run by the lease's own round
+        trip (`NotAdmitted` when it refuses)."""
         hints = self._parse_create(body)
         pool = self.pools.for_image(hints.image)
         policy = limits.in_force(self.ceilings, caller.policy)
@@ -231,7 +217,7 @@ class SessionLayer:
             result = await self.store.lease(
                 session_id=session_id, workspace=caller.workspace, pool=pool.name, image=pool.image, now=now,
                 limits=in_force, workspace_limits=limits.lease_limits(self.ceilings, caller.policy),
-                ceiling=pool.ceiling, wait_seconds=wait, egress_allow=caller.egress_allow)
+                ceiling=pool.ceiling, wait_seconds=wait, egress_allow=caller.egress_allow, admission=admission)
             if isinstance(result, Waiting):
                 result = await self._wait_for_sandbox(caller, session_id, pool.name, patience(result, wait),
                                                       client_gone, past_ceiling=result.past_ceiling)
@@ -348,31 +334,42 @@ class SessionLayer:
 
     # --- Execute ------------------------------------------------------------------------------
 
+    def exec_body(self, raw: bytes) -> ExecBody:
+        """An Execute's body parsed and checked (400, 422 for a bad one), before its call is admitted."""
+        doc, parsed = self._parse_exec(raw)
+        # The longest timeout it may run with, known before the session and the workspace's policy are read.
+        bound = limits.exec_timeout(parsed.timeout_seconds, default=self.ceilings.default_exec,
+                                    ceiling=self.ceilings.max_exec, workspace_max=0) or self.ceilings.max_exec
+        return ExecBody(raw=raw, doc=doc, tool=parsed.tool, timeout_hint=parsed.timeout_seconds, bound=bound)
+
+    def call_spec(self, body: ExecBody | None = None) -> CallSpec:
+        """A new call's record: an Execute keeps its session busy over its longest run and grace, a
+        file call over the forwarding timeout."""
+        grace = self.settings.call_record_grace_seconds
+        if body is not None:
+            return CallSpec(new_call_id(), busy_for=body.bound + self.settings.exec_grace_seconds, tool=body.tool,
+                            grace=grace)
+        return CallSpec(new_call_id(), busy_for=self.settings.forward_timeout_seconds, grace=grace)
+
     async def execute(self, caller: Caller, session_id: str, request: Request) -> Response:
         if not SESSION_ID_PATTERN.fullmatch(session_id):
             raise unknown_session()
-        try:
-            body = await read_capped(request, self.settings.max_body_bytes)
-            doc, parsed = self._parse_exec(body)
-        except BaseException:
-            if caller.target is not None:  # the edge touched the session for a call that will not run
-                self._spawn(self._done(caller, session_id))
-            raise
-        tool = parsed.tool
-        # An upper bound of the timeout that will run, known before the session is read.
-        workspace_max_exec = caller.policy.get("max_exec_timeout_seconds", 0)
-        bound = limits.exec_timeout(parsed.timeout_seconds, default=self.ceilings.default_exec,
-                                    ceiling=self.ceilings.max_exec,
-                                    workspace_max=workspace_max_exec) or self.ceilings.max_exec
-        target = await self._touch(caller, session_id, busy_for=bound + self.settings.exec_grace_seconds)
+        if caller.admitted is not None:
+            body = caller.admitted.body
+            assert body is not None, "the edge admits an Execute with its body read"
+        else:
+            body = self.exec_body(await read_capped(request, self.settings.max_body_bytes))
+        call, target = await self._admitted(caller, session_id, body)
+        tool = body.tool
         # (The model already refused a non-integer; the fallback only keeps the type honest.)
-        timeout = limits.exec_timeout(parsed.timeout_seconds, default=target.exec_timeout_seconds,
+        timeout = limits.exec_timeout(body.timeout_hint, default=target.exec_timeout_seconds,
                                       ceiling=target.max_exec_timeout_seconds,
-                                      workspace_max=workspace_max_exec
+                                      workspace_max=caller.policy.get("max_exec_timeout_seconds", 0)
                                       ) or min(target.exec_timeout_seconds, target.max_exec_timeout_seconds)
-        if doc.get("timeout_seconds") != timeout or isinstance(doc.get("timeout_seconds"), bool):
-            doc["timeout_seconds"] = timeout
-            body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        content = body.raw
+        if body.doc.get("timeout_seconds") != timeout or isinstance(body.doc.get("timeout_seconds"), bool):
+            content = json.dumps({**body.doc, "timeout_seconds": timeout}, separators=(",", ":"),
+                                 ensure_ascii=False).encode()
 
         async def metered(status: int, outcome: str, elapsed: float, _: int) -> Metered:
             if status != 200 or outcome == Outcome.WITHDRAWN:  # a withdrawn call never ran
@@ -382,17 +379,17 @@ class SessionLayer:
             return Metered("execution", {usage.EXECUTIONS: 1, usage.EXECUTION_SECONDS: elapsed}, tool=tool)
 
         return await self._forward(
-            caller, session_id, target, request, "POST", f"/sessions/{session_id}/exec",
-            content=body, read_timeout=timeout + self.settings.exec_grace_seconds, meter=metered,
-            stream=wants_stream(request.headers.raw), call_id=new_call_id(),
+            call, target, request, "POST", f"/sessions/{session_id}/exec",
+            content=content, read_timeout=timeout + self.settings.exec_grace_seconds, meter=metered,
+            stream=wants_stream(request.headers.raw), name_call=True,
         )
 
     async def cancel_exec(self, caller: Caller, session_id: str, request: Request) -> Response:
         """CancelExecution (sandpool's addition): stop the session's running call. Sent to the agent on
         a connection of its own, so it never waits behind the call it stops; the agent answers 204
         once the call was stopped, 409 `no_running_call` when none runs."""
-        target = await self._file_target(caller, session_id)
-        return await self._forward(caller, session_id, target, request, "DELETE", f"/sessions/{session_id}/exec",
+        call, target = await self._file_call(caller, session_id)
+        return await self._forward(call, target, request, "DELETE", f"/sessions/{session_id}/exec",
                                    read_timeout=self.settings.forward_timeout_seconds)
 
     @staticmethod
@@ -414,17 +411,17 @@ class SessionLayer:
     # --- files --------------------------------------------------------------------------------
 
     async def list_files(self, caller: Caller, session_id: str, request: Request) -> Response:
-        target = await self._file_target(caller, session_id)
-        return await self._forward(caller, session_id, target, request, "GET", f"/sessions/{session_id}/files/list",
+        call, target = await self._file_call(caller, session_id)
+        return await self._forward(call, target, request, "GET", f"/sessions/{session_id}/files/list",
                                    read_timeout=self.settings.forward_timeout_seconds)
 
     async def get_file(self, caller: Caller, session_id: str, request: Request) -> Response:
-        target = await self._file_target(caller, session_id)
+        call, target = await self._file_call(caller, session_id)
 
         async def metered(status: int, _o: str, _e: float, moved: int) -> Metered:
             return Metered("download", {usage.BYTES_DOWNLOADED: moved}) if status == 200 else NOTHING
 
-        return await self._forward(caller, session_id, target, request, "GET", f"/sessions/{session_id}/files",
+        return await self._forward(call, target, request, "GET", f"/sessions/{session_id}/files",
                                    read_timeout=self.settings.forward_timeout_seconds, meter=metered)
 
     async def put_file(self, caller: Caller, session_id: str, request: Request) -> Response:
@@ -432,7 +429,7 @@ class SessionLayer:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:
             raise PayloadTooLarge(f"upload over the {cap}-byte cap")
-        target = await self._file_target(caller, session_id)
+        call, target = await self._file_call(caller, session_id)
         sent = _Counter()
         file_bytes = FileBytes(request.headers.get("content-type"))
 
@@ -447,108 +444,102 @@ class SessionLayer:
         async def metered(status: int, _o: str, _e: float, _m: int) -> Metered:
             return Metered("upload", {usage.BYTES_UPLOADED: file_bytes.count}) if status == 201 else NOTHING
 
-        return await self._forward(caller, session_id, target, request, "POST", f"/sessions/{session_id}/files",
+        return await self._forward(call, target, request, "POST", f"/sessions/{session_id}/files",
                                    content=stream(), read_timeout=self.settings.forward_timeout_seconds,
                                    content_length=int(declared) if declared and declared.isdigit() else None,
                                    meter=metered)
 
-    async def _file_target(self, caller: Caller, session_id: str) -> Target:
+    async def _file_call(self, caller: Caller, session_id: str) -> tuple[Call, Target]:
         if not SESSION_ID_PATTERN.fullmatch(session_id):
             raise unknown_session()
-        return await self._touch(caller, session_id, busy_for=self.settings.forward_timeout_seconds)
+        return await self._admitted(caller, session_id)
 
     # --- the forwarding core --------------------------------------------------------------------
 
-    def busy_for(self, operation: str) -> float:
-        """How far a call extends its session's deadline while it runs, before its body is read: an
-        Execute's longest timeout (the operator's ceiling) and grace, or a file call's timeout."""
-        if operation == "Execute":
-            return self.ceilings.max_exec + self.settings.exec_grace_seconds
-        return self.settings.forward_timeout_seconds
-
-    async def _touch(self, caller: Caller, session_id: str, *, busy_for: float) -> Target:
-        if caller.resolved:
-            if caller.target is None:
-                raise unknown_session()
-            return caller.target
-        target = await self.store.touch(session_id=session_id, workspace=caller.workspace, now=time.time(),
-                                        busy_for=busy_for)
+    async def _admitted(self, caller: Caller, session_id: str, body: ExecBody | None = None) -> tuple[Call, Target]:
+        """The call and its session's target: admitted by the edge already, or (standalone) here, in the
+        one round trip that touches the session and records the call."""
+        if caller.admitted is not None:
+            spec, target = caller.admitted.spec, caller.admitted.target
+        else:
+            spec = self.call_spec(body)
+            target = await self.store.touch(session_id=session_id, workspace=caller.workspace, now=time.time(),
+                                            call=spec)
         if target is None:
             raise unknown_session()
-        return target
+        return Call(self.store, self.metrics, caller, session_id, spec), target
 
     async def _forward(
-        self, caller: Caller, session_id: str, target: Target, request: Request, method: str, path: str, *,
+        self, call: Call, target: Target, request: Request, method: str, path: str, *,
         read_timeout: float, content: bytes | AsyncIterator[bytes] | None = None, content_length: int | None = None,
         meter: Callable[[int, str, float, int], Awaitable[Metered]] | None = None, stream: bool = False,
-        call_id: str | None = None,
+        name_call: bool = False,
     ) -> Response:
-        """Send one call to the agent and stream its answer back; meter it once it has been relayed.
-
-        From a successful touch on, every path ends in exactly one `done` (meter and
-        mark active) or one release of the session as dead.
-        """
+        """Send one call to the agent and relay its answer; the call is finished (metered, its record
+        removed) once the answer is sent, or the session released as dead. `name_call`: the agent
+        gets the call's id (an Execute's, which a cancel names)."""
+        session_id = call.session_id
         query = request.scope.get("query_string", b"")
         url = path + ("?" + query.decode("latin-1") if query else "")
         headers = request_headers(request.headers.raw, secret=target.secret, request_id=request_id_var.get() or "")
-        if call_id is not None:
-            headers.append((CALL_ID, call_id))
+        if name_call:
+            headers.append((CALL_ID, call.call_id))
         try:
             entry = self.clients.take(target.address)
         except BadAddress:
-            await self._release_dead(caller, session_id, target.address)
+            await self._release_dead(call, target.address)
             raise BadGateway("the session's sandbox has no usable address; the session is gone") from None
         started = time.monotonic()
         # The call is a future of its own so that a release of the session (from any replica: the
         # `released` channel) cuts it short at once instead of leaving it to its exec deadline.
         # A client span when tracing is on (the agent's hop in the caller's trace); free when off.
         with tracing.hop_span(method, url, headers, peer="agent") as span:
-            call = asyncio.ensure_future(entry.pool.request(method, url, headers, body=content,
+            sent = asyncio.ensure_future(entry.pool.request(method, url, headers, body=content,
                                                             content_length=content_length, timeout=read_timeout))
             calls = self._in_flight.setdefault(session_id, set())
-            calls.add(call)
+            calls.add(sent)
             try:
-                upstream = await call
+                upstream = await sent
             except asyncio.CancelledError:
-                if call.cancelled() and not _cancelling():  # the session was released, not this request
-                    self.clients.give_back(entry)
-                    self.clients.forget(target.address)
-                    raise SessionEnded("the session was released while the call ran; the session is gone") from None
                 self.clients.give_back(entry)
-                self._spawn(self._done(caller, session_id))
+                if sent.cancelled() and not _cancelling():  # the session was released, not this request
+                    self.clients.forget(target.address)
+                    await call.finish()
+                    raise SessionEnded("the session was released while the call ran; the session is gone") from None
+                self._spawn(call.finish())
                 raise
             except _TooLarge:
                 self.clients.give_back(entry)
-                await self._done(caller, session_id)
+                await call.finish()
                 raise PayloadTooLarge(f"upload over the {self.settings.max_body_bytes}-byte cap") from None
             except HopBusy:
                 self.clients.give_back(entry)
-                await self._done(caller, session_id)
+                await call.finish()
                 raise Unavailable("too many calls in flight to this session",
                                   retry_after=self.settings.retry_after_seconds) from None
             except HopConnectError:
                 self.clients.give_back(entry)
-                await self._release_dead(caller, session_id, target.address)
+                await self._release_dead(call, target.address)
                 raise SandboxUnavailable("the session's sandbox cannot be reached; the session is gone",
                                          retry_after=self.settings.retry_after_seconds) from None
             except HopError as exc:
                 self.clients.give_back(entry)
-                await self._release_dead(caller, session_id, target.address)
+                await self._release_dead(call, target.address)
                 log.warning("sandbox failed mid-call", extra={"session": session_id, "error": type(exc).__name__})
                 raise BadGateway("the session's sandbox failed during the call; the session is gone") from None
             except BaseException:
                 self.clients.give_back(entry)
-                self._spawn(self._done(caller, session_id))
+                self._spawn(call.finish())
                 raise
             finally:
-                calls.discard(call)
+                calls.discard(sent)
                 if not calls:
                     self._in_flight.pop(session_id, None)
             span.status(upstream.status)
 
         if stream and upstream.status == 200 and (upstream.header(b"content-type") or b"").startswith(EVENT_STREAM):
-            return self._relay_stream(caller, session_id, target, entry, upstream, request, started=started,
-                                      deadline=read_timeout, meter=meter, call_id=call_id)
+            return self._relay_stream(call, target, entry, upstream, request, started=started, deadline=read_timeout,
+                                      meter=meter)
 
         raw_outcome = (upstream.header(OUTCOME_HEADER) or Outcome.OK.encode()).decode("latin-1")
         outcome = raw_outcome if raw_outcome in EXEC_OUTCOMES else Outcome.FAILED
@@ -562,70 +553,58 @@ class SessionLayer:
             try:
                 raw = await upstream.read()
             except HopError as exc:
-                await self._release_dead(caller, session_id, target.address)
+                await self._release_dead(call, target.address)
                 log.warning("sandbox failed mid-answer", extra={"session": session_id, "error": type(exc).__name__})
                 raise BadGateway("the session's sandbox failed during the call; the session is gone") from None
             except BaseException:
-                self._spawn(self._done(caller, session_id))
+                self._spawn(call.finish())
                 raise
             finally:
                 await upstream.close()
                 self.clients.give_back(entry)
-            metered = await meter(status, outcome, time.monotonic() - started, len(raw)) if meter else NOTHING
-            await self._done(caller, session_id, metered)
-            response = Response(raw, status_code=status)
+            if meter is not None:
+                call.metered = await meter(status, outcome, time.monotonic() - started, len(raw))
+            response = Response(raw, status_code=status, background=call.in_background())
             response.raw_headers = headers_out  # the agent's Content-Length: the length just read
             return response
 
         async def relay() -> AsyncIterator[bytes]:
-            # One chunk is held back so the call is metered before the client can have its
-            # whole answer: a client that has the answer also sees the usage it caused.
             moved = 0
-            held: bytes | None = None
-            finished = False
             try:
                 async for chunk in upstream.chunks():
-                    if held is not None:
-                        yield held
-                    held = chunk
                     moved += len(chunk)
-                finished = True
+                    yield chunk
             except HopError as exc:
                 log.warning("sandbox failed mid-answer", extra={"session": session_id, "error": type(exc).__name__})
-                self._spawn(self._release_dead(caller, session_id, target.address))
+                self._spawn(self._release_dead(call, target.address))
                 raise
             finally:
                 await upstream.close()
                 self.clients.give_back(entry)
-                if not finished:
-                    self._spawn(self._done(caller, session_id))
-            metered = await meter(status, outcome, time.monotonic() - started, moved) if meter else NOTHING
-            await self._done(caller, session_id, metered)
-            if held is not None:
-                yield held
+            if meter is not None:  # (a relay cut short is finished unmetered by the background task)
+                call.metered = await meter(status, outcome, time.monotonic() - started, moved)
 
-        streamed = StreamingResponse(relay(), status_code=status)
+        streamed = StreamingResponse(relay(), status_code=status, background=call.in_background())
         streamed.raw_headers = [*headers_out, *streamed.raw_headers]
         return streamed
 
-    def _relay_stream(self, caller: Caller, session_id: str, target: Target, entry: ClientSlot, upstream: HopResponse,
+    def _relay_stream(self, call: Call, target: Target, entry: ClientSlot, upstream: HopResponse,
                       request: Request, *, started: float, deadline: float,
-                      meter: Callable[[int, str, float, int], Awaitable[Metered]] | None,
-                      call_id: str | None) -> Response:
+                      meter: Callable[[int, str, float, int], Awaitable[Metered]] | None) -> Response:
         """A streamed Execute (`sessions.stream`): its pump runs as a task of its own, registered as the
         session's call in flight (a release cuts it short) and metered when the agent's stream ends."""
+        session_id = call.session_id
 
         async def metered(outcome: str) -> None:
             label = outcome if outcome in EXEC_OUTCOMES else Outcome.FAILED
-            usage_of = await meter(200, label, time.monotonic() - started, 0) if meter else NOTHING
-            await self._done(caller, session_id, usage_of)
+            await call.finish(await meter(200, label, time.monotonic() - started, 0) if meter else NOTHING)
 
         async def cancel() -> None:
             headers = [("authorization", f"Bearer {target.secret}"), ("x-request-id", request_id_var.get() or "")]
             try:
                 # Named: the call whose client left, whether it runs or still waits behind another;
                 # never the session's running call as such (that may be another client's).
-                answer = await entry.pool.request("DELETE", f"/sessions/{session_id}/exec?call_id={call_id}",
+                answer = await entry.pool.request("DELETE", f"/sessions/{session_id}/exec?call_id={call.call_id}",
                                                   headers, timeout=self.settings.forward_timeout_seconds)
                 await answer.read()
                 await answer.close()
@@ -634,8 +613,8 @@ class SessionLayer:
                                                                                 "error": type(exc).__name__})
 
         relay = StreamRelay(
-            upstream.chunks(), meter=metered, unmetered=lambda: self._done(caller, session_id),
-            dead=lambda: self._release_dead(caller, session_id, target.address),
+            upstream.chunks(), meter=metered, unmetered=call.finish,
+            dead=lambda: self._release_dead(call, target.address),
             ended=lambda: self.clients.forget(target.address), cancel=cancel,
             cancel_on_disconnect=cancel_on_disconnect(request.headers.raw), deadline=deadline)
 
@@ -664,34 +643,18 @@ class SessionLayer:
 
     def session_released(self, session_id: str) -> None:
         """A replica released this session: end this replica's calls to it now."""
-        for call in self._in_flight.get(session_id, ()):
-            call.cancel()
+        for sent in self._in_flight.get(session_id, ()):
+            sent.cancel()
 
-    async def _done(self, caller: Caller, session_id: str, metered: Metered | None = None) -> None:
-        """Meter a finished call and mark the session active.
-
-        The call already ran in the sandbox, so a Redis failure here must not turn its
-        answer into an error the client would retry (running the code twice): it is
-        logged and counted, and the answer is relayed. (The script is not idempotent,
-        so it is not retried either.)
-        """
-        metered = metered or NOTHING
-        try:
-            await self.store.done(session_id=session_id, workspace=caller.workspace, now=time.time(),
-                                  event=metered.event, tool=metered.tool, amounts=metered.amounts)
-        except StateUnavailable as exc:
-            self.metrics.redis_error()
-            log.error("usage of a finished call not recorded", extra={
-                "session": session_id, "workspace": caller.workspace, "event": metered.event,
-                "amounts": metered.amounts, "error": type(exc).__name__})
-
-    async def _release_dead(self, caller: Caller, session_id: str, address: str) -> None:
+    async def _release_dead(self, call: Call, address: str) -> None:
+        """The session's sandbox died under a call: the call ends unmetered, the session is released."""
         self.clients.forget(address)
-        released = await self.store.release(session_id=session_id, workspace=caller.workspace, now=time.time(),
-                                            mode="dead")
+        await call.finish()
+        released = await self.store.release(session_id=call.session_id, workspace=call.caller.workspace,
+                                            now=time.time(), mode="dead")
         if released is not None:
             self.metrics.reaped.labels(reason="dead").inc()
-            log.warning("session released: its sandbox died", extra={"session": session_id,
+            log.warning("session released: its sandbox died", extra={"session": call.session_id,
                                                                      "sandbox": released.sandbox})
 
     async def _abandon(self, caller: Caller, session_id: str, pool: str) -> None:

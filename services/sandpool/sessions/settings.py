@@ -40,5 +40,8 @@ class SessionSettings(RedisSettings, PoolSettings):
         "Timeout of a file call to a sandbox's agent"))
     exec_grace_seconds: float = Field(default=10.0, ge=0, description=(
         "Time beyond an exec's timeout the agent has to answer before the call counts as failed"))
+    call_record_grace_seconds: float = Field(default=30.0, ge=0, description=(
+        "How long past a call's longest run its record waits for the call's done before the controller "
+        "settles it as an unconfirmed call (the api that ran it crashed)"))
     agent_clients_max: int = Field(default=1024, ge=1, description=(
         "Sandbox agents whose HTTP connection pools are kept open at once"))

@@ -17,9 +17,7 @@ from sandpool.state import scripts
 from sandpool.state.client import Client
 from sandpool.state.errors import translated
 from sandpool.state.keys import Keys
-from sandpool.state.sessions import Target
-
-RATE_WINDOW_TTL = 120  # seconds a minute's counter outlives its minute (clock skew between replicas)
+from sandpool.state.sessions import RATE_WINDOW_TTL, CallSpec, Target, target_of
 
 
 @dataclass(frozen=True)
@@ -58,20 +56,19 @@ class AdmissionStore:
 
     @translated
     async def admit_call(self, workspace: str, jti: str | None, minute: int, *, count: bool, rate_ceiling: int,
-                         session_id: str, now: float, busy_for: float) -> CallAdmission:
-        """`admit`, the rate decided here too, and the session's touch (as `SessionStore.touch`), at once."""
+                         session_id: str, now: float, call: CallSpec) -> CallAdmission:
+        """`admit`, the rate decided here too, the session's touch and the call's record (as
+        `SessionStore.touch`), at once."""
         k = self.keys
-        keys = [k.rate(workspace, minute), k.workspace_policy(workspace), k.session(session_id), k.deadlines]
+        keys = [k.rate(workspace, minute), k.workspace_policy(workspace), k.session(session_id), k.deadlines,
+                k.call(call.call_id), k.call_deadlines]
         if jti is not None:
             keys.append(k.revoked(jti))
         found = await self._admit_call(keys=keys, args=["1" if count else "0", RATE_WINDOW_TTL, rate_ceiling,
-                                                        session_id, workspace, repr(now), repr(float(busy_for))])
+                                                        session_id, workspace, repr(now), repr(float(call.busy_for)),
+                                                        call.call_id, call.tool, repr(float(call.grace))])
         verdict, n, policy = found[0], int(found[1]), found[2] or None
-        target = None
-        if verdict == "ok":
-            address, secret, exec_timeout, max_exec = found[3:7]
-            target = Target(address=address, secret=secret, exec_timeout_seconds=int(exec_timeout),
-                            max_exec_timeout_seconds=int(max_exec))
+        target = target_of(found[3:7]) if verdict == "ok" else None
         return CallAdmission(verdict=verdict, count=n, policy_raw=policy, target=target)
 
     @translated

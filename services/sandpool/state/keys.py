@@ -5,6 +5,8 @@ single cluster slot and runs unchanged on Redis Cluster. Scripts may build
 sandbox keys from `sandbox_prefix` inside Lua for that reason.
 
 Lifetimes:
+- call records do not expire: each ends with its call's `done`, or the controller settles it once
+  its deadline passed (metered as an unconfirmed call);
 - session, sandbox, leadership and lock keys expire (a safety net behind the session reaper
   and the reconciler; they are deleted explicitly in the normal path), and so do
   egress credential bindings, with their session;
@@ -127,6 +129,20 @@ class Keys:
         """Sorted set: session id scored by the time it must be reaped (idle or max lifetime)."""
         return f"{self.base}deadlines"
 
+    def call(self, call_id: str) -> str:
+        """Hash: one call to a session's agent (session, workspace, tool, started, deadline), from the round
+        trip that admitted it to its `done` or the controller's settling of it. No expiry of its own."""
+        return f"{self.base}call:{call_id}"
+
+    @property
+    def call_prefix(self) -> str:
+        return f"{self.base}call:"
+
+    @property
+    def call_deadlines(self) -> str:
+        """Sorted set: call id scored by the time past which its `done` is overdue (its api crashed)."""
+        return f"{self.base}call-deadlines"
+
     def workspace_sessions(self, workspace: str) -> str:
         """Set of the workspace's live session ids (its concurrency counts these)."""
         return f"{self.base}ws:{workspace}:sessions"
@@ -201,3 +217,14 @@ class Keys:
     def released_sessions(self) -> str:
         """Pub/sub channel of released session ids: every api replica ends their calls in flight."""
         return f"{self.base}sessions:released"
+
+    # --- MCP (the api's /mcp endpoint, previous protocol revision) ----------------------------
+    def mcp_session(self, mcp_session_id: str) -> str:
+        """Hash with expiry: `workspace` that opened the MCP session, `session`: the sandpool session its
+        calls without a `session_id` use (absent until the first such call leases one)."""
+        return f"{self.base}mcp:{mcp_session_id}"
+
+    def mcp_call(self, mcp_session_id: str, request_id: str) -> str:
+        """String with expiry: the sandpool session a running MCP tool call (by JSON-RPC request id) runs
+        in, so a cancel notification that reaches any replica stops it."""
+        return f"{self.base}mcp:{mcp_session_id}:call:{request_id}"

@@ -121,7 +121,8 @@ local function grant(a, sandbox, sandbox_key, address, secret, egress, k)
 end
 """
 
-LEASE = _METER + _WAITING + _GRANT + r"""
+# The lease itself, as a function LEASE and ADMIT_LEASE both run (its KEYS and ARGV: see LEASE).
+_LEASE = r"""
 -- Lease a ready sandbox for a new session, within the workspace's lease limits; with none ready,
 -- queue the caller as a waiter instead (the controller starts a sandbox for each waiter at once, or
 -- as soon as a release frees a slot under the ceiling, and promises them to the waiters in order,
@@ -140,110 +141,116 @@ LEASE = _METER + _WAITING + _GRANT + r"""
 --         egress_prefix (key prefix of egress credential bindings)}
 -- Returns {'ok', sandbox, address, secret} | {'wait', releases it waits for past the ceiling (0: a start),
 --         releases in the last minute} | {'quota', limit} | {'capacity', waiters, releases in the last minute}.
-local a = cjson.decode(ARGV[1])
-local ws_key, ws_waiting, ws, now = KEYS[4], KEYS[16], a.workspace, tonumber(a.now)
-local limits = a.limits or {}
+local function lease()
+  local a = cjson.decode(ARGV[1])
+  local ws_key, ws_waiting, ws, now = KEYS[4], KEYS[16], a.workspace, tonumber(a.now)
+  local limits = a.limits or {}
 
--- The same lease again (redis-py sends a script again when its connection died before the reply):
--- answer what the first run did, and do nothing twice. Session ids are random per CreateSession.
-local earlier = redis.call('HMGET', KEYS[2], 'workspace', 'sandbox', 'address', 'secret')
-if earlier[1] then
-  if earlier[1] ~= ws then return redis.error_reply('session id in use by another workspace') end
-  return {'ok', earlier[2], earlier[3], earlier[4]}
-end
-local queued = redis.call('HMGET', KEYS[15], 'workspace', 'behind', 'releases')
-if queued[1] then
-  if queued[1] ~= ws then return redis.error_reply('session id in use by another workspace') end
-  return {'wait', tonumber(queued[2] or '0'), tonumber(queued[3] or '0')}
-end
+  -- The same lease again (redis-py sends a script again when its connection died before the reply):
+  -- answer what the first run did, and do nothing twice. Session ids are random per CreateSession.
+  local earlier = redis.call('HMGET', KEYS[2], 'workspace', 'sandbox', 'address', 'secret')
+  if earlier[1] then
+    if earlier[1] ~= ws then return redis.error_reply('session id in use by another workspace') end
+    return {'ok', earlier[2], earlier[3], earlier[4]}
+  end
+  local queued = redis.call('HMGET', KEYS[15], 'workspace', 'behind', 'releases')
+  if queued[1] then
+    if queued[1] ~= ws then return redis.error_reply('session id in use by another workspace') end
+    return {'wait', tonumber(queued[2] or '0'), tonumber(queued[3] or '0')}
+  end
 
-local function refuse(field, kind, extra)
-  meter(KEYS[5], KEYS[6], KEYS[7], ws, a.retention, field, 1)
-  event(KEYS[8], a.maxlen, {'type', kind, 'workspace', ws, 'ts', tostring(a.now), 'pool', a.pool, 'limit', extra})
-end
+  local function refuse(field, kind, extra)
+    meter(KEYS[5], KEYS[6], KEYS[7], ws, a.retention, field, 1)
+    event(KEYS[8], a.maxlen, {'type', kind, 'workspace', ws, 'ts', tostring(a.now), 'pool', a.pool, 'limit', extra})
+  end
 
-local max_concurrent = tonumber(limits.max_concurrent_sessions or 0)
-if max_concurrent > 0 and redis.call('SCARD', ws_key) + redis.call('SCARD', ws_waiting) >= max_concurrent then
-  -- Drop ids whose session or waiter expired without a release (the keys' safety net), then recount.
-  for _, member in ipairs(redis.call('SMEMBERS', ws_key)) do
-    if redis.call('EXISTS', a.session_prefix .. member) == 0 then redis.call('SREM', ws_key, member) end
-  end
-  for _, member in ipairs(redis.call('SMEMBERS', ws_waiting)) do
-    if redis.call('EXISTS', a.waiter_prefix .. member) == 0 then redis.call('SREM', ws_waiting, member) end
-  end
-  if redis.call('SCARD', ws_key) + redis.call('SCARD', ws_waiting) >= max_concurrent then
-    refuse('quota_refusals', 'quota_refusal', 'max_concurrent_sessions')
-    return {'quota', 'max_concurrent_sessions'}
-  end
-end
-
-local budget = tonumber(limits.daily_session_seconds_budget or 0)
-if budget > 0 then
-  -- Released sessions were metered into today's hash; live ones count what they used so far.
-  local used = tonumber(redis.call('HGET', KEYS[6], 'session_seconds') or '0')
-  for _, member in ipairs(redis.call('SMEMBERS', ws_key)) do
-    local created = redis.call('HGET', a.session_prefix .. member, 'created_at')
-    if created then used = used + math.max(0, now - tonumber(created)) end
-  end
-  if used >= budget then
-    refuse('quota_refusals', 'quota_refusal', 'daily_session_seconds_budget')
-    return {'quota', 'daily_session_seconds_budget'}
-  end
-end
-
--- Pop until a sandbox that is really ready (a reconciler may have doomed one still listed);
--- a "ready" record without an address or secret is broken: doom it rather than lease it.
-for _ = 1, 64 do
-  local id = redis.call('LPOP', KEYS[1])
-  if not id then break end
-  local key = a.sandbox_prefix .. id
-  local f = redis.call('HMGET', key, 'state', 'address', 'secret', 'egress')
-  if f[1] == 'ready' then
-    if f[2] and f[3] and f[2] ~= '' and f[3] ~= '' then
-      bump(a.lease_rate_prefix, a.bucket)  -- demand: a session asked for (the warm target follows it)
-      grant(a, id, key, f[2], f[3], f[4], {session = KEYS[2], deadlines = KEYS[3], ws_sessions = ws_key,
-        usage_total = KEYS[5], usage_day = KEYS[6], usage_workspaces = KEYS[7], events = KEYS[8],
-        leased = KEYS[10]})
-      return {'ok', id, f[2], f[3]}
+  local max_concurrent = tonumber(limits.max_concurrent_sessions or 0)
+  if max_concurrent > 0 and redis.call('SCARD', ws_key) + redis.call('SCARD', ws_waiting) >= max_concurrent then
+    -- Drop ids whose session or waiter expired without a release (the keys' safety net), then recount.
+    for _, member in ipairs(redis.call('SMEMBERS', ws_key)) do
+      if redis.call('EXISTS', a.session_prefix .. member) == 0 then redis.call('SREM', ws_key, member) end
     end
-    redis.call('HSET', key, 'state', 'doomed')
-    redis.call('SADD', KEYS[9], id)
+    for _, member in ipairs(redis.call('SMEMBERS', ws_waiting)) do
+      if redis.call('EXISTS', a.waiter_prefix .. member) == 0 then redis.call('SREM', ws_waiting, member) end
+    end
+    if redis.call('SCARD', ws_key) + redis.call('SCARD', ws_waiting) >= max_concurrent then
+      refuse('quota_refusals', 'quota_refusal', 'max_concurrent_sessions')
+      return {'quota', 'max_concurrent_sessions'}
+    end
   end
-end
 
--- None ready. Full when every slot up to the ceiling is leased or promised to an earlier waiter:
--- then the caller waits only if the pool's releases over the last minute free a slot for it (one
--- release for each caller ahead of it past the ceiling, and its own) within half the wait.
-local waiting, wait = redis.call('SCARD', KEYS[11]), tonumber(a.wait)
-local behind = redis.call('SCARD', KEYS[10]) + waiting + 1 - tonumber(a.ceiling)
-local releases = 0
-if wait <= 0 then
-  refuse('capacity_refusals', 'capacity_refusal', 'at_capacity')
-  return {'capacity', waiting, rate(a.release_rate_prefix, a.bucket)}
-end
-if behind > 0 then
-  releases = rate(a.release_rate_prefix, a.bucket)
-  if releases <= 0 or behind * 60 / releases > wait / 2 then
-    refuse('capacity_refusals', 'capacity_refusal', 'at_capacity')
-    return {'capacity', waiting, releases}
+  local budget = tonumber(limits.daily_session_seconds_budget or 0)
+  if budget > 0 then
+    -- Released sessions were metered into today's hash; live ones count what they used so far.
+    local used = tonumber(redis.call('HGET', KEYS[6], 'session_seconds') or '0')
+    for _, member in ipairs(redis.call('SMEMBERS', ws_key)) do
+      local created = redis.call('HGET', a.session_prefix .. member, 'created_at')
+      if created then used = used + math.max(0, now - tonumber(created)) end
+    end
+    if used >= budget then
+      refuse('quota_refusals', 'quota_refusal', 'daily_session_seconds_budget')
+      return {'quota', 'daily_session_seconds_budget'}
+    end
   end
-else
-  behind = 0
+
+  -- Pop until a sandbox that is really ready (a reconciler may have doomed one still listed);
+  -- a "ready" record without an address or secret is broken: doom it rather than lease it.
+  for _ = 1, 64 do
+    local id = redis.call('LPOP', KEYS[1])
+    if not id then break end
+    local key = a.sandbox_prefix .. id
+    local f = redis.call('HMGET', key, 'state', 'address', 'secret', 'egress')
+    if f[1] == 'ready' then
+      if f[2] and f[3] and f[2] ~= '' and f[3] ~= '' then
+        bump(a.lease_rate_prefix, a.bucket)  -- demand: a session asked for (the warm target follows it)
+        grant(a, id, key, f[2], f[3], f[4], {session = KEYS[2], deadlines = KEYS[3], ws_sessions = ws_key,
+          usage_total = KEYS[5], usage_day = KEYS[6], usage_workspaces = KEYS[7], events = KEYS[8],
+          leased = KEYS[10]})
+        return {'ok', id, f[2], f[3]}
+      end
+      redis.call('HSET', key, 'state', 'doomed')
+      redis.call('SADD', KEYS[9], id)
+    end
+  end
+
+  -- None ready. Full when every slot up to the ceiling is leased or promised to an earlier waiter:
+  -- then the caller waits only if the pool's releases over the last minute free a slot for it (one
+  -- release for each caller ahead of it past the ceiling, and its own) within half the wait.
+  local waiting, wait = redis.call('SCARD', KEYS[11]), tonumber(a.wait)
+  local behind = redis.call('SCARD', KEYS[10]) + waiting + 1 - tonumber(a.ceiling)
+  local releases = 0
+  if wait <= 0 then
+    refuse('capacity_refusals', 'capacity_refusal', 'at_capacity')
+    return {'capacity', waiting, rate(a.release_rate_prefix, a.bucket)}
+  end
+  if behind > 0 then
+    releases = rate(a.release_rate_prefix, a.bucket)
+    if releases <= 0 or behind * 60 / releases > wait / 2 then
+      refuse('capacity_refusals', 'capacity_refusal', 'at_capacity')
+      return {'capacity', waiting, releases}
+    end
+  else
+    behind = 0
+  end
+  bump(a.lease_rate_prefix, a.bucket)  -- demand too, served by a start (the claim does not count it again)
+  local waiter = KEYS[15]
+  redis.call('HSET', waiter, 'session', a.session, 'workspace', ws, 'pool', a.pool, 'state', 'queued',
+    'queued_at', tostring(a.now), 'lease', ARGV[1], 'behind', behind, 'releases', releases)
+  local ttl = math.ceil(tonumber(a.wait)) + 60
+  redis.call('EXPIRE', waiter, ttl)
+  redis.call('SADD', KEYS[11], a.session)
+  redis.call('SADD', KEYS[12], a.session)
+  redis.call('SADD', ws_waiting, a.session)
+  if redis.call('TTL', ws_waiting) < ttl then redis.call('EXPIRE', ws_waiting, ttl) end
+  if redis.call('RPUSH', KEYS[14], a.session) == 1 then redis.call('RPUSH', KEYS[13], ws) end
+  redis.call('EXPIRE', KEYS[14], ttl)
+  redis.call('PUBLISH', a.nudge, 'wait')
+  return {'wait', behind, releases}
 end
-bump(a.lease_rate_prefix, a.bucket)  -- demand too, served by a start (the claim does not count it again)
-local waiter = KEYS[15]
-redis.call('HSET', waiter, 'session', a.session, 'workspace', ws, 'pool', a.pool, 'state', 'queued',
-  'queued_at', tostring(a.now), 'lease', ARGV[1], 'behind', behind, 'releases', releases)
-local ttl = math.ceil(tonumber(a.wait)) + 60
-redis.call('EXPIRE', waiter, ttl)
-redis.call('SADD', KEYS[11], a.session)
-redis.call('SADD', KEYS[12], a.session)
-redis.call('SADD', ws_waiting, a.session)
-if redis.call('TTL', ws_waiting) < ttl then redis.call('EXPIRE', ws_waiting, ttl) end
-if redis.call('RPUSH', KEYS[14], a.session) == 1 then redis.call('RPUSH', KEYS[13], ws) end
-redis.call('EXPIRE', KEYS[14], ttl)
-redis.call('PUBLISH', a.nudge, 'wait')
-return {'wait', behind, releases}
+"""
+
+LEASE = _METER + _WAITING + _GRANT + _LEASE + r"""
+return lease()
 """
 
 CLAIM = _METER + _WAITING + _GRANT + r"""
@@ -319,7 +326,7 @@ end
 return 1
 """
 
-# Shared by TOUCH and ADMIT_CALL: resolve a session for a call and mark it busy.
+# Shared by TOUCH and ADMIT_CALL: resolve a session for a call, mark it busy, record the call.
 _TOUCH = r"""
 -- The session must exist, belong to the caller and not be past its deadline; the deadline is
 -- extended over the call (never past the max lifetime) and a call is marked in flight.
@@ -336,57 +343,117 @@ local function touch(session_key, deadlines_key, sid, workspace, now, busy_for)
   redis.call('HINCRBY', session_key, 'inflight', 1)
   return {f[2], f[3], f[7], f[8]}
 end
+
+-- The record of an admitted call: what its `done` meters and removes, and what the controller settles
+-- should no `done` come by `deadline` (the api that ran it crashed). No expiry of its own.
+local function record(call_key, call_deadlines_key, call_id, sid, workspace, tool, now, deadline)
+  redis.call('HSET', call_key, 'session', sid, 'workspace', workspace, 'tool', tool,
+    'started', tostring(now), 'deadline', tostring(deadline))
+  redis.call('ZADD', call_deadlines_key, deadline, call_id)
+end
+"""
+
+# Shared by DONE and SETTLE_OVERDUE: a call of the session ended (confirmed or not).
+_SETTLE = r"""
+-- One call fewer in flight, and the session's deadline back to its idle timeout from `now` (another
+-- call still in flight keeps the extension it was given; never past the max lifetime).
+local function settle(session_key, deadlines_key, sid, workspace, now)
+  if redis.call('HGET', session_key, 'workspace') ~= workspace then return end
+  local inflight = redis.call('HINCRBY', session_key, 'inflight', -1)
+  if inflight < 0 then
+    redis.call('HSET', session_key, 'inflight', 0)
+    inflight = 0
+  end
+  local f = redis.call('HMGET', session_key, 'created_at', 'idle_timeout_seconds', 'max_lifetime_seconds')
+  local deadline = math.min(tonumber(f[1]) + tonumber(f[3]), now + tonumber(f[2]))
+  local score = redis.call('ZSCORE', deadlines_key, sid)
+  if score then
+    if inflight > 0 then deadline = math.max(deadline, tonumber(score)) end
+    redis.call('ZADD', deadlines_key, 'XX', deadline, sid)
+  end
+  redis.call('HSET', session_key, 'last_activity_at', tostring(now))
+end
 """
 
 TOUCH = _TOUCH + r"""
--- Resolve a session for a call (standalone: the edge's ADMIT_CALL does it with auth on).
--- KEYS[1] session hash   KEYS[2] deadlines zset
+-- Resolve a session for a call and record the call (standalone: the edge's ADMIT_CALL does it with auth on).
+-- KEYS[1] session hash   KEYS[2] deadlines zset   KEYS[3] the call's record   KEYS[4] call deadlines zset
 -- ARGV[1] session id     ARGV[2] caller's workspace   ARGV[3] now   ARGV[4] busy-for seconds
+-- ARGV[5] call id        ARGV[6] tool ('' for a file call)        ARGV[7] the record's grace, seconds
 -- Returns {address, secret, exec_timeout, max_exec_timeout} or nil (unknown, or not the caller's).
-return touch(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]))
+local now, busy_for = tonumber(ARGV[3]), tonumber(ARGV[4])
+local target = touch(KEYS[1], KEYS[2], ARGV[1], ARGV[2], now, busy_for)
+if target then record(KEYS[3], KEYS[4], ARGV[5], ARGV[1], ARGV[2], ARGV[6], now, now + busy_for + tonumber(ARGV[7])) end
+return target
 """
 
-DONE = _METER + r"""
--- After a forwarded call: meter it and mark the session active.
--- KEYS[1] session hash       KEYS[2] deadlines zset    KEYS[3] usage total hash
--- KEYS[4] usage day hash     KEYS[5] usage workspaces  KEYS[6] usage event stream
--- ARGV[1] session id  ARGV[2] workspace  ARGV[3] now  ARGV[4] usage-day retention (s)
--- ARGV[5] stream maxlen  ARGV[6] event type ('' = nothing to meter)  ARGV[7] tool ('' = none)
--- ARGV[8..] field, amount pairs: each metered as a total and, with a tool, also as field:tool;
+DONE = _METER + _SETTLE + r"""
+-- A call ended: meter it, mark the session active and remove the call's record, in one step and only
+-- if the record is still there (a `done` sent twice, or after the controller settled the call, does nothing).
+-- KEYS[1] the call's record  KEYS[2] call deadlines zset  KEYS[3] session hash  KEYS[4] deadlines zset
+-- KEYS[5] usage total hash   KEYS[6] usage day hash       KEYS[7] usage workspaces  KEYS[8] usage event stream
+-- ARGV[1] call id  ARGV[2] session id  ARGV[3] workspace  ARGV[4] now  ARGV[5] usage-day retention (s)
+-- ARGV[6] stream maxlen  ARGV[7] event type ('' = nothing to meter)  ARGV[8] tool ('' = none)
+-- ARGV[9..] field, amount pairs: each metered as a total and, with a tool, also as field:tool;
 --           all written on the event.
+-- Returns 1 (settled), 0 (no such record of this session and workspace: nothing done).
 -- The work ran, so it is metered even when the session was released meanwhile.
-local sid, ws, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if redis.call('HGET', KEYS[1], 'workspace') == ws then
-  local inflight = redis.call('HINCRBY', KEYS[1], 'inflight', -1)
-  if inflight < 0 then
-    redis.call('HSET', KEYS[1], 'inflight', 0)
-    inflight = 0
-  end
-  local f = redis.call('HMGET', KEYS[1], 'created_at', 'idle_timeout_seconds', 'max_lifetime_seconds')
-  local deadline = math.min(tonumber(f[1]) + tonumber(f[3]), now + tonumber(f[2]))
-  local score = redis.call('ZSCORE', KEYS[2], sid)
-  if score then
-    -- Another call still in flight keeps the extension it was given.
-    if inflight > 0 then deadline = math.max(deadline, tonumber(score)) end
-    redis.call('ZADD', KEYS[2], 'XX', deadline, sid)
-  end
-  redis.call('HSET', KEYS[1], 'last_activity_at', ARGV[3])
-end
-if ARGV[6] ~= '' then
-  local fields = {'type', ARGV[6], 'workspace', ws, 'ts', ARGV[3], 'session', sid}
-  if ARGV[7] ~= '' then
+local sid, ws = ARGV[2], ARGV[3]
+local rec = redis.call('HMGET', KEYS[1], 'session', 'workspace')
+if rec[1] ~= sid or rec[2] ~= ws then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+settle(KEYS[3], KEYS[4], sid, ws, tonumber(ARGV[4]))
+if ARGV[7] ~= '' then
+  local fields = {'type', ARGV[7], 'workspace', ws, 'ts', ARGV[4], 'session', sid}
+  if ARGV[8] ~= '' then
     table.insert(fields, 'tool')
-    table.insert(fields, ARGV[7])
+    table.insert(fields, ARGV[8])
   end
-  for i = 8, #ARGV, 2 do
-    meter(KEYS[3], KEYS[4], KEYS[5], ws, ARGV[4], ARGV[i], ARGV[i + 1])
-    if ARGV[7] ~= '' then meter(KEYS[3], KEYS[4], KEYS[5], ws, ARGV[4], ARGV[i] .. ':' .. ARGV[7], ARGV[i + 1]) end
+  for i = 9, #ARGV, 2 do
+    meter(KEYS[5], KEYS[6], KEYS[7], ws, ARGV[5], ARGV[i], ARGV[i + 1])
+    if ARGV[8] ~= '' then meter(KEYS[5], KEYS[6], KEYS[7], ws, ARGV[5], ARGV[i] .. ':' .. ARGV[8], ARGV[i + 1]) end
     table.insert(fields, ARGV[i])
     table.insert(fields, ARGV[i + 1])
   end
-  event(KEYS[6], ARGV[5], fields)
+  event(KEYS[8], ARGV[6], fields)
 end
 return 1
+"""
+
+SETTLE_OVERDUE = _METER + _SETTLE + r"""
+-- Settle calls whose `done` never came by their deadline (the api that ran them crashed): an Execute
+-- is metered as an unconfirmed call (in `executions`, its tool's count with no execution time, and
+-- `unconfirmed_executions`); every record is removed and its session's deadline reset to its idle
+-- timeout from now. A `done` arriving later finds no record and does nothing: counted once.
+-- KEYS[1] call deadlines zset  KEYS[2] deadlines zset  KEYS[3] usage workspaces set  KEYS[4] usage event stream
+-- ARGV[1] now  ARGV[2] most calls to settle  ARGV[3] call key prefix  ARGV[4] session key prefix
+-- ARGV[5], ARGV[6]  usage total key = ARGV[5] .. workspace .. ARGV[6]
+-- ARGV[7], ARGV[8]  usage day key   = ARGV[7] .. workspace .. ARGV[8]
+-- ARGV[9] usage-day retention (s)  ARGV[10] stream maxlen
+-- Returns {calls settled, of which executions metered}.
+local now, settled, metered = tonumber(ARGV[1]), 0, 0
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))) do
+  local key = ARGV[3] .. id
+  local rec = redis.call('HMGET', key, 'session', 'workspace', 'tool')
+  redis.call('DEL', key)
+  redis.call('ZREM', KEYS[1], id)
+  if rec[1] and rec[2] then
+    local sid, ws, tool = rec[1], rec[2], rec[3] or ''
+    settle(ARGV[4] .. sid, KEYS[2], sid, ws, now)
+    settled = settled + 1
+    if tool ~= '' then
+      local total, day = ARGV[5] .. ws .. ARGV[6], ARGV[7] .. ws .. ARGV[8]
+      meter(total, day, KEYS[3], ws, ARGV[9], 'executions', 1)
+      meter(total, day, KEYS[3], ws, ARGV[9], 'executions:' .. tool, 1)
+      meter(total, day, KEYS[3], ws, ARGV[9], 'unconfirmed_executions', 1)
+      event(KEYS[4], ARGV[10], {'type', 'execution', 'workspace', ws, 'ts', ARGV[1], 'session', sid,
+        'tool', tool, 'executions', '1', 'unconfirmed_executions', '1'})
+      metered = metered + 1
+    end
+  end
+end
+return {settled, metered}
 """
 
 RELEASE = _METER + r"""
@@ -620,6 +687,25 @@ local function admission(rate_key, policy_key, revoked_key, counted, expiry)
 end
 """
 
+# Shared by ADMIT_CALL and ADMIT_LEASE: the workspace's rate limit decided in the script.
+_RATE = r"""
+-- The verdict on a counted request from the workspace's policy JSON ('' when none is stored) and the
+-- operator's ceiling of requests per minute (0: none): 'unreadable' (not JSON), 'rate' (over the limit),
+-- or nil (admitted).
+local function rate_verdict(policy, count, counted, ceiling)
+  local own = 0
+  if policy ~= '' then
+    local ok, decoded = pcall(cjson.decode, policy)
+    if not ok or type(decoded) ~= 'table' then return 'unreadable' end
+    if type(decoded['requests_per_minute']) == 'number' then own = decoded['requests_per_minute'] end
+  end
+  local limit = own
+  if own > 0 and ceiling > 0 then limit = math.min(own, ceiling) elseif own <= 0 then limit = ceiling end
+  if counted and limit > 0 and count > limit then return 'rate' end
+  return nil
+end
+"""
+
 ADMIT = _ADMISSION + r"""
 -- Revocation, rate and policy of one request, in one round trip.
 -- KEYS[1] rate counter of (workspace, UTC minute)    KEYS[2] the workspace's policy (JSON string)
@@ -631,38 +717,56 @@ if revoked then return {1, 0, ''} end
 return {0, count, policy}
 """
 
-ADMIT_CALL = _ADMISSION + _TOUCH + r"""
--- Admission and the session's touch of one call to a session, in one round trip: revocation, the
--- rate window and the policy (as ADMIT), then, only if admitted, the session resolved and marked
--- busy (as TOUCH). A refusal is decided before anything is extended or marked in flight; a call to
--- an unknown or another workspace's session is still counted against the rate (probing ids is not free).
+ADMIT_CALL = _ADMISSION + _RATE + _TOUCH + r"""
+-- Admission, the session's touch and the call's record, in one round trip: revocation, the rate window
+-- and the policy (as ADMIT), then, only if admitted, the session resolved and marked busy and the call
+-- recorded (as TOUCH). A refusal is decided before anything is extended, marked in flight or recorded;
+-- a call to an unknown or another workspace's session is still counted against the rate (probing ids
+-- is not free).
 -- KEYS[1] rate counter of (workspace, UTC minute)   KEYS[2] the workspace's policy (JSON string)
--- KEYS[3] session hash   KEYS[4] deadlines zset     KEYS[5] optional: the token's revocation marker
+-- KEYS[3] session hash   KEYS[4] deadlines zset     KEYS[5] the call's record   KEYS[6] call deadlines zset
+-- KEYS[7] optional: the token's revocation marker
 -- ARGV[1] '1' to count this request against the rate, '0' not to   ARGV[2] counter expiry, seconds
 -- ARGV[3] the operator's ceiling of requests per minute (0: none)  ARGV[4] session id
 -- ARGV[5] caller's workspace   ARGV[6] now   ARGV[7] busy-for seconds
+-- ARGV[8] call id   ARGV[9] tool ('' for a file call)   ARGV[10] the record's grace, seconds
 -- Returns {verdict, count, policy JSON or '', address, secret, exec_timeout, max_exec_timeout}, the
 -- last four only when the verdict is 'ok'. Verdicts: 'revoked' (not counted), 'unreadable' (the
 -- policy is not JSON), 'rate' (over the workspace's limit), 'unknown' (no such session of this
 -- workspace, or past its deadline), 'ok'.
 local counted = ARGV[1] == '1'
-local revoked, count, policy = admission(KEYS[1], KEYS[2], KEYS[5], counted, ARGV[2])
+local revoked, count, policy = admission(KEYS[1], KEYS[2], KEYS[7], counted, ARGV[2])
 if revoked then return {'revoked', 0, ''} end
-local own = 0
-if policy ~= '' then
-  local ok, decoded = pcall(cjson.decode, policy)
-  if not ok or type(decoded) ~= 'table' then return {'unreadable', count, policy} end
-  if type(decoded['requests_per_minute']) == 'number' then own = decoded['requests_per_minute'] end
-end
-local ceiling = tonumber(ARGV[3])
-local limit = own
-if own > 0 and ceiling > 0 then limit = math.min(own, ceiling) elseif own <= 0 then limit = ceiling end
-if counted and limit > 0 and count > limit then
-  return {'rate', count, policy}
-end
-local target = touch(KEYS[3], KEYS[4], ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]))
+local refused = rate_verdict(policy, count, counted, tonumber(ARGV[3]))
+if refused then return {refused, count, policy} end
+local now, busy_for = tonumber(ARGV[6]), tonumber(ARGV[7])
+local target = touch(KEYS[3], KEYS[4], ARGV[4], ARGV[5], now, busy_for)
 if not target then return {'unknown', count, policy} end
+record(KEYS[5], KEYS[6], ARGV[8], ARGV[4], ARGV[5], ARGV[9], now, now + busy_for + tonumber(ARGV[10]))
 return {'ok', count, policy, target[1], target[2], target[3], target[4]}
+"""
+
+ADMIT_LEASE = _ADMISSION + _RATE + _METER + _WAITING + _GRANT + _LEASE + r"""
+-- A warm CreateSession in one round trip: the edge's admission (revocation, the rate window and the
+-- policy, as ADMIT_CALL), then, only if admitted under the very policy the lease was computed from,
+-- the lease (as LEASE). A policy changed since the api read it is answered with the current one and
+-- nothing leased: the api computes the lease again and sends it with the rate not counted twice.
+-- KEYS[1..16] as LEASE's       KEYS[17] rate counter of (workspace, UTC minute)
+-- KEYS[18] the workspace's policy (JSON string)      KEYS[19] optional: the token's revocation marker
+-- ARGV[1] the lease, as LEASE's   ARGV[2] '1' to count this request against the rate, '0' not to
+-- ARGV[3] counter expiry, seconds  ARGV[4] the operator's ceiling of requests per minute (0: none)
+-- ARGV[5] SHA-1 of the policy JSON the lease was computed from ('' for none stored)
+-- Returns {'revoked' | 'unreadable' | 'rate' | 'policy', count, policy JSON or ''} when not admitted (the
+-- last: admitted, but under another policy than the lease's), else LEASE's answer.
+local counted = ARGV[2] == '1'
+local revoked, count, policy = admission(KEYS[17], KEYS[18], KEYS[19], counted, ARGV[3])
+if revoked then return {'revoked', 0, ''} end
+local refused = rate_verdict(policy, count, counted, tonumber(ARGV[4]))
+if refused then return {refused, count, policy} end
+local digest = ''
+if policy ~= '' then digest = redis.sha1hex(policy) end
+if digest ~= ARGV[5] then return {'policy', count, policy} end
+return lease()
 """
 
 # --- the egress proxy ---------------------------------------------------------------------------

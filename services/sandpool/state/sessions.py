@@ -8,6 +8,7 @@ session reaper; releasing the session of a sandbox that vanished). Every method 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,10 @@ def _split(template: str) -> tuple[str, str]:
 
 
 RATE_BUCKET_SECONDS = 10
+RATE_WINDOW_TTL = 120
+"""Seconds a workspace's per-minute request counter outlives its minute (clock skew between replicas)."""
+NOT_ADMITTED = frozenset({"revoked", "unreadable", "rate", "policy"})
+
 
 
 def rate_bucket(now: float) -> int:
@@ -88,6 +93,48 @@ class Waiting:
 
 
 @dataclass(frozen=True)
+class LeaseAdmission:
+    """The edge's admission of a CreateSession, made by the lease's own round trip: the token's id (for
+    its revocation), the rate window (`minute`, counted when `count`, against the operator's
+    `rate_ceiling` and the stored policy's own limit), and the digest of the policy the lease was
+    computed from (`policy_digest`, '' for none stored): under any other, nothing is leased."""
+
+    jti: str | None
+    minute: int
+    count: bool
+    rate_ceiling: int
+    policy_digest: str
+
+
+class NotAdmitted(Exception):
+    """A lease's admission refused it (`revoked`, `unreadable`, `rate`) or found another policy in force
+    than the lease was computed from (`policy`, with `policy_raw` the one in force): nothing was leased."""
+
+    def __init__(self, verdict: str, count: int, policy_raw: str | None) -> None:
+        super().__init__(verdict)
+        self.verdict = verdict
+        self.count = count
+        self.policy_raw = policy_raw
+
+
+def policy_digest(raw: str | None) -> str:
+    """What a stored policy is known by in a lease's admission (SHA-1 of its JSON, as Redis computes it)."""
+    return hashlib.sha1(raw.encode()).hexdigest() if raw else ""  # an identity, not a secret
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """A call to a session about to be admitted: the id its record (and a cancel of it) is named by, how
+    long it may keep the session busy, its tool ('' for a file call: not an execution), and how long
+    past `busy_for` its record waits for its `done` before the controller settles it."""
+
+    call_id: str
+    busy_for: float
+    tool: str = ""
+    grace: float = 30.0
+
+
+@dataclass(frozen=True)
 class Target:
     """Where a session's calls go, and the exec timeouts in force for it."""
 
@@ -95,6 +142,13 @@ class Target:
     secret: str
     exec_timeout_seconds: int
     max_exec_timeout_seconds: int
+
+
+def target_of(found: Sequence[str]) -> Target:
+    """A touch script's answer `{address, secret, exec_timeout, max_exec_timeout}` as a `Target`."""
+    address, secret, exec_timeout, max_exec = found[:4]
+    return Target(address=address, secret=secret, exec_timeout_seconds=int(exec_timeout),
+                  max_exec_timeout_seconds=int(max_exec))
 
 
 @dataclass(frozen=True)
@@ -151,12 +205,14 @@ class SessionStore:
         self.redis = client
         self.keys = keys
         self._lease = client.register_script(scripts.LEASE)
+        self._admit_lease = client.register_script(scripts.ADMIT_LEASE)
         self._claim = client.register_script(scripts.CLAIM)
         self._cancel_wait = client.register_script(scripts.CANCEL_WAIT)
         self._touch = client.register_script(scripts.TOUCH)
         self._done = client.register_script(scripts.DONE)
         self._release = client.register_script(scripts.RELEASE)
         self._pool_stats = client.register_script(scripts.POOL_STATS)
+        self._settle_overdue = client.register_script(scripts.SETTLE_OVERDUE)
         self._ws_sessions = _split(keys.workspace_sessions(_HOLE))
         self._usage_total = _split(keys.usage_total(_HOLE))
         self._pool_leased = _split(keys.pool_leased(_HOLE))
@@ -165,8 +221,8 @@ class SessionStore:
     @translated
     async def load_scripts(self) -> None:
         """Load every script up front so the first request pays no SCRIPT LOAD."""
-        for script in (self._lease, self._claim, self._cancel_wait, self._touch, self._done, self._release,
-                       self._pool_stats):
+        for script in (self._lease, self._admit_lease, self._claim, self._cancel_wait, self._touch, self._done,
+                       self._release, self._pool_stats, self._settle_overdue):
             await self.redis.script_load(script.script)
 
     @translated
@@ -176,14 +232,16 @@ class SessionStore:
     @translated
     async def lease(self, *, session_id: str, workspace: str, pool: str, image: str, now: float,
                     limits: SessionLimits, workspace_limits: Mapping[str, int], ceiling: int = 1 << 30,
-                    wait_seconds: float = 0.0, egress_allow: Sequence[str] = ()) -> Leased | Waiting | Refused:
+                    wait_seconds: float = 0.0, egress_allow: Sequence[str] = (),
+                    admission: LeaseAdmission | None = None) -> Leased | Waiting | Refused:
         """Lease a ready sandbox of `pool` for a new session, within the workspace's lease limits.
 
         With none ready and `wait_seconds` > 0, the caller is queued (`Waiting`) below the pool's
         `ceiling`, and at it when the pool's releases over the last minute would free a slot for
         the caller within half the wait; otherwise a full pool is a capacity refusal, metered. A sandbox with an egress
         credential has it bound to the session and `egress_allow` in the same script (a waiter's
-        binding is made when it claims its sandbox)."""
+        binding is made when it claims its sandbox). With `admission`, the edge's admission runs in the
+        same script first (a warm CreateSession's one round trip); `NotAdmitted` when it refuses."""
         k = self.keys
         request = {
             "session": session_id, "workspace": workspace, "pool": pool, "image": image, "now": repr(now),
@@ -199,14 +257,24 @@ class SessionStore:
             "egress_allow": json.dumps(list(egress_allow), separators=(",", ":")),
             "egress_prefix": k.egress_binding_prefix,
         }
-        result = await self._lease(
-            keys=[k.pool_ready(pool), k.session(session_id), k.deadlines, k.workspace_sessions(workspace),
-                  k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
-                  k.usage_events, k.doomed, k.pool_leased(pool), k.pool_waiters(pool), k.pool_queued(pool),
-                  k.pool_wait_ring(pool), k.pool_wait_queue(pool, workspace), k.waiter(session_id),
-                  k.workspace_waiters(workspace)],
-            args=[json.dumps(request, separators=(",", ":"))],
-        )
+        lease_keys = [k.pool_ready(pool), k.session(session_id), k.deadlines, k.workspace_sessions(workspace),
+                      k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
+                      k.usage_events, k.doomed, k.pool_leased(pool), k.pool_waiters(pool), k.pool_queued(pool),
+                      k.pool_wait_ring(pool), k.pool_wait_queue(pool, workspace), k.waiter(session_id),
+                      k.workspace_waiters(workspace)]
+        lease_json = json.dumps(request, separators=(",", ":"))
+        if admission is None:
+            result = await self._lease(keys=lease_keys, args=[lease_json])
+        else:
+            edge_keys = [k.rate(workspace, admission.minute), k.workspace_policy(workspace)]
+            if admission.jti is not None:
+                edge_keys.append(k.revoked(admission.jti))
+            result = await self._admit_lease(
+                keys=lease_keys + edge_keys,
+                args=[lease_json, "1" if admission.count else "0", RATE_WINDOW_TTL, admission.rate_ceiling,
+                      admission.policy_digest])
+            if result[0] in NOT_ADMITTED:
+                raise NotAdmitted(result[0], int(result[1]), result[2] or None)
         if result[0] == "ok":
             return Leased(sandbox=result[1], address=result[2], secret=result[3])
         if result[0] == "wait":
@@ -266,30 +334,44 @@ class SessionStore:
         return str(await self.redis.get(self.keys.pool_last_error(pool)) or "")
 
     @translated
-    async def touch(self, *, session_id: str, workspace: str, now: float, busy_for: float) -> Target | None:
-        """Resolve a session for a call (None: unknown, expired, or another workspace's)."""
+    async def touch(self, *, session_id: str, workspace: str, now: float, call: CallSpec) -> Target | None:
+        """Resolve a session for a call and record the call (None: unknown, expired, or another workspace's;
+        nothing recorded)."""
         k = self.keys
-        found = await self._touch(keys=[k.session(session_id), k.deadlines],
-                                  args=[session_id, workspace, repr(now), repr(float(busy_for))])
-        if not found:
-            return None
-        address, secret, exec_timeout, max_exec = found
-        return Target(address=address, secret=secret, exec_timeout_seconds=int(exec_timeout),
-                      max_exec_timeout_seconds=int(max_exec))
+        found = await self._touch(keys=[k.session(session_id), k.deadlines, k.call(call.call_id), k.call_deadlines],
+                                  args=[session_id, workspace, repr(now), repr(float(call.busy_for)), call.call_id,
+                                        call.tool, repr(float(call.grace))])
+        return target_of(found) if found else None
 
     @translated
-    async def done(self, *, session_id: str, workspace: str, now: float, event: str = "", tool: str = "",
-                   amounts: Mapping[str, int | float] | None = None) -> None:
-        """After a call: meter `amounts` (totals, and per tool when `tool` is given), mark the session active."""
+    async def done(self, *, call_id: str, session_id: str, workspace: str, now: float, event: str = "",
+                   tool: str = "", amounts: Mapping[str, int | float] | None = None) -> bool:
+        """A call ended: meter `amounts` (totals, and per tool when `tool` is given), mark the session
+        active, remove the call's record. False when the record was gone (sent twice, or settled by the
+        controller): nothing was done again."""
         k = self.keys
-        args: list[Any] = [session_id, workspace, repr(now), RETENTION_SECONDS, USAGE_STREAM_MAXLEN, event, tool]
+        args: list[Any] = [call_id, session_id, workspace, repr(now), RETENTION_SECONDS, USAGE_STREAM_MAXLEN,
+                           event, tool]
         for field, amount in (amounts or {}).items():
             args += [field, f"{amount:.3f}" if isinstance(amount, float) else int(amount)]
-        await self._done(
-            keys=[k.session(session_id), k.deadlines, k.usage_total(workspace),
+        settled = await self._done(
+            keys=[k.call(call_id), k.call_deadlines, k.session(session_id), k.deadlines, k.usage_total(workspace),
                   k.usage_day(workspace, utc_day(now)), k.usage_workspaces, k.usage_events],
             args=args,
         )
+        return bool(int(settled))
+
+    @translated
+    async def settle_overdue(self, now: float, limit: int) -> tuple[int, int]:
+        """Settle up to `limit` calls whose `done` is overdue (their api crashed): (settled, of which
+        executions metered as unconfirmed)."""
+        k = self.keys
+        day_head, day_tail = _split(k.usage_day(_HOLE, utc_day(now)))
+        settled, metered = await self._settle_overdue(
+            keys=[k.call_deadlines, k.deadlines, k.usage_workspaces, k.usage_events],
+            args=[repr(now), limit, k.call_prefix, k.session_prefix, *self._usage_total, day_head, day_tail,
+                  RETENTION_SECONDS, USAGE_STREAM_MAXLEN])
+        return int(settled), int(metered)
 
     @translated
     async def release(self, *, session_id: str, workspace: str | None, now: float, mode: str) -> Released | None:
