@@ -72,8 +72,8 @@ class ControllerTiming:
     start_timeout_seconds: float = 60.0  # a create slower than this is abandoned and destroyed
     destroy_timeout_seconds: float = 30.0
     max_concurrent_starts: int = 8
-    demand_seconds: float = 1.0  # how often the warm targets follow the lease rate (and stale waiters go)
-    # while a target is above its floor or a pool has waiters; otherwise on the next wake-up (a lease's)
+    demand_seconds: float = 1.0  # the warm targets follow the lease rate (and stale waiters go) this long
+    # after a lease or a wait, and this often while a target is above its floor or a pool has waiters
     demand_window_buckets: int = 6  # the lease rate is taken over this many 10-second buckets (a minute)
     demand_headroom: float = 2.0  # the warm target is lease rate x start time x this (within floor and cap)
     demand_shrink_seconds: float = 10.0  # a target above demand comes down one sandbox per this long
@@ -339,7 +339,7 @@ class PoolController:
             if time.monotonic() < self._backoff_until.get(pool.name, 0.0):
                 continue
             # Counted before reading Redis: a start that publishes meanwhile is then counted
-            # twice (one tick of under-filling), never missed (one sandbox over the target).
+            # twice (one pass of under-filling), never missed (one sandbox over the target).
             starting = sum(1 for p in self._starting.values() if p == pool.name)
             fill = await self.sandboxes.fill(pool.name)
             self._waiters[pool.name] = fill.waiters
