@@ -1,0 +1,20 @@
+-- uses: meter waiting grant lease
+-- Lease a ready sandbox for a new session, within the workspace's lease limits; with none ready,
+-- queue the caller as a waiter instead (the controller starts a sandbox for each waiter at once, or
+-- as soon as a release frees a slot under the ceiling, and promises them to the waiters in order,
+-- round-robin across workspaces).
+-- KEYS[1] pool ready list        KEYS[2] the new session's hash   KEYS[3] deadlines zset
+-- KEYS[4] workspace sessions set KEYS[5] usage total hash          KEYS[6] usage day hash
+-- KEYS[7] usage workspaces set   KEYS[8] usage event stream       KEYS[9] doomed set
+-- KEYS[10] pool leased set       KEYS[11] pool waiters set        KEYS[12] pool queued set
+-- KEYS[13] pool wait ring        KEYS[14] the workspace's wait queue in the pool
+-- KEYS[15] the waiter's hash     KEYS[16] workspace waiters set
+-- ARGV[1] the lease, JSON: {session, workspace, pool, image, now, idle, lifetime, exec, max_exec,
+--         limits: {name: value (0: none)}, ceiling, wait (seconds a waiter may wait; 0: never wait),
+--         bucket (now // 10), lease_rate_prefix, release_rate_prefix, retention, maxlen,
+--         expiry_margin, nudge (channel), sandbox_prefix, session_prefix, waiter_prefix,
+--         egress_allow (the workspace's egress allow-list as a JSON list, in a string),
+--         egress_prefix (key prefix of egress credential bindings)}
+-- Returns {'ok', sandbox, address, secret} | {'wait', releases it waits for past the ceiling (0: a start),
+--         releases in the last minute} | {'quota', limit} | {'capacity', waiters, releases in the last minute}.
+return lease()

@@ -1,0 +1,11 @@
+-- Count a pool's sandboxes by state (read only; bounded by the pool's ceiling).
+-- KEYS[1] pool members set   ARGV[1] sandbox key prefix
+-- Returns {starting, ready, leased, doomed}.
+-- (A sandbox promised to a waiter counts as leased: it is taken.)
+local counts = {starting = 0, ready = 0, leased = 0, doomed = 0}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local state = redis.call('HGET', ARGV[1] .. id, 'state')
+  if state == 'promised' then state = 'leased' end
+  if state and counts[state] then counts[state] = counts[state] + 1 end
+end
+return {counts.starting, counts.ready, counts.leased, counts.doomed}
