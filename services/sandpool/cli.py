@@ -1,4 +1,4 @@
-"""`sandpool up | api | controller | agent | egress | keygen | token | admin`.
+"""`sandpool up | api | controller | agent | egress | mcp | keygen | token | admin`.
 
 Each subcommand lives next to its service (`<service>/cli.py` exposes
 `register(subparsers)`); this module only wires them together, importing each
@@ -22,6 +22,7 @@ COMMANDS = {
     "controller": "sandpool.controller.cli",
     "agent": "sandpool.agent.cli",
     "egress": "sandpool.egress.cli",
+    "mcp": "sandpool.mcp.cli",
     "keygen": "sandpool.edge.keys_cli",
     "token": "sandpool.edge.keys_cli",
     "admin": "sandpool.client.admin_cli",
