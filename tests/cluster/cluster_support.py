@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sandpool"
 CLUSTER_SCRIPT = ROOT / ".ci" / "cluster"
 KUBECONFIG_ENV = "SANDPOOL_TEST_CLUSTER_KUBECONFIG"
+UNAVAILABLE_ENV = "SANDPOOL_TEST_CLUSTER_UNAVAILABLE"  # why not, when .ci/run could not start one
 # Where .ci/cluster runs containerd (for killing a container the way a crash on the node does).
 CONTAINERD_SOCKET = "/run/sandpool-containerd/containerd.sock"
 

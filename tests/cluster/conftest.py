@@ -2,7 +2,8 @@
 
 The cluster is started outside pytest (`.ci/run` does it as root after `.ci/images`, or by hand:
 `export SANDPOOL_TEST_CLUSTER_KUBECONFIG=$(.ci/cluster start)`) and named by the kubeconfig in
-`SANDPOOL_TEST_CLUSTER_KUBECONFIG`. Without it every test here skips, saying so; set but not
+`SANDPOOL_TEST_CLUSTER_KUBECONFIG`. Without it every test here skips, saying why (`.ci/run` puts
+the reason a start failed in `SANDPOOL_TEST_CLUSTER_UNAVAILABLE`); set but not
 answering, they fail (a start that said it worked and did not is a bug to see).
 
 When a test fails, the report gets what a cluster test needs to be read: every pod with its
@@ -21,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_support import KUBECONFIG_ENV, Cluster
+from cluster_support import KUBECONFIG_ENV, UNAVAILABLE_ENV, Cluster
 from testkit import tool
 
 _active: list[Cluster] = []
@@ -31,8 +32,9 @@ _active: list[Cluster] = []
 def cluster() -> Cluster:
     path = os.environ.get(KUBECONFIG_ENV, "")
     if not path:
-        pytest.skip(f"no real cluster: {KUBECONFIG_ENV} is not set (`.ci/run` starts one with `.ci/cluster start`, "
-                    "as root, after `.ci/images`)")
+        why = os.environ.get(UNAVAILABLE_ENV) or f"{KUBECONFIG_ENV} is not set"
+        pytest.skip(f"no real cluster: {why} (`.ci/run` starts one with `.ci/cluster start`, as root, after "
+                    "`.ci/images`; DEVELOPERS.md)")
     if not Path(path).is_file():
         pytest.fail(f"{KUBECONFIG_ENV}={path} is not a file: is the cluster up? (`.ci/cluster status`)")
     found = Cluster(Path(path), tool("helm"), tool("kubectl"))
