@@ -22,8 +22,10 @@ from mcp.client.streamable_http import streamable_http_client
 from sandbox_env import built_python
 from testkit import AgentProcess, free_port, wait_for, wait_http
 
+sys.path.insert(0, str(Path(__file__).parent.parent / "sessions"))
+from sessions_harness import publish
+
 from sandpool.edge.keys_cli import mint_token
-from sandpool.state import scripts
 from sandpool.state.keys import Keys
 
 LEGACY = "legacy"
@@ -102,17 +104,7 @@ class Sandboxes:
         self.started.extend(fresh)
 
     def publish(self, agent: AgentProcess) -> None:
-        import time
-
-        sandbox_id = "sb-" + uuid.uuid4().hex[:12]
-        now = f"{time.time():.3f}"
-        keys, r = self.keys, self.r
-        assert r.eval(scripts.REGISTER_STARTING, 2, keys.sandbox(sandbox_id), keys.pool_members("default"),
-                      sandbox_id, 1 << 30, "default", "python", now, "tests", 3_600_000) == 1
-        assert r.eval(scripts.PUBLISH_READY, 5, keys.sandbox(sandbox_id), keys.pool_ready("default"),
-                      keys.pool_members("default"), keys.pool_wait_ring("default"), keys.pool_queued("default"),
-                      sandbox_id, agent.address, agent.secret, now, 3_600_000,
-                      keys.pool_wait_queue_prefix("default"), keys.waiter_prefix, keys.promised) in (1, 2)
+        publish(self.r, self.keys, address=agent.address, secret=agent.secret)
 
     def ready(self) -> int:
         return int(self.r.llen(self.keys.pool_ready("default")))

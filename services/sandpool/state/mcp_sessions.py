@@ -7,15 +7,17 @@ deleted. Another workspace's MCP session id reads exactly as an unknown one. Whi
 call runs, its JSON-RPC request id names the sandpool session it runs in (`running`), so a
 cancel notification reaching another replica can stop it. Every record expires.
 
-Each script is one atomic step: KEYS[1] is the MCP session's hash (`Keys.mcp_session`),
-ARGV[1] the caller's workspace; a hash of another workspace is left untouched.
+Each change is one atomic script (`state/lua/mcp_*.lua`): KEYS[1] is the MCP session's hash
+(`Keys.mcp_session`); a hash of another workspace is left untouched.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import dataclass
 
+from sandpool.state import scripts
 from sandpool.state.client import Client
 from sandpool.state.errors import translated
 from sandpool.state.keys import Keys
@@ -24,43 +26,6 @@ IDLE_TTL_SECONDS = 24 * 3600
 """An MCP session nobody used for this long is forgotten (its sandpool session is reaped on its own)."""
 CALL_TTL_SECONDS = 3600
 """The longest a running call's record outlives an api that crashed under it."""
-
-OPEN = r"""
--- ARGV[2]: the idle expiry in ms. Creates the MCP session's hash (its id is fresh: nothing to overwrite).
-redis.call('HSET', KEYS[1], 'workspace', ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-LOOKUP = r"""
--- ARGV[2]: the idle expiry in ms (refreshed). Returns {session or ''}; nil: unknown or another workspace's.
-if redis.call('HGET', KEYS[1], 'workspace') ~= ARGV[1] then return nil end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {redis.call('HGET', KEYS[1], 'session') or ''}
-"""
-
-BIND = r"""
--- ARGV[2]: a freshly leased sandpool session. Binds it unless one is bound already; returns the bound one
--- (the caller releases its own when another won), nil when the MCP session is gone or another workspace's.
-if redis.call('HGET', KEYS[1], 'workspace') ~= ARGV[1] then return nil end
-redis.call('HSETNX', KEYS[1], 'session', ARGV[2])
-return redis.call('HGET', KEYS[1], 'session')
-"""
-
-UNBIND = r"""
--- ARGV[2]: the sandpool session found ended. Forgets it only if it is still the one bound; returns 1 if so.
-if redis.call('HGET', KEYS[1], 'workspace') ~= ARGV[1] then return 0 end
-if redis.call('HGET', KEYS[1], 'session') ~= ARGV[2] then return 0 end
-return redis.call('HDEL', KEYS[1], 'session')
-"""
-
-CLOSE = r"""
--- Deletes the MCP session; returns {session or ''} (the one to release), nil: unknown or another workspace's.
-if redis.call('HGET', KEYS[1], 'workspace') ~= ARGV[1] then return nil end
-local session = redis.call('HGET', KEYS[1], 'session') or ''
-redis.call('DEL', KEYS[1])
-return {session}
-"""
 
 
 @dataclass(frozen=True)
@@ -81,23 +46,25 @@ class McpSessionStore:
         self.redis = client
         self.keys = keys
         self.idle_ttl = idle_ttl
-        self._open = client.register_script(OPEN)
-        self._lookup = client.register_script(LOOKUP)
-        self._bind = client.register_script(BIND)
-        self._unbind = client.register_script(UNBIND)
-        self._close = client.register_script(CLOSE)
+        self._open = client.register_script(scripts.load("mcp_open"))
+        self._lookup = client.register_script(scripts.load("mcp_lookup"))
+        self._bind = client.register_script(scripts.load("mcp_bind"))
+        self._unbind = client.register_script(scripts.load("mcp_unbind"))
+        self._close = client.register_script(scripts.load("mcp_close"))
 
     @translated
     async def open(self, workspace: str) -> McpSession:
         """A new MCP session of `workspace`, with no sandpool session yet."""
         mcp_id = new_mcp_session_id()
-        await self._open(keys=[self.keys.mcp_session(mcp_id)], args=[workspace, self.idle_ttl * 1000])
+        await self._open(keys=[self.keys.mcp_session(mcp_id)],
+                         args=_named(workspace=workspace, ttl_ms=self.idle_ttl * 1000))
         return McpSession(mcp_id, "")
 
     @translated
     async def lookup(self, mcp_id: str, workspace: str) -> McpSession | None:
         """The MCP session (its idle expiry refreshed); None when unknown, expired or another workspace's."""
-        found = await self._lookup(keys=[self.keys.mcp_session(mcp_id)], args=[workspace, self.idle_ttl * 1000])
+        found = await self._lookup(keys=[self.keys.mcp_session(mcp_id)],
+                                   args=_named(workspace=workspace, ttl_ms=self.idle_ttl * 1000))
         if not found:
             return None
         return McpSession(mcp_id, _text(found[0]))
@@ -106,18 +73,20 @@ class McpSessionStore:
     async def bind(self, mcp_id: str, workspace: str, session: str) -> str | None:
         """Bind a freshly leased `session` unless one is bound already: the bound one (None: the MCP session
         is gone)."""
-        bound = await self._bind(keys=[self.keys.mcp_session(mcp_id)], args=[workspace, session])
+        bound = await self._bind(keys=[self.keys.mcp_session(mcp_id)], args=_named(workspace=workspace,
+                                                                                         session=session))
         return _text(bound) if bound else None
 
     @translated
     async def unbind(self, mcp_id: str, workspace: str, session: str) -> bool:
         """Forget an ended `session` (only if it is still the one bound), so the next call leases anew."""
-        return bool(await self._unbind(keys=[self.keys.mcp_session(mcp_id)], args=[workspace, session]))
+        return bool(await self._unbind(keys=[self.keys.mcp_session(mcp_id)],
+                                       args=_named(workspace=workspace, session=session)))
 
     @translated
     async def close(self, mcp_id: str, workspace: str) -> McpSession | None:
         """Delete the MCP session; it as it was (its sandpool session is the caller's to release)."""
-        found = await self._close(keys=[self.keys.mcp_session(mcp_id)], args=[workspace])
+        found = await self._close(keys=[self.keys.mcp_session(mcp_id)], args=_named(workspace=workspace))
         if not found:
             return None
         return McpSession(mcp_id, _text(found[0]))
@@ -136,6 +105,11 @@ class McpSessionStore:
         """The sandpool session the call runs in, None when it is not running (or never ran)."""
         found = await self.redis.get(self.keys.mcp_call(mcp_id, request_id))
         return _text(found) if found else None
+
+
+def _named(**arguments: object) -> list[str]:
+    """ARGV as every script takes it: one JSON object of named arguments in ARGV[1], decoded as `a`."""
+    return [json.dumps(arguments, separators=(",", ":"))]
 
 
 def _text(value: object) -> str:
