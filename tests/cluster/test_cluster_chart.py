@@ -377,13 +377,17 @@ def test_the_api_server_restarted(release: Cluster, sessions: Sessions) -> None:
 def test_the_controller_killed(release: Cluster, sessions: Sessions) -> None:
     """The controller's container SIGKILLed on the node: the kubelet restarts it; a leased session
     runs on meanwhile (the api never needs the controller), the new controller adopts the pods it
-    finds (none is replaced) and keeps the pool: a released sandbox is destroyed and refilled."""
+    finds (none is replaced) and keeps the pool: a released sandbox is destroyed and refilled.
+    (The kill waits for the lease's refill to be Ready: a pod still starting when its controller
+    dies is destroyed and replaced by the next one, which cannot know whether the create finished.)"""
     if shutil.which("ctr") is None:
         pytest.skip("no ctr here (containerd's client) to kill a container on the node")
     wait_warm(release)
     with sessions.client() as http:
         sid = sessions.create(http)["session_id"]
         pod = Sessions.pod_of(http, sid)
+        wait_for(lambda: _at_rest(release, leased=1), timeout=READY_TIMEOUT, interval=0.5,
+                 what=f"{WARM} warm pods and the leased one, all Ready")
         sandboxes = pod_uids(release, SANDBOX_NAMESPACE)
         controller = release.pods(NAMESPACE, "app.kubernetes.io/component=controller")[0]
         name = controller["metadata"]["name"]
@@ -461,9 +465,10 @@ def test_an_upgrade_rolls_exactly_the_pods_whose_configuration_changed(release: 
     wait_warm(release)
 
 
-def _at_rest(cluster: Cluster) -> bool:
+def _at_rest(cluster: Cluster, leased: int = 0) -> bool:
+    """Exactly the pool's warm pods and `leased` more, every one Ready: nothing starting or going."""
     pods = cluster.pods(SANDBOX_NAMESPACE, SANDBOX_SELECTOR)
-    return len(pods) == WARM and all(ready(p) for p in pods)
+    return len(pods) == WARM + leased and all(ready(p) for p in pods)
 
 
 def _settled(cluster: Cluster, selector: str) -> dict[str, str] | None:
