@@ -51,7 +51,7 @@ class AdmissionStore:
         keys = [self.keys.rate(workspace, minute), self.keys.workspace_policy(workspace)]
         if jti is not None:
             keys.append(self.keys.revoked(jti))
-        revoked, n, policy = await self._admit(keys=keys, args=["1" if count else "0", RATE_WINDOW_TTL])
+        revoked, n, policy = await self._admit(keys=keys, args=scripts.named(count=count, expiry=RATE_WINDOW_TTL))
         return Admission(revoked=bool(int(revoked)), count=int(n), policy_raw=policy or None)
 
     @translated
@@ -64,9 +64,9 @@ class AdmissionStore:
                 k.call(call.call_id), k.call_deadlines]
         if jti is not None:
             keys.append(k.revoked(jti))
-        found = await self._admit_call(keys=keys, args=["1" if count else "0", RATE_WINDOW_TTL, rate_ceiling,
-                                                        session_id, workspace, repr(now), repr(float(call.busy_for)),
-                                                        call.call_id, call.tool, repr(float(call.grace))])
+        found = await self._admit_call(keys=keys, args=scripts.named(
+            count=count, expiry=RATE_WINDOW_TTL, rate_ceiling=rate_ceiling, session=session_id, workspace=workspace,
+            now=repr(now), busy_for=float(call.busy_for), call=call.call_id, tool=call.tool, grace=float(call.grace)))
         verdict, n, policy = found[0], int(found[1]), found[2] or None
         target = target_of(found[3:7]) if verdict == "ok" else None
         return CallAdmission(verdict=verdict, count=n, policy_raw=policy, target=target)

@@ -81,7 +81,8 @@ class EgressStore:
     @translated
     async def binding(self, credential: str) -> EgressBinding | None:
         """The live session `credential` is bound to; None when unknown, unbound, or its session ended."""
-        found = await self._binding(keys=[self.keys.egress_binding(credential)], args=[self.keys.session_prefix])
+        found = await self._binding(keys=[self.keys.egress_binding(credential)],
+                                    args=scripts.named(session_prefix=self.keys.session_prefix))
         if not found:
             return None
         session, workspace, allow, limits = found
@@ -96,8 +97,9 @@ class EgressStore:
         k = self.keys
         await self._meter(
             keys=[k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces, k.usage_events],
-            args=[workspace, session, repr(now), RETENTION_SECONDS, USAGE_STREAM_MAXLEN, int(bytes_in),
-                  int(bytes_out), int(bytes_in) + int(bytes_out), host, int(port)],
+            args=scripts.named(workspace=workspace, session=session, now=repr(now), retention=RETENTION_SECONDS,
+                               maxlen=USAGE_STREAM_MAXLEN, bytes_in=int(bytes_in), bytes_out=int(bytes_out),
+                               host=host, port=int(port)),
         )
 
     @translated

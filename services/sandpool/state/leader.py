@@ -27,6 +27,7 @@ class Leadership:
         self._renew = client.register_script(scripts.RENEW_LEADERSHIP)
         self._release = client.register_script(scripts.RELEASE_LEADERSHIP)
         self.valid_until = 0.0  # monotonic; leadership is trusted only before this
+        self._renewal = scripts.named(replica=replica_id, leadership_ms=leadership_ms)
 
     @translated
     async def try_acquire(self) -> bool:
@@ -34,7 +35,7 @@ class Leadership:
         took = await self.redis.set(self.key, self.replica_id, nx=True, px=self.leadership_ms)
         if not took:
             # Our own leadership survives a restart of the loop (same replica id): keep it.
-            took = bool(await self._renew(keys=[self.key], args=[self.replica_id, self.leadership_ms]))
+            took = bool(await self._renew(keys=[self.key], args=self._renewal))
         if took:
             self.valid_until = started + self.leadership_ms / 1000 * 0.8
         return bool(took)
@@ -42,7 +43,7 @@ class Leadership:
     @translated
     async def renew(self) -> bool:
         started = time.monotonic()
-        ok = bool(await self._renew(keys=[self.key], args=[self.replica_id, self.leadership_ms]))
+        ok = bool(await self._renew(keys=[self.key], args=self._renewal))
         self.valid_until = started + self.leadership_ms / 1000 * 0.8 if ok else 0.0
         return ok
 
@@ -52,4 +53,4 @@ class Leadership:
     @translated
     async def release(self) -> None:
         self.valid_until = 0.0
-        await self._release(keys=[self.key], args=[self.replica_id])
+        await self._release(keys=[self.key], args=scripts.named(replica=self.replica_id))

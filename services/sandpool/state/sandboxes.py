@@ -101,7 +101,8 @@ class SandboxStore:
         """Record a sandbox about to be created; False when the pool is at its ceiling."""
         return bool(await self._register(
             keys=[self.keys.sandbox(sandbox_id), self.keys.pool_members(pool)],
-            args=[sandbox_id, ceiling, pool, image, f"{now:.3f}", owner, self.record_ttl_ms]))
+            args=scripts.named(sandbox=sandbox_id, ceiling=ceiling, pool=pool, image=image, created_at=f"{now:.3f}",
+                               owner=owner, record_ttl_ms=self.record_ttl_ms)))
 
     @translated
     async def publish_ready(self, sandbox_id: str, *, pool: str, address: str, secret: str, now: float,
@@ -112,8 +113,9 @@ class SandboxStore:
         return bool(await self._publish(
             keys=[k.sandbox(sandbox_id), k.pool_ready(pool), k.pool_members(pool), k.pool_wait_ring(pool),
                   k.pool_queued(pool)],
-            args=[sandbox_id, address, secret, f"{now:.3f}", self.record_ttl_ms, k.pool_wait_queue_prefix(pool),
-                  k.waiter_prefix, k.promised, egress_digest or ""]))
+            args=scripts.named(sandbox=sandbox_id, address=address, secret=secret, ready_at=f"{now:.3f}",
+                               record_ttl_ms=self.record_ttl_ms, queue_prefix=k.pool_wait_queue_prefix(pool),
+                               waiter_prefix=k.waiter_prefix, promised=k.promised, egress=egress_digest or "")))
 
     @translated
     async def sweep_waiters(self, pool: str) -> int:
@@ -122,7 +124,8 @@ class SandboxStore:
         return int(await self._sweep(
             keys=[k.pool_waiters(pool), k.pool_queued(pool), k.pool_wait_ring(pool), k.pool_ready(pool),
                   k.pool_members(pool)],
-            args=[k.waiter_prefix, k.sandbox_prefix, k.pool_wait_queue_prefix(pool), k.promised]))
+            args=scripts.named(waiter_prefix=k.waiter_prefix, sandbox_prefix=k.sandbox_prefix,
+                               queue_prefix=k.pool_wait_queue_prefix(pool), promised=k.promised)))
 
     @translated
     async def lost(self, sandbox_id: str, pool: str) -> Lost:
@@ -131,7 +134,8 @@ class SandboxStore:
         k = self.keys
         state, session = await self._lost(
             keys=[k.sandbox(sandbox_id), k.pool_ready(pool), k.doomed, k.pool_queued(pool), k.pool_wait_ring(pool)],
-            args=[sandbox_id, k.waiter_prefix, k.pool_wait_queue_prefix(pool), k.pool_events])
+            args=scripts.named(sandbox=sandbox_id, waiter_prefix=k.waiter_prefix,
+                               queue_prefix=k.pool_wait_queue_prefix(pool), nudge=k.pool_events))
         return Lost(state=str(state), session=str(session))
 
     @translated
@@ -140,13 +144,14 @@ class SandboxStore:
         await self._forget(
             keys=[self.keys.sandbox(sandbox_id), self.keys.pool_members(pool), self.keys.pool_ready(pool),
                   self.keys.doomed, self.keys.pool_leased(pool)],
-            args=[sandbox_id])
+            args=scripts.named(sandbox=sandbox_id))
 
     @translated
     async def retire_surplus(self, pool: str, how_many: int) -> int:
         """Doom up to `how_many` ready sandboxes (the newest), atomically with leases."""
         return int(await self._retire(keys=[self.keys.pool_ready(pool), self.keys.doomed],
-                                      args=[self.keys.sandbox_prefix, how_many]))
+                                      args=scripts.named(sandbox_prefix=self.keys.sandbox_prefix,
+                                                         how_many=how_many)))
 
     @translated
     async def pop_doomed(self, how_many: int) -> list[str]:

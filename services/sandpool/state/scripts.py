@@ -1,7 +1,9 @@
 """Every Lua script sandpool runs: each state change is one atomic script, one round trip.
 
 Each script is a file of its own under `state/lua/`, its KEYS and ARGV documented at its
-top. A script sharing Lua functions with others names them on its first line
+top. One argument convention for all: KEYS are the keys the caller names, in the order
+the header lists; ARGV[1] is one JSON object of named arguments (`named`), which the
+script decodes as `a`. A script sharing Lua functions with others names them on its first line
 (`-- uses: meter waiting`); they are taken from `state/lua/lib/` and put ahead of it
 when it is loaded, so each script still reaches Redis as one text. Keys that depend on data read
 inside the script (the workspace of a session being released, a sandbox's hash)
@@ -21,7 +23,9 @@ ceiling checks count); a `doomed` one in the doomed set the controller drains.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from sandpool.state.channels import LEASE_NUDGE_PREFIX
 
@@ -29,6 +33,12 @@ LUA = Path(__file__).with_name("lua")
 USES = "-- uses:"
 CONSTANTS = {"@LEASE_NUDGE_PREFIX@": LEASE_NUDGE_PREFIX}
 """Names a script's text holds for a value Python owns (the channel message prefix the controller parses)."""
+
+
+def named(**arguments: Any) -> list[str]:
+    """A script's ARGV: its arguments as one JSON object in ARGV[1] (every script's convention; the script
+    reads them as `local a = cjson.decode(ARGV[1])`, by the names its header lists)."""
+    return [json.dumps(arguments, separators=(",", ":"))]
 
 
 def load(name: str) -> str:

@@ -7,21 +7,20 @@
 -- KEYS[1] rate counter of (workspace, UTC minute)   KEYS[2] the workspace's policy (JSON string)
 -- KEYS[3] session hash   KEYS[4] deadlines zset     KEYS[5] the call's record   KEYS[6] call deadlines zset
 -- KEYS[7] optional: the token's revocation marker
--- ARGV[1] '1' to count this request against the rate, '0' not to   ARGV[2] counter expiry, seconds
--- ARGV[3] the operator's ceiling of requests per minute (0: none)  ARGV[4] session id
--- ARGV[5] caller's workspace   ARGV[6] now   ARGV[7] busy-for seconds
--- ARGV[8] call id   ARGV[9] tool ('' for a file call)   ARGV[10] the record's grace, seconds
+-- ARGV[1] {count (true: count this request against the rate), expiry (the counter's, seconds),
+--         rate_ceiling (the operator's requests per minute; 0: none), session, workspace (the caller's),
+--         now, busy_for (seconds), call (its id), tool ('' for a file call), grace (the record's, seconds)}
 -- Returns {verdict, count, policy JSON or '', address, secret, exec_timeout, max_exec_timeout}, the
 -- last four only when the verdict is 'ok'. Verdicts: 'revoked' (not counted), 'unreadable' (the
 -- policy is not JSON), 'rate' (over the workspace's limit), 'unknown' (no such session of this
 -- workspace, or past its deadline), 'ok'.
-local counted = ARGV[1] == '1'
-local revoked, count, policy = admission(KEYS[1], KEYS[2], KEYS[7], counted, ARGV[2])
+local a = cjson.decode(ARGV[1])
+local revoked, count, policy = admission(KEYS[1], KEYS[2], KEYS[7], a.count, a.expiry)
 if revoked then return {'revoked', 0, ''} end
-local refused = rate_verdict(policy, count, counted, tonumber(ARGV[3]))
+local refused = rate_verdict(policy, count, a.count, a.rate_ceiling)
 if refused then return {refused, count, policy} end
-local now, busy_for = tonumber(ARGV[6]), tonumber(ARGV[7])
-local target = touch(KEYS[3], KEYS[4], ARGV[4], ARGV[5], now, busy_for)
+local now = tonumber(a.now)
+local target = touch(KEYS[3], KEYS[4], a.session, a.workspace, now, a.busy_for)
 if not target then return {'unknown', count, policy} end
-record(KEYS[5], KEYS[6], ARGV[8], ARGV[4], ARGV[5], ARGV[9], now, now + busy_for + tonumber(ARGV[10]))
+record(KEYS[5], KEYS[6], a.call, a.session, a.workspace, a.tool, now, now + a.busy_for + a.grace)
 return {'ok', count, policy, target[1], target[2], target[3], target[4]}

@@ -1,6 +1,10 @@
--- Compare-and-renew of the leader key. KEYS[1] leader key; ARGV: replica_id, leadership_ms -> 1 still ours, 0 lost.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+-- Compare-and-renew of the leader key.
+-- KEYS[1] leader key
+-- ARGV[1] {replica, leadership_ms}
+-- Returns 1 still ours (renewed), 0 lost.
+local a = cjson.decode(ARGV[1])
+if redis.call('GET', KEYS[1]) == a.replica then
+  redis.call('PEXPIRE', KEYS[1], a.leadership_ms)
   return 1
 end
 return 0

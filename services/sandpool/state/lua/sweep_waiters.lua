@@ -1,22 +1,23 @@
 -- uses: waiting
 -- Forget waiters whose api replica vanished (their hash expired) and hand on what was promised to them.
--- KEYS[1] pool waiters set, KEYS[2] pool queued set, KEYS[3] pool wait ring, KEYS[4] pool ready list,
+-- KEYS[1] pool waiters set   KEYS[2] pool queued set   KEYS[3] pool wait ring   KEYS[4] pool ready list
 -- KEYS[5] pool members set
--- ARGV: waiter prefix, sandbox prefix, wait queue prefix, promised channel
--- -> how many waiters were forgotten plus how many promised sandboxes were handed on.
+-- ARGV[1] {waiter_prefix, sandbox_prefix, queue_prefix (the pool's wait queues), promised (channel)}
+-- Returns how many waiters were forgotten plus how many promised sandboxes were handed on.
+local a = cjson.decode(ARGV[1])
 local fixed = 0
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  if redis.call('EXISTS', ARGV[1] .. id) == 0 then
+  if redis.call('EXISTS', a.waiter_prefix .. id) == 0 then
     redis.call('SREM', KEYS[1], id)
     redis.call('SREM', KEYS[2], id)
     fixed = fixed + 1
   end
 end
 for _, sandbox in ipairs(redis.call('SMEMBERS', KEYS[5])) do
-  local key = ARGV[2] .. sandbox
+  local key = a.sandbox_prefix .. sandbox
   local f = redis.call('HMGET', key, 'state', 'promised_to')
-  if f[1] == 'promised' and (not f[2] or redis.call('HGET', ARGV[1] .. f[2], 'sandbox') ~= sandbox) then
-    hand_on(sandbox, key, KEYS[4], true, KEYS[3], ARGV[3], ARGV[1], KEYS[2], ARGV[4])
+  if f[1] == 'promised' and (not f[2] or redis.call('HGET', a.waiter_prefix .. f[2], 'sandbox') ~= sandbox) then
+    hand_on(sandbox, key, KEYS[4], true, KEYS[3], a.queue_prefix, a.waiter_prefix, KEYS[2], a.promised)
     fixed = fixed + 1
   end
 end
