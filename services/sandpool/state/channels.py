@@ -4,6 +4,12 @@ Messages on these channels are hints that make something happen sooner (a
 controller tick, ending a released session's calls); whatever a lost message
 would have triggered also happens by the periodic path that never depends on
 them, so a reconnect after an outage is all the recovery needed.
+
+The same code serves every `--redis-url` form. Behind Sentinel the reconnect asks the Sentinels
+for the primary, so a listener follows a failover. On a Cluster the subscription is made on the
+node owning the channel's slot (channel names carry the installation's hash tag, state/keys.py),
+and a PUBLISH on any node, a script's included, reaches every node: classic pub/sub, since
+sharded pub/sub needs Redis 7 and gains nothing at one channel per purpose.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sandpool.state import scripts
-from sandpool.state.client import Client
+from sandpool.state.client import Client, acknowledged
 from sandpool.state.errors import translated
 from sandpool.state.keys import USAGE_DAY_RETENTION_DAYS, USAGE_STREAM_MAXLEN, Keys, utc_day
 
@@ -40,6 +40,11 @@ RATE_WINDOW_TTL = 120
 """Seconds a workspace's per-minute request counter outlives its minute (clock skew between replicas)."""
 NOT_ADMITTED = frozenset({"revoked", "unreadable", "rate", "policy"})
 
+
+
+def _leased(result: Any) -> bool:
+    """A lease or claim script leased a sandbox: what a replica must have before the answer (client.acknowledged)."""
+    return bool(result) and result[0] == "ok"
 
 
 def rate_bucket(now: float) -> int:
@@ -264,15 +269,16 @@ class SessionStore:
                       k.workspace_waiters(workspace)]
         lease_json = json.dumps(request, separators=(",", ":"))
         if admission is None:
-            result = await self._lease(keys=lease_keys, args=[lease_json])
+            result = await acknowledged(self.redis, self._lease, keys=lease_keys, args=[lease_json], when=_leased)
         else:
             edge_keys = [k.rate(workspace, admission.minute), k.workspace_policy(workspace)]
             if admission.jti is not None:
                 edge_keys.append(k.revoked(admission.jti))
-            result = await self._admit_lease(
+            result = await acknowledged(
+                self.redis, self._admit_lease,
                 keys=lease_keys + edge_keys,
                 args=[lease_json, "1" if admission.count else "0", RATE_WINDOW_TTL, admission.rate_ceiling,
-                      admission.policy_digest])
+                      admission.policy_digest], when=_leased)
             if result[0] in NOT_ADMITTED:
                 raise NotAdmitted(result[0], int(result[1]), result[2] or None)
         if result[0] == "ok":
@@ -289,12 +295,14 @@ class SessionStore:
         """Take the sandbox promised to `waiter` as its session; `Waiting` while none is, None when the
         waiter is gone (it expired)."""
         k = self.keys
-        result = await self._claim(
+        result = await acknowledged(
+            self.redis, self._claim,
             keys=[k.waiter(waiter), k.session(waiter), k.deadlines, k.workspace_sessions(workspace),
                   k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
                   k.usage_events, k.pool_leased(pool), k.pool_waiters(pool), k.workspace_waiters(workspace),
                   k.pool_queued(pool), k.pool_wait_ring(pool), k.pool_wait_queue(pool, workspace)],
             args=[json.dumps({"now": repr(now), "bucket": rate_bucket(now), "workspace": workspace})],
+            when=_leased,
         )
         if result[0] == "ok":
             return Leased(sandbox=result[1], address=result[2], secret=result[3])
