@@ -127,8 +127,9 @@ async def acknowledged(client: aioredis.Redis, script: AsyncScript, *, keys: lis
 
     WAIT counts the writes of the connection it is sent on, so the script and the WAIT share one.
     A replica that does not acknowledge in time is logged and the answer given all the same: the
-    write stands on the primary, and should a failover lose it, the agent's fence (it serves only the
-    first session it is called for) keeps the sandbox from a second session."""
+    write stands on the primary. Should a failover then lose it, the sandbox could be leased again;
+    DESIGN.md's agent fence (serve only the first session called for) is what must refuse the second
+    session, and the agent does not have it yet (docs/operations.md, "Redis")."""
     replicas = acknowledging_replicas(client)
     if not replicas:
         return await script(keys=keys, args=args)
@@ -150,9 +151,8 @@ def _unacknowledged(replicas: int, count: int) -> None:
     now = time.monotonic()
     if now - _last_unacknowledged_log >= 10.0:
         _last_unacknowledged_log = now
-        log.warning("a lease was not acknowledged by a replica in time; answered anyway (the agent's fence "
-                    "covers a failover that loses it)", extra={"replicas": replicas, "acknowledged": count,
-                                                              "wait_ms": WAIT_TIMEOUT_MS})
+        log.warning("a lease was not acknowledged by a replica in time; answered anyway (a failover now "
+                    "could lose it)", extra={"replicas": replicas, "acknowledged": count, "wait_ms": WAIT_TIMEOUT_MS})
 
 
 def _retry() -> Retry:
