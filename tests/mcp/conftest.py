@@ -44,7 +44,7 @@ def stack(redis_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
     r = redis.Redis.from_url(redis_server.url, decode_responses=True)
     keys = Keys(prefix)
     apis = [ApiReplica(redis_server.url, prefix, public) for _ in range(2)]
-    sandboxes = Sandboxes(r, keys)
+    sandboxes = Sandboxes(redis_server.url, keys)
     try:
         for api in apis:
             api.wait_ready()

@@ -4,11 +4,14 @@ requests alternate between the two replicas (as a load balancer would spread the
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
@@ -16,17 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-import redis
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from sandbox_env import built_python
 from testkit import AgentProcess, free_port, wait_for, wait_http
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "sessions"))
-from sessions_harness import publish
-
 from sandpool.edge.keys_cli import mint_token
+from sandpool.state import close, connect
 from sandpool.state.keys import Keys
+from sandpool.state.sandboxes import SandboxStore
 
 LEGACY = "legacy"
 """The SDK client's mode for the previous revision (the initialize handshake, `Mcp-Session-Id`)."""
@@ -80,10 +81,10 @@ def agent_args() -> list[str]:
 
 
 class Sandboxes:
-    """Real agents on Unix sockets, each published as a ready sandbox exactly as the controller does."""
+    """Real agents on Unix sockets, each published as a ready sandbox by the controller's own state API."""
 
-    def __init__(self, r: redis.Redis, keys: Keys) -> None:
-        self.r, self.keys = r, keys
+    def __init__(self, redis_url: str, keys: Keys) -> None:
+        self.redis_url, self.keys = redis_url, keys
         self.root = Path(tempfile.mkdtemp(prefix="spm", dir="/tmp"))
         self.args = agent_args()
         self.started: list[AgentProcess] = []
@@ -92,28 +93,29 @@ class Sandboxes:
     def figures(self) -> bool:
         return bool(self.args)
 
-    def add(self, count: int) -> None:
+    async def add(self, count: int) -> None:
         fresh = []
         for _ in range(count):
             name = uuid.uuid4().hex[:8]
             fresh.append(AgentProcess(self.root / f"w{name}", self.root / f"{name}.log", *self.args,
                                       socket_path=self.root / f"{name}.sock").start())
-        for agent in fresh:
-            agent.wait_healthy(timeout=30)
-            self.publish(agent)
         self.started.extend(fresh)
-
-    def publish(self, agent: AgentProcess) -> None:
-        publish(self.r, self.keys, address=agent.address, secret=agent.secret)
-
-    def ready(self) -> int:
-        return int(self.r.llen(self.keys.pool_ready("default")))
+        client = connect(self.redis_url, timeout=5)
+        try:
+            store = SandboxStore(client, self.keys, record_ttl_seconds=3600)
+            for agent in fresh:
+                await asyncio.to_thread(agent.wait_healthy, 30)
+                sandbox_id = "sb-" + uuid.uuid4().hex[:12]
+                assert await store.register_starting(sandbox_id, pool="default", image="python", ceiling=1 << 30,
+                                                     now=time.time(), owner="tests")
+                assert await store.publish_ready(sandbox_id, pool="default", address=agent.address,
+                                                 secret=agent.secret, now=time.time())
+        finally:
+            await close(client)
 
     def stop(self) -> None:
         for agent in self.started:
             agent.kill()
-        import shutil
-
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -38,7 +38,7 @@ def ok(result: types.CallToolResult) -> dict:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_session_across_calls_and_replicas(stack, mode) -> None:
-    stack.sandboxes.add(1)
+    await stack.sandboxes.add(1)
     async with mcp_client(stack.urls, stack.token("ws-a"), mode) as client:
         names = [tool.name for tool in (await client.list_tools()).tools]
         assert names == ["code_execution", "bash_code_execution", "text_editor_code_execution", "upload_file",
@@ -94,7 +94,7 @@ async def test_a_session_across_calls_and_replicas(stack, mode) -> None:
 async def test_a_figure_comes_back_as_an_image(stack) -> None:
     if not stack.sandboxes.figures:
         pytest.skip("sandbox environment unavailable: set SANDPOOL_TEST_SANDBOX_PYTHON (matplotlib)")
-    stack.sandboxes.add(1)
+    await stack.sandboxes.add(1)
     async with mcp_client(stack.urls, stack.token("ws-fig"), CURRENT) as client:
         result = await client.call_tool("code_execution", {
             "code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [4, 1, 9])\nplt.show()\nprint('shown')"})
@@ -106,7 +106,7 @@ async def test_a_figure_comes_back_as_an_image(stack) -> None:
 
 
 async def test_sessions_are_isolated_and_tenants_too(stack) -> None:
-    stack.sandboxes.add(2)
+    await stack.sandboxes.add(2)
     async with mcp_client(stack.urls, stack.token("ws-a"), CURRENT) as a:
         one = ok(await a.call_tool("code_execution", {"code": "x = 'one'\nopen('f.txt', 'w').write('one')"}))
         two = ok(await a.call_tool("code_execution", {"code": "print('x' in dir())\nimport os\n"
@@ -153,7 +153,7 @@ def test_an_mcp_session_is_its_workspace_s_alone(stack) -> None:
 
 
 async def test_deleting_the_mcp_session_releases_its_session(stack) -> None:
-    stack.sandboxes.add(1)
+    await stack.sandboxes.add(1)
     async with mcp_client(stack.urls, stack.token("ws-del"), LEGACY) as client:
         sid = ok(await client.call_tool("code_execution", {"code": "print(1)"}))["session_id"]
         assert stack.r.exists(stack.keys.session(sid))
@@ -163,7 +163,7 @@ async def test_deleting_the_mcp_session_releases_its_session(stack) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_progress_while_running_and_cancellation(stack, mode) -> None:
-    stack.sandboxes.add(1)
+    await stack.sandboxes.add(1)
     async with mcp_client(stack.urls, stack.token("ws-long"), mode) as client:
         sid = ok(await client.call_tool("code_execution", {"code": "state = 'kept'"}))["session_id"]
         notes: list[tuple[float, str | None]] = []
@@ -206,7 +206,7 @@ async def test_progress_while_running_and_cancellation(stack, mode) -> None:
 
 
 async def test_tool_calls_are_metered_as_contract_calls(stack) -> None:
-    stack.sandboxes.add(1)
+    await stack.sandboxes.add(1)
     async with mcp_client(stack.urls, stack.token("ws-meter"), CURRENT) as client:
         sid = ok(await client.call_tool("code_execution", {"code": "print(1)"}))["session_id"]
         ok(await client.call_tool("bash_code_execution", {"command": "true", "session_id": sid}))
@@ -227,7 +227,7 @@ async def test_tool_calls_are_metered_as_contract_calls(stack) -> None:
 
 async def test_standalone_serves_the_one_trusted_client(stack, redis_server) -> None:
     """`--no-auth`: no token, as for the contract (its sessions are the standalone workspace's)."""
-    stack.sandboxes.add(1)
+    await stack.sandboxes.add(1)
     alone = ApiReplica(redis_server.url, stack.keys.prefix, None)
     try:
         alone.wait_ready()
@@ -243,13 +243,13 @@ def auth(stack, workspace: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {stack.token(workspace)}"}
 
 
-def test_the_mcp_inspector_lists_and_calls_the_tools(stack) -> None:
+async def test_the_mcp_inspector_lists_and_calls_the_tools(stack) -> None:
     """A client nobody here wrote: the MCP Inspector's command-line client (npm), in the revision it speaks."""
     cli = inspector()
     if cli is None:
         pytest.skip(f"MCP Inspector CLI unavailable: set {INSPECTOR} (`.ci/run` installs it with "
                     ".ci/install-mcp-inspector)")
-    stack.sandboxes.add(1)
+    await stack.sandboxes.add(1)
     base = [cli, "--cli", stack.urls[0] + "/mcp", "--transport", "http",
             "--header", f"Authorization: Bearer {stack.token('ws-inspector')}"]
 
