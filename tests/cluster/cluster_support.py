@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,13 +73,22 @@ class Cluster:
         out = self.kubectl("-n", namespace, "get", "secret", name, "-o", f"jsonpath={{.data.{escaped}}}").stdout
         return base64.b64decode(out)
 
+    def on_this_machine(self) -> None:
+        """Skip unless this is .ci/cluster's own cluster (the faults below act on its processes)."""
+        state = Path(os.environ.get("SANDPOOL_CLUSTER_DIR", "/run/sandpool-cluster"))
+        if (self.kubeconfig.resolve() != (state / "admin.kubeconfig").resolve()
+                or not os.path.exists(CONTAINERD_SOCKET) or shutil.which("ctr") is None):
+            pytest.skip(f"{self.kubeconfig} is not .ci/cluster's cluster: its node's processes are not ours to kill")
+
     def restart(self, component: str) -> None:
+        self.on_this_machine()
         proc = subprocess.run([sys.executable, str(CLUSTER_SCRIPT), "restart", component], capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 0, f".ci/cluster restart {component} failed:\n{proc.stderr}"
 
     def kill_container(self, container_id: str) -> None:
         """SIGKILL a container's processes on the node, as a crash there would (the kubelet sees it die)."""
+        self.on_this_machine()
         subprocess.run(["ctr", "--address", CONTAINERD_SOCKET, "-n", "k8s.io", "tasks", "kill", "-a", "-s",
                         "SIGKILL", container_id], check=True, capture_output=True, timeout=30)
 

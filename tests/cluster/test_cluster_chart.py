@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -276,8 +275,7 @@ def _failed_call(http: httpx.Client, sid: str) -> httpx.Response | None:
 def test_a_container_killed_on_the_node(release: Cluster, sessions: Sessions) -> None:
     """The sandbox's agent dies on the node (SIGKILL, as a crash or the node's OOM killer would):
     the kubelet reports the pod Failed, the session gets a clear error and ends, the pool refills."""
-    if shutil.which("ctr") is None:
-        pytest.skip("no ctr here (containerd's client) to kill a container on the node")
+    release.on_this_machine()
     wait_warm(release)
     with sessions.client() as http:
         sid = sessions.create(http)["session_id"]
@@ -341,6 +339,7 @@ def _oom_kills(pod: dict[str, Any]) -> int | None:
 def test_the_kubelet_restarted(release: Cluster, sessions: Sessions) -> None:
     """Pods outlive their kubelet: a leased session runs through the restart, no pod restarts, and
     the restarted kubelet starts the refill."""
+    release.on_this_machine()
     wait_warm(release)
     with sessions.client() as http:
         sid = sessions.create(http)["session_id"]
@@ -358,6 +357,7 @@ def test_the_kubelet_restarted(release: Cluster, sessions: Sessions) -> None:
 def test_the_api_server_restarted(release: Cluster, sessions: Sessions) -> None:
     """Sessions never need the Kubernetes API: calls run while it is down. Once it is back the
     controller's watch resumes: a released sandbox is deleted and its replacement started."""
+    release.on_this_machine()
     wait_warm(release)
     with sessions.client() as http:
         sid = sessions.create(http)["session_id"]
@@ -380,8 +380,7 @@ def test_the_controller_killed(release: Cluster, sessions: Sessions) -> None:
     finds (none is replaced) and keeps the pool: a released sandbox is destroyed and refilled.
     (The kill waits for the lease's refill to be Ready: a pod still starting when its controller
     dies is destroyed and replaced by the next one, which cannot know whether the create finished.)"""
-    if shutil.which("ctr") is None:
-        pytest.skip("no ctr here (containerd's client) to kill a container on the node")
+    release.on_this_machine()
     wait_warm(release)
     with sessions.client() as http:
         sid = sessions.create(http)["session_id"]
