@@ -18,7 +18,10 @@ import anyio
 import httpx
 import mcp_types as types
 import pytest
+from mcp import MCPError
 from mcp_harness import CURRENT, INSPECTOR, LEGACY, ApiReplica, inspector, mcp_client, wait_for
+
+from sandpool.edge.keys_cli import mint_token
 
 PNG = b"\x89PNG\r\n\x1a\n"
 MODES = [pytest.param(CURRENT, id="2026-07-28"), pytest.param(LEGACY, id="2025-11-25")]
@@ -223,6 +226,35 @@ async def test_tool_calls_are_metered_as_contract_calls(stack) -> None:
     assert total["sessions_created"] == 1 and total["bytes_uploaded"] == 4
     assert total["by_tool"]["code_execution"]["executions"] == 1
     assert total["by_tool"]["bash_code_execution"]["executions"] == 1
+
+
+async def test_policy_and_revocation_apply_as_to_contract_calls(stack) -> None:
+    admin = {"Authorization": f"Bearer {mint_token(stack.private_key, 'ops', admin=True)}"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        put = await http.put(stack.urls[0] + "/v1/workspaces/ws-quota/policy", json={"max_concurrent_sessions": 1},
+                             headers=admin)
+        assert put.status_code == 200, put.text
+        await stack.sandboxes.add(1)
+        token = mint_token(stack.private_key, "ws-quota", jti="mcp-revoked-later")
+        async with mcp_client(stack.urls, token, CURRENT) as client:
+            first = ok(await client.call_tool("code_execution", {"code": "print(1)"}))
+            refused = await client.call_tool("code_execution", {"code": "print(2)"})  # a second session: over quota
+            assert refused.is_error and refused.structured_content is not None
+            assert (refused.structured_content["status"], refused.structured_content["reason"]) == (
+                429, "quota_exceeded")
+            assert "max concurrent sessions" in text_of(refused)
+
+            revoked = await http.post(stack.urls[1] + "/v1/revocations", json={"jti": "mcp-revoked-later",
+                                                                                "ttl": 600}, headers=admin)
+            assert revoked.status_code == 201, revoked.text
+            with pytest.raises(MCPError):  # the transport refused it: no tool runs for a revoked token
+                await client.call_tool("code_execution", {"code": "print(3)", "session_id": first["session_id"]})
+        listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        answer = await http.post(stack.urls[0] + "/mcp", json=listing, headers={
+            "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": CURRENT})
+        assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer"
+        assert answer.json()["cause"] == "revoked"
 
 
 async def test_standalone_serves_the_one_trusted_client(stack, redis_server) -> None:
