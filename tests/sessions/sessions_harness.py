@@ -54,10 +54,13 @@ def publish(r: redis.Redis, keys: Keys, *, pool: str = "default", image: str = "
     sandbox_id = "sb-" + uuid.uuid4().hex[:12]
     now = time.time()
     assert r.eval(scripts.REGISTER_STARTING, 2, keys.sandbox(sandbox_id), keys.pool_members(pool),
-                  sandbox_id, 1 << 30, pool, image, f"{now:.3f}", "tests", 3_600_000) == 1
+                  *scripts.named(sandbox=sandbox_id, ceiling=1 << 30, pool=pool, image=image, created_at=f"{now:.3f}",
+                                 owner="tests", record_ttl_ms=3_600_000)) == 1
     assert r.eval(scripts.PUBLISH_READY, 5, keys.sandbox(sandbox_id), keys.pool_ready(pool), keys.pool_members(pool),
-                  keys.pool_wait_ring(pool), keys.pool_queued(pool), sandbox_id, address, secret, f"{now:.3f}",
-                  3_600_000, keys.pool_wait_queue_prefix(pool), keys.waiter_prefix, keys.promised) in (1, 2)
+                  keys.pool_wait_ring(pool), keys.pool_queued(pool),
+                  *scripts.named(sandbox=sandbox_id, address=address, secret=secret, ready_at=f"{now:.3f}",
+                                 record_ttl_ms=3_600_000, queue_prefix=keys.pool_wait_queue_prefix(pool),
+                                 waiter_prefix=keys.waiter_prefix, promised=keys.promised, egress="")) in (1, 2)
     return sandbox_id
 
 
