@@ -77,11 +77,25 @@ class Replicated:
         with redis.Redis(port=self.sentinels[0].port, decode_responses=True, socket_timeout=1) as s:
             return int(s.sentinel_get_master_addr_by_name(SERVICE)[1])
 
-    def kill_primary(self) -> None:
-        """SIGKILL the current primary: no shutdown, no last write to anyone."""
-        assert self.primary.proc is not None
-        self.primary.proc.kill()
-        self.primary.proc.wait()
+    def kill_primary(self) -> RedisServer:
+        """SIGKILL the server the Sentinels name primary now (no shutdown, no last write to anyone);
+        `start()` on the one returned brings it back, as a replica once the Sentinels see it."""
+        port = self.primary_port()
+        server = next(s for s in (self.primary, self.replica) if s.port == port)
+        assert server.proc is not None
+        server.proc.kill()
+        server.proc.wait()
+        return server
+
+    def can_fail_over(self) -> bool:
+        """Every Sentinel knows a replica of the primary, up and in sync: a next failover has one to promote."""
+        for sentinel in self.sentinels:
+            with redis.Redis(port=sentinel.port, decode_responses=True, socket_timeout=1) as s:
+                replicas = s.sentinel_slaves(SERVICE)
+                if not any(r.get("master-link-status") == "ok" and not (r.get("is_sdown") or r.get("is_disconnected"))
+                           for r in replicas):
+                    return False
+        return True
 
     def stop(self) -> None:
         for sentinel in self.sentinels:

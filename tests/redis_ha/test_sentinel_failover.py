@@ -11,6 +11,7 @@ in the last second before the kill (what asynchronous replication may lose).
 from __future__ import annotations
 
 import collections
+import os
 import time
 
 import pytest
@@ -24,6 +25,8 @@ from up_harness import Up
 from sandpool.state.keys import Keys
 
 POOL = 3
+KILLS = 3 if os.environ.get("SANDPOOL_LONG") else 1
+"""`make test-long` kills the primary three times over (failing over and back)."""
 ERROR_WINDOW_BOUND_SECONDS = 15.0
 """Generous: the window measured here is about DOWN_AFTER_MS plus Sentinel's election (docs/operations.md)."""
 ENV = {"SANDPOOL_EXEC_GRACE_SECONDS": "1", "SANDPOOL_CALL_RECORD_GRACE_SECONDS": "1",
@@ -44,30 +47,39 @@ def _primary(replicated: Replicated) -> redis.Redis:
     return sentinel.master_for(SERVICE, decode_responses=True, socket_timeout=1)
 
 
+@pytest.mark.timeout(400)  # about 65 s, most of it the refill docs/operations.md describes: a wait_for names a stall
 def test_a_killed_primary_is_followed_and_nothing_is_leased_twice_or_leaked(replicated: Replicated, up: Up) -> None:
     url, token = up.printed("SANDPOOL_URL=", timeout=90), up.printed("SANDPOOL_TOKEN=")
     keys = Keys("sandpool")
     load = Load(url, token).start()
+    kills: list[tuple[float, float]] = []  # (killed at, answered again at), time.monotonic()
     try:
-        wait_for(lambda: load.executions_answered() >= 30, timeout=30, what="the load running")
-        killed_at = time.monotonic()
-        old_port = replicated.primary.port
-        replicated.kill_primary()
-        wait_for(lambda: replicated.primary_port() != old_port, timeout=30, what="the Sentinels' failover")
-        replicated.primary.start()  # it rejoins as a replica of the new primary: WAIT has a replica again
-        recovered = wait_for(lambda: load.executions_answered(since=time.monotonic() - 0.5) > 5 and time.monotonic(),
-                             timeout=30, what="calls answered again")
-        time.sleep(2)  # errors after the recovery would show here
+        for _ in range(KILLS):
+            wait_for(replicated.can_fail_over, timeout=60, what="a replica the Sentinels could promote")
+            wait_for(lambda: load.executions_answered(since=time.monotonic() - 1.0) >= 10, timeout=30,
+                     what="the load running")
+            killed_at = time.monotonic()
+            old_port = replicated.primary_port()
+            killed = replicated.kill_primary()
+            wait_for(lambda old=old_port: replicated.primary_port() != old, timeout=30, what="the Sentinels' failover")
+            killed.start()  # it rejoins as a replica of the new primary: WAIT has a replica again
+            recovered = wait_for(
+                lambda: load.executions_answered(since=time.monotonic() - 0.5) > 5 and time.monotonic(),
+                timeout=30, what="calls answered again")
+            kills.append((killed_at, recovered))
+            time.sleep(2)  # errors after the recovery would show here
     finally:
         load.stop()
 
-    failures = load.failures(since=killed_at)
-    window = max((a.at for a in failures), default=killed_at) - killed_at
-    kinds = collections.Counter((a.op, a.status) for a in failures)
-    print(f"\nfailover: errors for {window:.2f}s after the kill ({len(failures)} failed answers: {dict(kinds)}); "
-          f"calls answered again {recovered - killed_at:.2f}s after it; Sentinel down-after {DOWN_AFTER_MS} ms")
-    assert not load.failures(since=recovered + 1.0), "errors went on after the failover"
-    assert window < ERROR_WINDOW_BOUND_SECONDS
+    for killed_at, recovered in kills:
+        failures = [a for a in load.failures(since=killed_at) if a.at < recovered + 1.0]
+        window = max((a.at for a in failures), default=killed_at) - killed_at
+        kinds = collections.Counter((a.op, a.status) for a in failures)
+        print(f"\nfailover: errors for {window:.2f}s after the kill ({len(failures)} failed answers: {dict(kinds)}); "
+              f"calls answered again {recovered - killed_at:.2f}s after it; Sentinel down-after {DOWN_AFTER_MS} ms")
+        assert window < ERROR_WINDOW_BOUND_SECONDS
+    after = [a for a in load.failures() if not any(k <= a.at < r + 1.0 for k, r in kills)]
+    assert after == [], "errors outside the failovers' windows"
 
     primary = _primary(replicated)
     workspace = "dev"
@@ -91,7 +103,7 @@ def test_a_killed_primary_is_followed_and_nothing_is_leased_twice_or_leaked(repl
 
     # Usage: the calls answered, give or take those answered in the last second before the kill.
     answered = load.executions_answered()
-    at_risk = load.executions_answered(since=killed_at - 1.0, until=killed_at)
+    at_risk = sum(load.executions_answered(since=killed_at - 1.0, until=killed_at) for killed_at, _ in kills)
 
     def metered() -> int:
         return int(primary.hget(keys.usage_total(workspace), "executions") or 0)
