@@ -28,6 +28,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 
 from sandpool.core.redact import redact
 from sandpool.core.settings import ConfigurationError
@@ -160,6 +161,24 @@ def _retry() -> Retry:
                  supported_errors=(RedisConnectionError,))
 
 
+class _Cluster(RedisCluster):
+    """A Cluster client whose "no node reachable" is a connection error, as any Redis outage's is:
+    redis-py's RedisClusterException is no RedisError, so the stores' translation would let it
+    through (a 500, or an api that fails to start, instead of a 503 and a start that waits)."""
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
+        try:
+            return await super().initialize(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise RedisConnectionError(str(exc)) from exc
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise RedisConnectionError(str(exc)) from exc
+
+
 def connect(url: str, *, timeout: float, max_connections: int = 256,
             wait_replicas: int | None = None) -> aioredis.Redis:
     """An asyncio client: every command bounded by `timeout`, connections pooled and health-checked.
@@ -190,7 +209,7 @@ def connect(url: str, *, timeout: float, max_connections: int = 256,
         return server
     credentials: dict[str, Any] = {"username": target.username, "password": target.password}
     if target.kind == "cluster":
-        cluster = RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+        cluster = _Cluster(startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
                                health_check_interval=30, **credentials, **options)
         return cast(aioredis.Redis, cluster)
     sentinel = Sentinel(list(target.nodes), sentinel_kwargs={"socket_timeout": timeout,
@@ -235,11 +254,11 @@ def _sync_client(url: str, timeout: float) -> Iterator[Any]:
         else:
             sentinel = redis_sync.Sentinel(list(target.nodes), sentinel_kwargs=options)
             client = sentinel.master_for(target.service, db=target.db, **credentials, **options)
-    except (*UNREACHABLE, redis_sync.RedisError, OSError) as exc:  # a Cluster client asks for its slots here
-        raise StateUnavailable(f"Redis at {redact(url)} does not answer ({exc})") from None
+    except (*UNREACHABLE, redis_sync.RedisError, RedisClusterException, OSError) as exc:  # a Cluster client
+        raise StateUnavailable(f"Redis at {redact(url)} does not answer ({exc})") from None  # asks for its slots here
     try:
         yield client
-    except (*UNREACHABLE, redis_sync.RedisError, OSError) as exc:
+    except (*UNREACHABLE, redis_sync.RedisError, RedisClusterException, OSError) as exc:
         raise StateUnavailable(f"Redis at {redact(url)} does not answer ({exc})") from None
     finally:
         client.close()
