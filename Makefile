@@ -4,7 +4,8 @@
 #   make test       the whole suite as CI runs it: soak of 1,000 sessions, chaos and fuzzing in their short forms
 #   make test-long  adds the long versions (SANDPOOL_LONG=1): soak of 10,000 sessions, every chaos fault
 #                   repeated 4 times over 400 sessions, 20x the fuzzing examples, randomised instead of
-#                   derandomised, the Redis primary killed under load three times over (failing over and back)
+#                   derandomised, the Redis primary killed under load three times over (failing over and back),
+#                   a Redis Cluster node failover
 #   make resilience the resilience and security suites only (tests/reliability, tests/security, tests/fuzz)
 #   make bench      the benchmarks in bench/ (loopback figures; they mean something only next to the machine)
 

