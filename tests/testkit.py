@@ -99,6 +99,34 @@ async def eventually(check: Callable[[], Awaitable[Any] | Any], *, timeout: floa
         await asyncio.sleep(interval)
 
 
+USAGE_HOLD_SECONDS = 0.3
+"""How long `usage_settled` watches a figure it reached, to see that it does not move past it."""
+
+
+def usage_settled(read: Callable[[], T], figures: Callable[[T], Any], expected: Any, *, timeout: float = 10.0,
+                  hold: float = USAGE_HOLD_SECONDS, what: str = "usage") -> T:
+    """Read usage (`read()`: the admin API, the CLI, a Redis hash, the event stream) until `figures` of it are
+    exactly `expected`, then once more after `hold` seconds, and return that last read.
+
+    A call is metered after its answer is sent (`sandpool.sessions.calls`: the response's background task),
+    so usage read right after an answer may not show it yet: it trails by a moment. This waits for the exact
+    figure, never for "at least", and fails if it is not reached by `timeout`. It also fails if the figure
+    moved on within the hold (a call counted twice, or one metered that must not be). The caller asserts
+    everything else on the read this returns."""
+    seen: list[T] = []
+
+    def reached() -> bool:
+        seen[:] = [read()]
+        return bool(figures(seen[0]) == expected)
+
+    wait_for(reached, timeout=timeout, interval=0.05, what=f"{what} to read {expected!r}",
+             state=lambda: f"it reads {figures(seen[0])!r}" if seen else "nothing read")
+    time.sleep(hold)  # not a wait for something to happen: a look that nothing more does
+    again = read()
+    assert figures(again) == expected, f"{what} went past {expected!r} to {figures(again)!r}"
+    return again
+
+
 def log_tail(log: Log, chars: int = 3000) -> str:
     """The end of a log file ('' when there is none yet), or what a callable says (it picks its length)."""
     if log is None:

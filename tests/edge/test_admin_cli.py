@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-from testkit import free_port
+from testkit import free_port, usage_settled
 
 from .stack import PRINT_1, Stack
 
@@ -38,10 +38,13 @@ def test_an_operator_session(stack: Stack) -> None:
         sid = acme.post("/sessions", json={}).json()["session_id"]
         assert acme.post(f"/sessions/{sid}/exec", json=PRINT_1).status_code == 200
 
+    # The Execute is metered just after its answer: read until it shows, exactly once.
+    usage = usage_settled(lambda: as_json(admin(stack, "--json", "usage", "--workspace", "acme", token=operator)),
+                          lambda u: (u["total"]["executions"], u["total"]["by_tool"]["code_execution"]["executions"]),
+                          (1, 1), timeout=30)
+    assert usage["total"]["sessions_created"] == 1
     table = ok(admin(stack, "usage", "--workspace", "acme", token=operator))
     assert "workspace acme" in table and "code_execution" in table and "sessions_created" in table
-    usage = as_json(admin(stack, "--json", "usage", "--workspace", "acme", token=operator))
-    assert usage["total"]["sessions_created"] == 1 and usage["total"]["by_tool"]["code_execution"]["executions"] == 1
 
     listed = ok(admin(stack, "sessions", "--workspace", "acme", token=operator))
     assert sid in listed and "ends at" in listed

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from testkit import wait_for
+from testkit import usage_settled, wait_for
 
 from .stack import PRINT_1, Stack
 
@@ -135,12 +135,20 @@ def _workload(stack: Stack) -> dict[str, Any]:
     return moved
 
 
+def calls_of(total: dict[str, Any]) -> tuple[int, int, int]:
+    """What a workspace's calls added to its usage: executions, bytes uploaded, bytes downloaded."""
+    return total["executions"], total["bytes_uploaded"], total["bytes_downloaded"]
+
+
 def test_usage_is_exact_after_a_workload_and_across_a_restart(stack_factory: Callable[[], Stack]) -> None:
     stack = stack_factory()
     stack.sandboxes.publish_agents(4)
     moved = _workload(stack)
     with stack.client("acme") as acme:
-        before = acme.get("/v1/usage", params={"from": time.strftime("%Y-%m-%d", time.gmtime())}).json()
+        # The last calls are metered just after their answers: wait for the workload's exact figures.
+        before = usage_settled(
+            lambda: acme.get("/v1/usage", params={"from": time.strftime("%Y-%m-%d", time.gmtime())}).json(),
+            lambda u: calls_of(u["total"]), (4, moved["up"], moved["down"]))
     total = before["total"]
     # Counts exactly; times exactly as the session layer's clock metered them (the event stream).
     events = [e for _, e in stack.rdb.xrange(stack.rkeys.usage_events) if e.get("workspace") == "acme"]
@@ -166,7 +174,8 @@ def test_usage_is_exact_after_a_workload_and_across_a_restart(stack_factory: Cal
         assert acme.get("/v1/usage", params={"from": before["days"][0]["day"]}).json() == before
     moved_again = _workload(restarted)
     with restarted.client("acme") as acme:
-        after = acme.get("/v1/usage").json()["total"]
+        after = usage_settled(lambda: acme.get("/v1/usage").json()["total"], calls_of,
+                              (8, moved["up"] + moved_again["up"], moved["down"] + moved_again["down"]))
     assert after["sessions_created"] == 4 and after["executions"] == 8
     assert after["by_tool"]["code_execution"]["executions"] == 6
     assert after["by_tool"]["bash_code_execution"]["executions"] == 2

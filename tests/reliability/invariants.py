@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -26,6 +27,36 @@ def totals(stack: Stack, workspace: str) -> dict[str, float]:
         return {k: float(v) for k, v in r.hgetall(Keys(stack.prefix).usage_total(workspace)).items()}
 
 
+@dataclass
+class UsageSnapshot:
+    """A workspace's usage events and counters, and its calls still recorded (admitted, their `done` not yet
+    run): read in one transaction, so the three agree. A call's `done` meters it (counters and event) and
+    removes its record in one step."""
+
+    events: list[dict[str, str]]
+    totals: dict[str, float]
+    recorded: Counter[str]
+    """Calls still recorded, by tool ('' for a file call)."""
+
+
+def usage_snapshot(stack: Stack, workspace: str) -> UsageSnapshot:
+    keys = Keys(stack.prefix)
+
+    def read(pipe: Any) -> None:
+        calls = pipe.zrange(keys.call_deadlines, 0, -1)
+        pipe.multi()
+        pipe.xrange(keys.usage_events, "-", "+")
+        pipe.hgetall(keys.usage_total(workspace))
+        for call_id in calls:
+            pipe.hmget(keys.call(call_id), "workspace", "tool")
+
+    with stack.rdb() as r:  # retried should a call end (or another begin) between its reads
+        entries, total, *calls = r.transaction(read, keys.call_deadlines, keys.usage_total(workspace))
+    return UsageSnapshot(events=[fields for _, fields in entries if fields.get("workspace") == workspace],
+                         totals={k: float(v) for k, v in total.items()},
+                         recorded=Counter(tool or "" for owner, tool in calls if owner == workspace))
+
+
 def assert_never_leased_twice(stack: Stack, workspace: str, record: Record) -> None:
     created = [e for e in events(stack, workspace) if e["type"] == "session_created"]
     sandboxes = Counter(e["sandbox"] for e in created)
@@ -37,16 +68,31 @@ def assert_never_leased_twice(stack: Stack, workspace: str, record: Record) -> N
         assert by_session.get(sid) == sandbox, (sid, sandbox, by_session.get(sid))
 
 
-def assert_usage_exact(stack: Stack, workspace: str, record: Record, *, unmetered_allowed: int = 0) -> None:
+def assert_usage_exact(stack: Stack, workspace: str, record: Record, *, unmetered_allowed: int = 0,
+                       recorded_allowed: int = 0) -> None:
     """Counters equal the event stream to the unit, and both agree with what the clients saw.
+
+    A call is metered by its `done`, which runs just after its answer is sent: this first waits (bounded)
+    until no call of the workspace is left recorded, but for at most `recorded_allowed` whose `done` will
+    never come (their api was killed, or Redis failed, before it ran; at most one per client thread per
+    fault). The controller settles those once their deadline passes, as unconfirmed executions: until then
+    such a call is owed, and counts here with the metered ones.
 
     `unmetered_allowed`: calls that were already running at the agent when Redis went away
     are answered but not metered (the api will not turn a call that ran into a
     retryable error, and keeps no usage to write later: see docs/reliability.md). At
     most one per client thread per Redis outage.
     """
-    evs = events(stack, workspace)
-    total = totals(stack, workspace)
+    seen: list[UsageSnapshot] = []
+
+    def finished() -> bool:
+        seen[:] = [usage_snapshot(stack, workspace)]
+        return sum(seen[0].recorded.values()) <= recorded_allowed
+
+    wait_for(finished, timeout=30, what=f"at most {recorded_allowed} calls of {workspace} left recorded",
+             state=lambda: dict(seen[0].recorded) if seen else None)
+    snapshot = seen[0]
+    evs, total, owed = snapshot.events, snapshot.totals, snapshot.recorded
     created = [e for e in evs if e["type"] == "session_created"]
     assert total.get(usage.SESSIONS_CREATED, 0) == len(created)
     # Every 201 a client saw is counted once; a create whose answer was lost may be counted (it leased).
@@ -59,13 +105,16 @@ def assert_usage_exact(stack: Stack, workspace: str, record: Record, *, unmetere
     seconds = sum(float(e["session_seconds"]) for e in released)
     assert math.isclose(total.get(usage.SESSION_SECONDS, 0.0), seconds, rel_tol=1e-9, abs_tol=1e-6)
     executions = [e for e in evs if e["type"] == "execution"]
-    for tool in {k.split(":", 1)[1] for k in total if k.startswith(usage.EXECUTIONS + ":")}:
+    tools = {k.split(":", 1)[1] for k in total if k.startswith(usage.EXECUTIONS + ":")} | set(record.executions)
+    for tool in tools:
         counted = sum(int(e[usage.EXECUTIONS]) for e in executions if e["tool"] == tool)
-        assert total[usage.per_tool(usage.EXECUTIONS, tool)] == counted, tool
+        assert total.get(usage.per_tool(usage.EXECUTIONS, tool), 0) == counted, tool
         # A call can run and be metered even though its answer never reached the client.
-        assert counted >= record.executions[tool] - unmetered_allowed, (tool, counted, record.executions[tool])
+        assert counted + owed[tool] >= record.executions[tool] - unmetered_allowed, \
+            (tool, counted, owed[tool], record.executions[tool])
     assert total.get(usage.EXECUTIONS, 0) == sum(int(e[usage.EXECUTIONS]) for e in executions)
-    assert total.get(usage.EXECUTIONS, 0) >= sum(record.executions.values()) - unmetered_allowed
+    owed_executions = sum(n for tool, n in owed.items() if tool)
+    assert total.get(usage.EXECUTIONS, 0) + owed_executions >= sum(record.executions.values()) - unmetered_allowed
 
 
 def assert_sessions_work_or_are_gone(clients: list[httpx.Client], record: Record) -> dict[str, int]:

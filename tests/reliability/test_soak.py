@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from sp_harness import LONG, Stack, build_stack
-from testkit import descendants, fd_count, rss_kib, wait_for
+from testkit import descendants, fd_count, rss_kib, usage_settled, wait_for
 from workload import EXECS, Workload
 
 from sandpool.state import usage
@@ -87,12 +87,31 @@ def snapshot(stack: Stack) -> dict[str, Any]:
 
 
 def settle(stack: Stack) -> None:
+    """The pool back at its warm target, no session left, and no call left recorded (a call's `done`, which
+    meters it and removes its record, runs just after its answer)."""
     keys = Keys(stack.prefix)
     with stack.rdb() as r:
         wait_for(lambda: r.llen(keys.pool_ready("default")) == POOL and r.scard(keys.pool_members("default")) == POOL
-                 and r.scard(keys.doomed) == 0 and r.zcard(keys.deadlines) == 0, timeout=60,
-                 what="the pool settled at its warm target with no session left")
+                 and r.scard(keys.doomed) == 0 and r.zcard(keys.deadlines) == 0 and r.zcard(keys.call_deadlines) == 0,
+                 timeout=60, what="the pool settled at its warm target with no session or call left")
     wait_for(lambda: len(stack.sandbox_dirs()) == POOL, timeout=30, what="only the warm sandboxes on disk")
+
+
+def metered(figures: dict[str, float]) -> dict[str, float]:
+    """What the workload's calls add to its workspace's usage: executions per tool, bytes moved."""
+    fields = [usage.per_tool(usage.EXECUTIONS, body["tool"]) for body in EXECS]
+    return {field: figures.get(field, 0) for field in (*fields, usage.BYTES_UPLOADED, usage.BYTES_DOWNLOADED)}
+
+
+def owed(workload: Workload, base: dict[str, float]) -> dict[str, float]:
+    """`metered` figures after `workload`, from `base`: what its clients were answered for, to the unit."""
+    record = workload.record
+    figures = metered(base)
+    for tool, count in record.executions.items():
+        figures[usage.per_tool(usage.EXECUTIONS, tool)] += count
+    figures[usage.BYTES_UPLOADED] += 1000 * record.statuses["put 201"]
+    figures[usage.BYTES_DOWNLOADED] += 3 * record.statuses["get 200"]  # "42\n"
+    return figures
 
 
 def run(stack: Stack, sessions: int) -> Workload:
@@ -111,9 +130,10 @@ def run(stack: Stack, sessions: int) -> Workload:
 def test_soak_leaves_nothing_behind_and_memory_returns(stacks: list[Stack]) -> None:
     stack = build_stack(auth=True, pool_size=POOL, max_sandboxes=POOL * 2, api_args=["--capacity-wait-seconds", "5"])
     stacks.append(stack)
-    run(stack, WARMUP)  # fill caches, pools and allocator arenas once
+    warmup = run(stack, WARMUP)  # fill caches, pools and allocator arenas once
     settle(stack)
-    before, usage_before = snapshot(stack), totals(stack, "soak")
+    usage_before = usage_settled(lambda: totals(stack, "soak"), metered, owed(warmup, {}))
+    before = snapshot(stack)
     started = time.monotonic()
     workload = run(stack, SESSIONS)
     elapsed = time.monotonic() - started
@@ -133,8 +153,8 @@ def test_soak_leaves_nothing_behind_and_memory_returns(stacks: list[Stack]) -> N
         assert rss <= limit, (name, before["rss"][name], rss)
     assert after["redis_mem"] <= before["redis_mem"] * (1 + RSS_MARGIN_RATIO) + RSS_MARGIN_KIB * 1024, \
         (before["redis_mem"], after["redis_mem"])
-    # Usage is exact: what the clients did, counted once.
-    done = totals(stack, "soak")
+    # Usage is exact: what the clients did, counted once (every call's `done` ran: `settle`).
+    done = usage_settled(lambda: totals(stack, "soak"), metered, owed(workload, usage_before))
     record = workload.record
     assert done[usage.SESSIONS_CREATED] - usage_before.get(usage.SESSIONS_CREATED, 0) == SESSIONS
     for body in EXECS:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 from sp_harness import Stack
+from testkit import usage_settled
 
 PROBES: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/sessions/{sid}/exec", {"json": {"tool": "bash_code_execution", "input": {"command": "cat a.txt"}}}),
@@ -35,8 +36,11 @@ def test_another_workspace_learns_nothing_and_changes_nothing(stack: Stack) -> N
     a, b, admin = stack.client("tenant-a"), stack.client("tenant-b"), stack.client("ops", admin=True)
     try:
         sid = a.post("/sessions", json={}).json()["session_id"]
+        uploaded = usage(admin, "tenant-a")["bytes_uploaded"]
         assert a.post(f"/sessions/{sid}/files", files={"file": ("a.txt", b"tenant-a data")}).status_code == 201
-        before = usage(admin, "tenant-a")
+        # The upload is metered just after its answer: A's usage before the probes includes it, once.
+        before = usage_settled(lambda: usage(admin, "tenant-a"), lambda u: u["bytes_uploaded"],
+                               uploaded + len(b"tenant-a data"))
         unknown = "s" + uuid.uuid4().hex
         for injected in INJECTED:
             for method, template, kwargs in PROBES:
@@ -59,10 +63,12 @@ def test_another_workspace_learns_nothing_and_changes_nothing(stack: Stack) -> N
             assert "tenant-a data" not in response.text and sid not in response.text
         own = b.get("/v1/sessions")
         assert own.status_code == 200 and sid not in own.text
-        # A's session, files and usage are exactly as they were.
+        # A's session, files and usage are exactly as they were, but for A's own download just now
+        # (metered just after its answer).
         assert a.get(f"/sessions/{sid}/files", params={"path": "a.txt"}).content == b"tenant-a data"
-        assert usage(admin, "tenant-a") == {**before, **{k: v for k, v in usage(admin, "tenant-a").items()
-                                                        if k.startswith("bytes_downloaded")}}
+        after = usage_settled(lambda: usage(admin, "tenant-a"), lambda u: u["bytes_downloaded"],
+                              before["bytes_downloaded"] + len(b"tenant-a data"))
+        assert after == {**before, "bytes_downloaded": before["bytes_downloaded"] + len(b"tenant-a data")}
         assert a.delete(f"/sessions/{sid}").status_code == 204
     finally:
         a.close()

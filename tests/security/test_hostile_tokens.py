@@ -21,9 +21,10 @@ import pytest
 from edge.conftest import Keys as EdgeKeys  # the edge suite's key holder (token(), private, public)
 from edge.test_auth import BAD
 from sp_harness import Stack
-from testkit import keys_under
+from testkit import keys_under, wait_for
 
 from sandpool.edge.keys_cli import generate_keypair
+from sandpool.state.keys import Keys
 
 OPERATIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/sessions", {"json": {}}),
@@ -67,8 +68,13 @@ def past_the_edge(stack: Stack) -> float:
 
 
 def tenant_state(stack: Stack) -> list[str]:
-    """Every key a request could create or change: sessions, usage, rate, policy, revocations."""
+    """Every key a request could create or change: sessions, usage, rate, policy, revocations; read once no
+    call is left recorded. A call's `done` (its metering, its session marked active, its record removed)
+    runs just after its answer, so the owner's last upload or download may still be finishing."""
     with stack.rdb() as r:
+        call_deadlines = Keys(stack.prefix).call_deadlines
+        wait_for(lambda: r.zcard(call_deadlines) == 0, timeout=10, what="every answered call finished",
+                 state=lambda: r.zrange(call_deadlines, 0, -1, withscores=True))
         names = keys_under(r, stack.prefix)
         return [f"{n}={r.hgetall(n) if r.type(n) == 'hash' else r.type(n)}" for n in names
                 if not any(part in n for part in (":sandbox:", ":pool:", ":controller", ":doomed"))]

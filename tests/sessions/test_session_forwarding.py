@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from sessions_harness import publish
-from testkit import wait_for
+from testkit import usage_settled, wait_for
 
 from sandpool.contract import tenancy
 from sandpool.contract.models import ExecResponse, FileList, FileUploadResult, SessionHandle
@@ -85,10 +85,12 @@ def test_the_full_contract_through_the_api(stack, r, keys) -> None:
         gone = c.post(base + "/exec", json=code("print(1)"))
         assert gone.status_code == 404 and gone.json() == {"detail": "session not found", "reason": "not_found"}
         assert c.delete(base).status_code == 204
-    used = r.hgetall(keys.usage_total(tenancy.STANDALONE_WORKSPACE))
+    # The last calls are metered just after their answers: wait for the exact figures.
+    used = usage_settled(lambda: r.hgetall(keys.usage_total(tenancy.STANDALONE_WORKSPACE)),
+                         lambda u: (u.get("executions"), u.get("bytes_uploaded"), u.get("bytes_downloaded")),
+                         ("5", str(len(payload)), str(len(payload))))
     assert used["executions:code_execution"] == "3" and used["executions:bash_code_execution"] == "1"
     assert used["executions:text_editor_code_execution"] == "1"
-    assert used["bytes_downloaded"] == str(len(payload))
 
 
 MALFORMED_EXEC = [
@@ -113,7 +115,8 @@ def test_malformed_exec_is_refused_and_the_session_still_works(stack, r, keys) -
     assert set(r.hgetall(keys.usage_total(tenancy.STANDALONE_WORKSPACE))) == {"sessions_created"}
     ok = httpx.post(f"{app.url}/sessions/{sid}/exec", json=code("print(2)"), timeout=30)
     assert ok.status_code == 200 and ok.json()["result_block"]["content"]["stdout"] == "2\n"
-    assert r.hget(keys.usage_total(tenancy.STANDALONE_WORKSPACE), "executions:code_execution") == "1"
+    usage_settled(lambda: r.hget(keys.usage_total(tenancy.STANDALONE_WORKSPACE), "executions:code_execution"),
+                  lambda executions: executions, "1")  # metered just after its answer
 
 
 def test_bodies_over_the_cap_are_413_and_change_nothing(stack, r, keys) -> None:
@@ -134,7 +137,9 @@ def test_bodies_over_the_cap_are_413_and_change_nothing(stack, r, keys) -> None:
     assert streamed.status_code == 413
     listed = httpx.get(f"{app.url}/sessions/{sid}/files/list").json()
     assert listed["files"] == []
-    assert r.hget(keys.session(sid), "inflight") == "0"
+    # The list call ends (its `done`) just after its answer: then no call of the session is in flight,
+    # and none of the refused uploads was metered.
+    wait_for(lambda: r.hget(keys.session(sid), "inflight") == "0", timeout=10, what="no call in flight")
     assert "bytes_uploaded" not in r.hgetall(keys.usage_total(tenancy.STANDALONE_WORKSPACE))
 
 
@@ -158,6 +163,9 @@ def test_cross_workspace_probes_get_exactly_the_unknown_id_answer(tenant_api, ag
     sid = httpx.post(app.url + "/sessions", headers=owner).json()["session_id"]
     ok = httpx.post(f"{app.url}/sessions/{sid}/exec", headers=owner, json=code("secret = 7"), timeout=30)
     assert ok.status_code == 200
+    # The call is metered (and its session marked active) just after its answer: the state before the
+    # probes is the state once that happened.
+    usage_settled(lambda: r.hgetall(keys.usage_total("owner")), lambda u: u.get("executions"), "1")
     before = r.hgetall(keys.session(sid))
     deadline = r.zscore(keys.deadlines, sid)
     events = r.xlen(keys.usage_events)
@@ -249,7 +257,10 @@ def test_usage_is_exact_after_a_scripted_workload(stack, r, keys) -> None:
             created = float(r.hget(keys.session(sid), "created_at"))
             c.delete(f"/sessions/{sid}")
             spans.append(time.time() - created)
-    total = r.hgetall(keys.usage_total(ws))
+    # The last calls are metered just after their answers (even after their sessions ended): wait for them.
+    total = usage_settled(lambda: r.hgetall(keys.usage_total(ws)),
+                          lambda u: (u.get("executions"), u.get("bytes_uploaded"), u.get("bytes_downloaded")),
+                          ("5", "500", "500"))
     assert total["sessions_created"] == "2"
     assert total["executions"] == "5"
     assert total["executions:code_execution"] == "3" and total["executions:bash_code_execution"] == "2"

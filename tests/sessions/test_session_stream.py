@@ -10,7 +10,7 @@ import httpx
 import pytest
 from sessions_harness import ServedApp, publish
 from sse_events import CANCEL_HEADERS, STREAM_HEADERS, collect, events, result_of, text_of
-from testkit import wait_for
+from testkit import usage_settled
 
 from sandpool.contract import tenancy
 from sandpool.sessions.stream import MAX_EVENT_BYTES, AgentEvents, MalformedStream
@@ -60,7 +60,7 @@ def test_events_are_relayed_and_the_call_metered_before_its_result(session, r, k
     plain = client.post(base + "/exec", json=code("print('plain')"))
     assert plain.headers["content-type"] == "application/json"
     assert plain.json()["result_block"]["content"]["stdout"] == "plain\n"
-    assert executions(r, keys) == 2
+    usage_settled(lambda: executions(r, keys), int, 2)  # a plain Execute is metered just after its answer
 
 
 def test_cancel_through_the_api(session) -> None:
@@ -90,7 +90,7 @@ def test_a_client_that_leaves_stops_nothing_and_the_call_is_still_metered(sessio
               "open('done.marker', 'w').write('x')")
     with client.stream("POST", base + "/exec", json=code(source), headers=STREAM_HEADERS) as resp:
         assert next(e for e in events(resp.iter_lines()) if e[0] != "comment") == ("stdout", "started\n")
-    wait_for(lambda: executions(r, keys) == 1, timeout=30, what="the abandoned call to be metered")
+    usage_settled(lambda: executions(r, keys), int, 1, timeout=30, what="the abandoned call's metering")
     assert (agent.workspace / "done.marker").read_text() == "x"
 
 
@@ -103,7 +103,7 @@ def test_a_client_that_leaves_with_the_cancel_header_stops_the_call(session, r, 
     after = client.post(base + "/exec", json=code("print(value)"))
     assert after.json()["result_block"]["content"]["stdout"] == "3\n"
     assert not (agent.workspace / "never.marker").exists()
-    assert executions(r, keys) == 2  # the cancelled call ran and is metered too
+    usage_settled(lambda: executions(r, keys), int, 2)  # the cancelled call ran and is metered too
 
 
 def test_a_queued_call_whose_client_leaves_is_withdrawn_and_the_running_one_untouched(session, r, keys) -> None:
@@ -128,8 +128,8 @@ def test_a_queued_call_whose_client_leaves_is_withdrawn_and_the_running_one_unto
     assert client.post(base + "/exec", json=code("print('after')")).json()["result_block"]["content"]["stdout"] \
         == "after\n"
     assert not (agent.workspace / "b-ran.marker").exists()
-    wait_for(lambda: executions(r, keys) == 2, timeout=10, what="A and the last call metered")
-    assert executions(r, keys) == 2  # A and the call after it; B never ran and is not metered
+    # A and the call after it (metered just after its answer); B never ran and is not metered.
+    usage_settled(lambda: executions(r, keys), int, 2, what="A and the last call metered")
 
 
 # --- agents that break the format ----------------------------------------------------------------------
