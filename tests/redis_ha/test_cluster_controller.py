@@ -26,7 +26,8 @@ def _load(name: str, path: Path) -> object:
 
 _fixtures = _load("redis_ha_sessions_fixtures", TESTS / "sessions" / "conftest.py")
 _tests = _load("redis_ha_sessions_with_controller", TESTS / "sessions" / "test_api_with_controller.py")
-api, controller, keys, served = (getattr(_fixtures, name) for name in ("api", "controller", "keys", "served"))
+globals().update({name: getattr(_fixtures, name) for name in (  # every fixture of theirs but `r`, redefined below
+    "keys", "agents", "served", "api", "signing_key", "tenant_api", "controller", "reaper", "data_dir")})
 globals().update({name: test for name, test in vars(_tests).items() if name.startswith("test_")})
 
 

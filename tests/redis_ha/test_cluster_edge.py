@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from edge.conftest import keys, make_api, sandboxes, stack, stack_factory  # noqa: F401 - the edge's fixtures
+from edge.conftest import api, keys, make_api, other_keys, sandboxes, stack, stack_factory  # noqa: F401 - its fixtures
 from edge.test_e2e import *  # noqa: F403 - every test of the module, collected here against the Cluster
 from ha_servers import Cluster
 
