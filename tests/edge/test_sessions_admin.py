@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from testkit import wait_for
 
 from sandpool.client import Client
 from sandpool.client.errors import QuotaExceeded
@@ -34,7 +35,9 @@ def test_get_session_returns_the_handle_and_a_foreign_or_unknown_id_the_same_404
         # Reading the handle is not activity; a call is.
         assert acme.get(f"/sessions/{sid}").json()["last_activity_at"] == handle["last_activity_at"]
         assert acme.post(f"/sessions/{sid}/exec", json=PRINT_1).status_code == 200
-        assert acme.get(f"/sessions/{sid}").json()["last_activity_at"] > handle["last_activity_at"]
+        # (The call's `done`, which marks the session active, runs just after its answer is sent.)
+        wait_for(lambda: acme.get(f"/sessions/{sid}").json()["last_activity_at"] > handle["last_activity_at"],
+                 timeout=10, what="the call marking the session active")
         foreign, unknown = globex.get(f"/sessions/{sid}"), acme.get("/sessions/no-such-session")
         assert foreign.status_code == unknown.status_code == 404
         assert foreign.json() == unknown.json()

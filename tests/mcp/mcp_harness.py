@@ -22,7 +22,7 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from sandbox_env import built_python
-from testkit import AgentProcess, free_port, wait_for, wait_http
+from testkit import AgentProcess, free_port, wait_http
 
 from sandpool.edge.keys_cli import mint_token
 from sandpool.state import close, connect
@@ -156,4 +156,4 @@ def inspector() -> str | None:
 
 
 __all__ = ["CURRENT", "INSPECTOR", "LEGACY", "ApiReplica", "RoundRobin", "Sandboxes", "inspector", "mcp_client",
-           "token", "wait_for"]
+           "token"]

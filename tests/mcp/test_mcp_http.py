@@ -19,7 +19,8 @@ import httpx
 import mcp_types as types
 import pytest
 from mcp import MCPError
-from mcp_harness import CURRENT, INSPECTOR, LEGACY, ApiReplica, inspector, mcp_client, wait_for
+from mcp_harness import CURRENT, INSPECTOR, LEGACY, ApiReplica, inspector, mcp_client
+from testkit import wait_for
 
 from sandpool.edge.keys_cli import mint_token
 

@@ -13,8 +13,9 @@ import httpx
 import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
-from mcp_harness import CURRENT, LEGACY, wait_for
+from mcp_harness import CURRENT, LEGACY
 from sandbox_env import host_python
+from testkit import wait_for
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "e2e"))
 from up_harness import Up
