@@ -267,9 +267,9 @@ class SessionStore:
                       k.usage_events, k.doomed, k.pool_leased(pool), k.pool_waiters(pool), k.pool_queued(pool),
                       k.pool_wait_ring(pool), k.pool_wait_queue(pool, workspace), k.waiter(session_id),
                       k.workspace_waiters(workspace)]
-        lease_json = json.dumps(request, separators=(",", ":"))
         if admission is None:
-            result = await acknowledged(self.redis, self._lease, keys=lease_keys, args=[lease_json], when=_leased)
+            result = await acknowledged(self.redis, self._lease, keys=lease_keys, args=scripts.named(**request),
+                                        when=_leased)
         else:
             edge_keys = [k.rate(workspace, admission.minute), k.workspace_policy(workspace)]
             if admission.jti is not None:
@@ -277,8 +277,9 @@ class SessionStore:
             result = await acknowledged(
                 self.redis, self._admit_lease,
                 keys=lease_keys + edge_keys,
-                args=[lease_json, "1" if admission.count else "0", RATE_WINDOW_TTL, admission.rate_ceiling,
-                      admission.policy_digest], when=_leased)
+                args=scripts.named(lease=request, count=admission.count, expiry=RATE_WINDOW_TTL,
+                                   rate_ceiling=admission.rate_ceiling, policy_digest=admission.policy_digest),
+                when=_leased)
             if result[0] in NOT_ADMITTED:
                 raise NotAdmitted(result[0], int(result[1]), result[2] or None)
         if result[0] == "ok":
@@ -301,7 +302,7 @@ class SessionStore:
                   k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
                   k.usage_events, k.pool_leased(pool), k.pool_waiters(pool), k.workspace_waiters(workspace),
                   k.pool_queued(pool), k.pool_wait_ring(pool), k.pool_wait_queue(pool, workspace)],
-            args=[json.dumps({"now": repr(now), "bucket": rate_bucket(now), "workspace": workspace})],
+            args=scripts.named(now=repr(now), bucket=rate_bucket(now), workspace=workspace),
             when=_leased,
         )
         if result[0] == "ok":
@@ -323,7 +324,7 @@ class SessionStore:
                   k.pool_wait_queue(pool, workspace), k.workspace_waiters(workspace), k.pool_ready(pool),
                   k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
                   k.usage_events],
-            args=[json.dumps(request, separators=(",", ":"))])
+            args=scripts.named(**request))
 
     @translated
     async def promised(self, waiters: list[str]) -> set[str]:
@@ -347,8 +348,9 @@ class SessionStore:
         nothing recorded)."""
         k = self.keys
         found = await self._touch(keys=[k.session(session_id), k.deadlines, k.call(call.call_id), k.call_deadlines],
-                                  args=[session_id, workspace, repr(now), repr(float(call.busy_for)), call.call_id,
-                                        call.tool, repr(float(call.grace))])
+                                  args=scripts.named(session=session_id, workspace=workspace, now=repr(now),
+                                                     busy_for=float(call.busy_for), call=call.call_id, tool=call.tool,
+                                                     grace=float(call.grace)))
         return target_of(found) if found else None
 
     @translated
@@ -358,14 +360,14 @@ class SessionStore:
         active, remove the call's record. False when the record was gone (sent twice, or settled by the
         controller): nothing was done again."""
         k = self.keys
-        args: list[Any] = [call_id, session_id, workspace, repr(now), RETENTION_SECONDS, USAGE_STREAM_MAXLEN,
-                           event, tool]
-        for field, amount in (amounts or {}).items():
-            args += [field, f"{amount:.3f}" if isinstance(amount, float) else int(amount)]
+        pairs = [[field, f"{amount:.3f}" if isinstance(amount, float) else int(amount)]
+                 for field, amount in (amounts or {}).items()]
         settled = await self._done(
             keys=[k.call(call_id), k.call_deadlines, k.session(session_id), k.deadlines, k.usage_total(workspace),
                   k.usage_day(workspace, utc_day(now)), k.usage_workspaces, k.usage_events],
-            args=args,
+            args=scripts.named(call=call_id, session=session_id, workspace=workspace, now=repr(now),
+                               retention=RETENTION_SECONDS, maxlen=USAGE_STREAM_MAXLEN, event=event, tool=tool,
+                               amounts=pairs),
         )
         return bool(int(settled))
 
@@ -377,8 +379,9 @@ class SessionStore:
         day_head, day_tail = _split(k.usage_day(_HOLE, utc_day(now)))
         settled, metered = await self._settle_overdue(
             keys=[k.call_deadlines, k.deadlines, k.usage_workspaces, k.usage_events],
-            args=[repr(now), limit, k.call_prefix, k.session_prefix, *self._usage_total, day_head, day_tail,
-                  RETENTION_SECONDS, USAGE_STREAM_MAXLEN])
+            args=scripts.named(now=repr(now), limit=limit, call_prefix=k.call_prefix, session_prefix=k.session_prefix,
+                               total=self._usage_total, day=[day_head, day_tail], retention=RETENTION_SECONDS,
+                               maxlen=USAGE_STREAM_MAXLEN))
         return int(settled), int(metered)
 
     @translated
@@ -389,10 +392,13 @@ class SessionStore:
         day_head, day_tail = _split(k.usage_day(_HOLE, utc_day(now)))
         result = await self._release(
             keys=[k.session(session_id), k.deadlines, k.doomed, k.usage_workspaces, k.usage_events],
-            args=[session_id, workspace or "", repr(now), mode, k.sandbox_prefix, *self._ws_sessions,
-                  *self._usage_total, day_head, day_tail, RETENTION_SECONDS, USAGE_STREAM_MAXLEN,
-                  k.pool_events, *self._pool_leased, k.released_sessions, self._release_rate[0],
-                  self._release_rate[1] + str(rate_bucket(now)), k.egress_binding_prefix],
+            args=scripts.named(
+                session=session_id, workspace=workspace or "", now=repr(now), mode=mode,
+                sandbox_prefix=k.sandbox_prefix, retention=RETENTION_SECONDS, maxlen=USAGE_STREAM_MAXLEN,
+                nudge=k.pool_events, released=k.released_sessions, egress_prefix=k.egress_binding_prefix,
+                ws_sessions=self._ws_sessions, total=self._usage_total, day=[day_head, day_tail],
+                leased=self._pool_leased,
+                releases=[self._release_rate[0], self._release_rate[1] + str(rate_bucket(now))]),
         )
         if not result:
             return None
@@ -447,7 +453,7 @@ class SessionStore:
     @translated
     async def pool_counts(self, pool: str) -> PoolCounts:
         starting, ready, leased, doomed = await self._pool_stats(
-            keys=[self.keys.pool_members(pool)], args=[self.keys.sandbox_prefix])
+            keys=[self.keys.pool_members(pool)], args=scripts.named(sandbox_prefix=self.keys.sandbox_prefix))
         return PoolCounts(int(starting), int(ready), int(leased), int(doomed))
 
 

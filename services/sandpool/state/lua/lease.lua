@@ -17,4 +17,4 @@
 --         egress_prefix (key prefix of egress credential bindings)}
 -- Returns {'ok', sandbox, address, secret} | {'wait', releases it waits for past the ceiling (0: a start),
 --         releases in the last minute} | {'quota', limit} | {'capacity', waiters, releases in the last minute}.
-return lease()
+return lease(cjson.decode(ARGV[1]))

@@ -1,6 +1,5 @@
 -- The lease itself, as a function lease.lua and admit_lease.lua both run (KEYS and ARGV: lease.lua).
-local function lease()
-  local a = cjson.decode(ARGV[1])
+local function lease(a)
   local ws_key, ws_waiting, ws, now = KEYS[4], KEYS[16], a.workspace, tonumber(a.now)
   local limits = a.limits or {}
 
@@ -93,7 +92,7 @@ local function lease()
   bump(a.lease_rate_prefix, a.bucket)  -- demand too, served by a start (the claim does not count it again)
   local waiter = KEYS[15]
   redis.call('HSET', waiter, 'session', a.session, 'workspace', ws, 'pool', a.pool, 'state', 'queued',
-    'queued_at', tostring(a.now), 'lease', ARGV[1], 'behind', behind, 'releases', releases)
+    'queued_at', tostring(a.now), 'lease', cjson.encode(a), 'behind', behind, 'releases', releases)
   local ttl = math.ceil(tonumber(a.wait)) + 60
   redis.call('EXPIRE', waiter, ttl)
   redis.call('SADD', KEYS[11], a.session)
