@@ -555,6 +555,7 @@ class PoolController:
         # Creates in flight when the list was taken may finish (and publish) before their record is
         # read; the provider's list may not show them yet: never judge those, nor our destroys.
         busy = frozenset(self._starting) | frozenset(self._destroying)
+        busy_since = time.time()
         try:
             running = {info.sandbox_id: info for info in await self.provider.list()}
         except (ProviderError, OSError) as exc:
@@ -572,7 +573,7 @@ class PoolController:
         led_for = time.monotonic() - self._leading_since
         decided = plan(records, running, sessions, Situation(
             now=time.time(), replica_id=self.replica_id, start_timeout=self.timing.start_timeout_seconds,
-            term=self.timing.leadership_ms / 1000, led_for=led_for, busy=busy))
+            term=self.timing.leadership_ms / 1000, led_for=led_for, busy=busy, busy_since=busy_since))
         if decided.recheck_in is not None:
             self._recheck_at = min(self._recheck_at, time.monotonic() + decided.recheck_in)
         failed: set[str] = set()

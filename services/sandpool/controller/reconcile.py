@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from sandpool.controller.provider import SandboxInfo
 from sandpool.state.sandboxes import SandboxRecord
 
+CLOCK_ROUNDING = 0.001
+"""A record's `created_at` is written to the millisecond."""
+
 
 @dataclass(frozen=True)
 class Situation:
@@ -27,6 +30,10 @@ class Situation:
     term: float  # the leadership term (seconds): a former leader stops its creates within it
     led_for: float  # how long this replica has led
     busy: frozenset[str] = frozenset()  # this leader's own starts and destroys in flight: never judged
+    busy_since: float | None = None
+    """Wall time `busy` was read. A `starting` record of this replica made before it and not in `busy`
+    belongs to a start that has ended without publishing it (its publish failed on a Redis outage,
+    say): abandoned at once, rather than after the whole start timeout."""
 
 
 # --- actions, executed in order ---------------------------------------------------------------
@@ -128,8 +135,11 @@ def _starting_wait(record: SandboxRecord, situation: Situation) -> float | None:
     age = situation.now - record.created_at
     if age > situation.start_timeout:
         return None
+    if record.owner == situation.replica_id and situation.busy_since is not None \
+            and record.created_at < situation.busy_since - CLOCK_ROUNDING:
+        return None  # our own start, over (it is not in `busy`): nobody will publish it
     if record.owner in ("", situation.replica_id):
-        return situation.start_timeout - age  # our own create (a restart of this replica) may still publish
+        return situation.start_timeout - age  # our own create, or one of unknown owner, may still publish
     if situation.led_for >= situation.term:
         return None
     return situation.term - situation.led_for
