@@ -25,13 +25,15 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import pytest
+import redis
 
 T = TypeVar("T")
 PROC = Path("/proc")
@@ -318,6 +320,44 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@contextmanager
+def monitored(redis_url: str) -> Iterator[list[tuple[str, str]]]:
+    """(client address, command text) of every command clients send to Redis while the block runs, as
+    Redis's MONITOR reports them (a script's own commands, run inside Redis, are left out). On the way
+    out a marker command is sent and waited for: MONITOR reports commands in the order Redis ran them,
+    so everything the block caused has been seen by then."""
+    seen: list[tuple[str, str]] = []
+    client = redis.Redis.from_url(redis_url)
+    ready, ended = threading.Event(), threading.Event()
+    marker = "end-of-block-" + secrets.token_hex(4)
+
+    def watch() -> None:
+        try:
+            with client.monitor() as monitor:
+                ready.set()
+                while True:
+                    command = monitor.next_command()
+                    text = str(command["command"])
+                    if marker in text:
+                        ended.set()
+                    elif command.get("client_type") != "lua":
+                        seen.append((f"{command.get('client_address')}:{command.get('client_port')}", text))
+        except (redis.ConnectionError, OSError, ValueError):
+            return  # the block ended and closed the connection
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield seen
+        with redis.Redis.from_url(redis_url) as other:
+            other.echo(marker)
+        assert ended.wait(10), "the end-of-block marker never reached the monitor"
+    finally:
+        client.connection_pool.disconnect()
+        thread.join(5)
 
 
 def keys_under(r: Any, prefix: str) -> list[str]:

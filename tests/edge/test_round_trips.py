@@ -7,14 +7,12 @@ touches nothing, and a call to another workspace's session is still counted agai
 
 from __future__ import annotations
 
-import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import redis
-from testkit import wait_for
+from testkit import monitored, wait_for
 
 from sandpool.state.keys import Keys as RedisKeys
 
@@ -25,43 +23,22 @@ QUIET = {"PING", "INFO", "CLIENT", "HELLO"}
 """Commands of the clients' own upkeep, not of a request."""
 
 
+class Sent:
+    """The commands clients sent so far in a `sent` block, by name (upkeep left out)."""
+
+    def __init__(self, seen: list[tuple[str, str]]) -> None:
+        self.seen = seen
+
+    def names(self) -> list[str]:
+        return [name for name in (text.split(" ", 1)[0].upper() for _, text in list(self.seen)) if name not in QUIET]
+
+
 @contextmanager
-def sent(redis_url: str) -> Iterator[list[str]]:
-    """The commands clients send while the block runs, by name (a script's own commands, run inside
-    Redis, are not sent by anyone and are left out). On the way out a marker command is sent and
-    waited for: MONITOR reports commands in the order Redis ran them, so everything the block
-    caused has been seen by then."""
-    seen: list[str] = []
-    client = redis.Redis.from_url(redis_url)
-    ready, ended = threading.Event(), threading.Event()
-    marker = "end-of-block-" + secrets.token_hex(4)
-
-    def watch() -> None:
-        try:
-            with client.monitor() as monitor:
-                ready.set()
-                while True:
-                    command = monitor.next_command()
-                    text = str(command["command"])
-                    name = text.split(" ", 1)[0].upper()
-                    if name == "ECHO" and marker in text:
-                        ended.set()
-                    elif command.get("client_type") != "lua" and name not in QUIET:
-                        seen.append(name)
-        except (redis.ConnectionError, OSError, ValueError):
-            return  # the block ended and closed the connection
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    try:
-        yield seen
-        with redis.Redis.from_url(redis_url) as other:
-            other.echo(marker)
-        assert ended.wait(10), "the end-of-block marker never reached the monitor"
-    finally:
-        client.connection_pool.disconnect()
-        thread.join(5)
+def sent(redis_url: str) -> Iterator[Sent]:
+    """What clients send while the block runs (testkit.monitored: a script's own commands are left out,
+    and the window closes on a marker the monitor has seen)."""
+    with monitored(redis_url) as seen:
+        yield Sent(seen)
 
 
 def test_an_execute_sends_one_script_call_before_the_agent_and_one_after(
@@ -75,12 +52,12 @@ def test_an_execute_sends_one_script_call_before_the_agent_and_one_after(
             answer = client.post(f"/sessions/{sid}/exec", json=PRINT_1)
             assert answer.status_code == 200 and answer.json()["result_block"]["content"]["stdout"] == "1\n"
             # `done` may trail the answer: wait for it (bounded) rather than race it.
-            wait_for(lambda: len(commands) >= 2, timeout=10, what="the call's done", state=lambda: commands)
-        assert commands == ["EVALSHA", "EVALSHA"]
+            wait_for(lambda: len(commands.names()) >= 2, timeout=10, what="the call's done", state=commands.names)
+        assert commands.names() == ["EVALSHA", "EVALSHA"]
         with sent(redis_url) as commands:
             assert client.get(f"/sessions/{sid}/files/list").status_code == 200
-            wait_for(lambda: len(commands) >= 2, timeout=10, what="the call's done", state=lambda: commands)
-        assert commands == ["EVALSHA", "EVALSHA"]
+            wait_for(lambda: len(commands.names()) >= 2, timeout=10, what="the call's done", state=commands.names)
+        assert commands.names() == ["EVALSHA", "EVALSHA"]
 
 
 def test_a_refused_or_unknown_call_sends_one_script_call_and_touches_no_session(
@@ -96,13 +73,13 @@ def test_a_refused_or_unknown_call_sends_one_script_call_and_touches_no_session(
         with sent(redis_url) as commands:
             # Another workspace's session: the answer an unknown id gets, after one script call.
             assert prober.post(f"/sessions/{sid}/exec", json=PRINT_1).status_code == 404
-        assert commands == ["EVALSHA"]
+        assert commands.names() == ["EVALSHA"]
         assert prober.get(f"/sessions/{sid}/files/list").status_code == 404
         assert prober.get(f"/sessions/{sid}/files/list").status_code == 404
         with sent(redis_url) as commands:
             refused = prober.get(f"/sessions/{sid}/files/list")  # the prober's fourth request of the minute
         assert refused.status_code == 429 and refused.json()["limit"] == "requests_per_minute"
-        assert commands == ["EVALSHA"]
+        assert commands.names() == ["EVALSHA"]
     # The probes were counted, and nothing of the owner's session was extended or marked in flight.
     assert rdb.zscore(rkeys.deadlines, sid) == deadline
     assert int(rdb.hget(rkeys.session(sid), "inflight") or 0) == 0
@@ -117,11 +94,11 @@ def test_a_warm_create_session_sends_one_script_call_and_still_sees_a_changed_po
         # The first CreateSession of a workspace on a replica reads its policy (admission, then the lease).
         with sent(redis_url) as commands:
             assert client.post("/sessions", json={}).status_code == 201
-        assert commands == ["EVALSHA", "EVALSHA"]
+        assert commands.names() == ["EVALSHA", "EVALSHA"]
         # From then on, the lease's own round trip admits it.
         with sent(redis_url) as commands:
             assert client.post("/sessions", json={}).status_code == 201
-        assert commands == ["EVALSHA"]
+        assert commands.names() == ["EVALSHA"]
 
         # The policy changed through another replica: the lease is computed again under it.
         with other_replica.client(keys.token("ops", admin=True)) as admin:
@@ -129,11 +106,11 @@ def test_a_warm_create_session_sends_one_script_call_and_still_sees_a_changed_po
             with sent(redis_url) as commands:
                 refused = client.post("/sessions", json={})
             assert refused.status_code == 429 and refused.json()["limit"] == "max_concurrent_sessions", refused.text
-            assert commands == ["EVALSHA", "EVALSHA"]
+            assert commands.names() == ["EVALSHA", "EVALSHA"]
             with sent(redis_url) as commands:  # known again here: one round trip, and the same answer
                 again = client.post("/sessions", json={})
             assert again.status_code == 429 and again.json()["limit"] == "max_concurrent_sessions"
-            assert commands == ["EVALSHA"]
+            assert commands.names() == ["EVALSHA"]
 
             # A revocation is seen by the very next warm CreateSession.
             revocation = {"jti": "acme-token-1", "exp": int(time.time()) + 600}

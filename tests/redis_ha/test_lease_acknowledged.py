@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import redis
 from ha_servers import SERVICE, Replicated
+from testkit import monitored
 
 from sandpool.state.client import WAIT_TIMEOUT_MS, close, connect
 from sandpool.state.keys import Keys
@@ -21,42 +19,6 @@ from sandpool.state.sessions import Leased, Refused, SessionLimits, SessionStore
 
 LIMITS = SessionLimits(idle_timeout_seconds=60, max_lifetime_seconds=600, exec_timeout_seconds=10,
                        max_exec_timeout_seconds=10)
-
-
-@contextmanager
-def monitored(port: int) -> Iterator[list[tuple[str, str]]]:
-    """(client address, command) of every command clients send to the server on `port` while the block
-    runs; a marker command closes the window once the monitor has seen it."""
-    seen: list[tuple[str, str]] = []
-    client = redis.Redis(port=port)
-    ready, ended = threading.Event(), threading.Event()
-    marker = "end-of-block-" + secrets.token_hex(4)
-
-    def watch() -> None:
-        try:
-            with client.monitor() as monitor:
-                ready.set()
-                while True:
-                    command = monitor.next_command()
-                    text = str(command["command"])
-                    if marker in text:
-                        ended.set()
-                    elif command.get("client_type") != "lua":
-                        seen.append((f"{command.get('client_address')}:{command.get('client_port')}", text))
-        except (redis.ConnectionError, OSError, ValueError):
-            return
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    try:
-        yield seen
-        with redis.Redis(port=port) as other:
-            other.echo(marker)
-        assert ended.wait(10), "the end-of-block marker never reached the monitor"
-    finally:
-        client.connection_pool.disconnect()
-        thread.join(5)
 
 
 def publish_ready(r: redis.Redis, keys: Keys) -> str:
@@ -87,7 +49,7 @@ def test_a_lease_is_acknowledged_by_the_replica_before_it_is_answered(replicated
         finally:
             await close(client)
 
-    with monitored(replicated.primary.port) as commands:
+    with monitored(f"redis://127.0.0.1:{replicated.primary.port}") as commands:
         leased = asyncio.run(lease("s-first"))
         assert isinstance(leased, Leased) and leased.sandbox == sandbox
         assert replica.hget(keys.session("s-first"), "sandbox") == sandbox  # already there: acknowledged
@@ -95,7 +57,7 @@ def test_a_lease_is_acknowledged_by_the_replica_before_it_is_answered(replicated
     waits = [(who, text) for who, text in commands if text.upper().startswith("WAIT")]
     assert len(scripts) == 1 and waits == [(scripts[0][0], f"WAIT 1 {WAIT_TIMEOUT_MS}")], commands
 
-    with monitored(replicated.primary.port) as commands:
+    with monitored(f"redis://127.0.0.1:{replicated.primary.port}") as commands:
         refused = asyncio.run(lease("s-second"))  # none ready: refused, nothing to acknowledge
         assert isinstance(refused, Refused)
     assert not [text for _, text in commands if text.upper().startswith("WAIT")], commands
