@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -25,30 +24,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandpool.core.errors import SandpoolError, error_response
 from sandpool.core.logs import request_id_var
+from sandpool.mcp.caller import McpCaller
 from sandpool.state import Client, Keys
 
 if TYPE_CHECKING:
     from sandpool.mcp.served import Served
 
 PATH = "/mcp"
-CALLER_KEY = "sandpool.mcp.caller"
 OPERATION = "mcp"
 """What the edge's metrics call a request to `/mcp`."""
 
 Authenticate = Callable[[Request, str], Awaitable[tuple[str, "str | None"]]]
 """The contract's authentication of a request (`sandpool.api.contract.Contract.authenticate`): its workspace and
 credential, or a `SandpoolError` (401, 503) to answer with."""
-
-
-@dataclass(frozen=True)
-class McpCaller:
-    """Who sent this MCP request, as the gate verified it; the tool handlers read it from the request scope."""
-
-    workspace: str
-    authorization: str | None
-    mcp_session_id: str | None = None
-    request_id: str | None = None
-    client: tuple[str, int] | None = None
 
 
 class McpEndpoint:
@@ -102,4 +90,4 @@ class McpEndpoint:
         await served.handle(request, caller, send)
 
 
-__all__ = ["CALLER_KEY", "PATH", "McpCaller", "McpEndpoint"]
+__all__ = ["PATH", "McpEndpoint"]

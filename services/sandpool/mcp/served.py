@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Send
 
 from sandpool.core.errors import SandpoolError, StateStoreUnavailable, error_response
 from sandpool.mcp.backend import CallRefused
-from sandpool.mcp.http import CALLER_KEY, McpCaller
+from sandpool.mcp.caller import CALLER_KEY, McpCaller
 from sandpool.mcp.inprocess import InProcessBackend
 from sandpool.mcp.server import Binding, build_server
 from sandpool.sessions.service import read_capped

@@ -10,14 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from sandpool.contract import tenancy
 from sandpool.sessions.limits import NO_POLICY, WorkspacePolicy
 from sandpool.state.sessions import CallSpec, Target
 
-if TYPE_CHECKING:
-    from sandpool.sessions.calls import ExecBody
+
+@dataclass(frozen=True)
+class ExecBody:
+    """An Execute's body, parsed and checked before its call is admitted (so its record names its tool):
+    its bytes, the JSON document, the tool kind, the client's timeout hint, and the longest timeout it can run
+    with under the operator's ceilings (a workspace's policy may only lower it)."""
+
+    raw: bytes
+    doc: dict[str, Any]
+    tool: str
+    timeout_hint: int | None
+    bound: int
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.background import BackgroundTask
 
@@ -32,19 +31,6 @@ log = logging.getLogger(__name__)
 def new_call_id() -> str:
     """A call's id: its record's name and what a cancel of it names (unguessable; it never leaves the api)."""
     return secrets.token_urlsafe(12)
-
-
-@dataclass(frozen=True)
-class ExecBody:
-    """An Execute's body, parsed and checked before its call is admitted (so its record names its tool):
-    its bytes, the JSON document, the tool kind, the client's timeout hint, and the longest timeout it can run
-    with under the operator's ceilings (a workspace's policy may only lower it)."""
-
-    raw: bytes
-    doc: dict[str, Any]
-    tool: str
-    timeout_hint: int | None
-    bound: int
 
 
 @dataclass(frozen=True)
@@ -101,4 +87,4 @@ class Call:
         return BackgroundTask(self.finish)
 
 
-__all__ = ["NOTHING", "Call", "ExecBody", "Metered", "new_call_id"]
+__all__ = ["NOTHING", "Call", "Metered", "new_call_id"]

@@ -49,8 +49,8 @@ from sandpool.core.hop import HopBusy, HopConnectError, HopError
 from sandpool.core.hop import Response as HopResponse
 from sandpool.core.logs import request_id_var
 from sandpool.sessions import limits
-from sandpool.sessions.caller import Caller
-from sandpool.sessions.calls import NOTHING, Call, ExecBody, Metered, new_call_id
+from sandpool.sessions.caller import Caller, ExecBody
+from sandpool.sessions.calls import NOTHING, Call, Metered, new_call_id
 from sandpool.sessions.forward import (
     CALL_ID,
     OUTCOME_HEADER,
