@@ -19,8 +19,8 @@ DOWN_AFTER_MS = 1000
 """Sentinel's `down-after-milliseconds` here (its default is 30000): the failover window scales with it."""
 
 
-class SentinelProcess:
-    """One `redis-server <conf> --sentinel` watching `primary_port` as SERVICE."""
+class SentinelProcess(RedisServer):
+    """One `redis-server <conf> --sentinel` watching `primary_port` as SERVICE (stopped as any RedisServer)."""
 
     def __init__(self, data_dir: Path, primary_port: int) -> None:
         self.port = free_port()
@@ -40,14 +40,6 @@ class SentinelProcess:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: redis_pong(self.port), timeout=10, interval=0.02, what="redis-sentinel PONG")
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 class Replicated:
