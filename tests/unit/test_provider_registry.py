@@ -76,7 +76,8 @@ def test_its_pool_options_are_read_and_checked_with_the_pools_file(dummy: regist
 
 
 def test_an_unregistered_provider_is_refused_by_name() -> None:
-    with pytest.raises(ValidationError, match="unknown provider 'dummy' \\(expected one of local, kubernetes\\)"):
+    expected = "unknown provider 'dummy' \\(expected one of local, kubernetes, simulated\\)"
+    with pytest.raises(ValidationError, match=expected):
         ControllerSettings(provider="dummy")
     with pytest.raises(ConfigurationError, match="unknown provider 'dummy'"):
         build_provider("dummy")

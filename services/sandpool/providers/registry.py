@@ -78,6 +78,14 @@ PROVIDERS: dict[str, ProviderKind] = {kind.name: kind for kind in (
         pool_options="sandpool.providers.kubernetes.pool_options:KubernetesPoolOptions",
         extra="kubernetes",
     ),
+    ProviderKind(
+        name="simulated",
+        summary=("no sandboxes: records only, one in-process server answering every agent call with a fixed "
+                 "result (benchmarks and tests of the control plane; runs no code)"),
+        settings="sandpool.providers.simulated.settings:SimulatedProviderSettings",
+        factory="sandpool.providers.simulated.provider:SimulatedProvider",
+        pool_options="sandpool.providers.simulated.pool_options:SimulatedPoolOptions",
+    ),
 )}
 
 
