@@ -29,6 +29,7 @@ log = logging.getLogger("sandpool.agent")
 SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 # What a matplotlib font cache is made of (`fontlist-v<FontManager version>.json`).
 MATPLOTLIB_CACHE_GLOB = "fontlist-v*.json"
+_MATPLOTLIB_CACHE_AFFIXES = ("fontlist-v", ".json")
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,7 @@ def matplotlib_dir(seed: Path | None, policy: ChildPolicy) -> str | None:
         return None
     copied = []
     if seed is not None:
-        for cache in sorted(Path(seed).glob(MATPLOTLIB_CACHE_GLOB)):
+        for cache in _font_caches(Path(seed)):
             try:
                 shutil.copyfile(cache, path / cache.name)
                 copied.append(path / cache.name)
@@ -318,6 +319,19 @@ def matplotlib_dir(seed: Path | None, policy: ChildPolicy) -> str | None:
         for entry in (path, *copied):
             os.chown(entry, policy.uid, gid)
     return str(path)
+
+
+def _font_caches(seed: Path) -> list[Path]:
+    """The `MATPLOTLIB_CACHE_GLOB` files in `seed`, sorted. Matched by prefix and suffix, not by
+    `Path.glob`: that compiles its pattern into a regex in every sandbox, ~0.3 ms of a fresh agent's start."""
+    prefix, suffix = _MATPLOTLIB_CACHE_AFFIXES
+    try:
+        names = os.listdir(seed)
+    except OSError:
+        return []
+    return [seed / name for name in sorted(names)
+            if name.startswith(prefix) and name.endswith(suffix) and len(name) >= len(prefix) + len(suffix)
+            and (seed / name).is_file()]
 
 
 def prepare_workspace(path: str, policy: ChildPolicy) -> None:

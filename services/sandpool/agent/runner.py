@@ -42,6 +42,7 @@ class _State:
     pid = 0
     libc: ctypes.CDLL | None = None
     stdio_copies: tuple[int, int] = (-1, -1)
+    warmed = False  # a runner forked from a warmed template (runner_template.py) has paid them already
 
 
 def _on_sigint(signum, frame):  # signal handler signature
@@ -347,10 +348,13 @@ def _reap(pids: object) -> None:
 
 def _warm(namespace: dict) -> None:
     # Pay the first-call costs (compiler, traceback formatting, ctypes) before the first call.
+    if _State.warmed:
+        return
     exec(compile("_ = 1\n", "<warm>", "exec"), namespace)
     namespace.pop("_", None)
     traceback.format_exception(ValueError, ValueError("warm"), None)
     _flush_all()
+    _State.warmed = True
 
 
 def _preimport(names: list[str]) -> None:

@@ -128,7 +128,6 @@ class Zygote:
         self.netns_checked = 0.0
         self.wake_r, self.wake_w = os.pipe()
         self.running = True
-        self.cpu_killed = 0.0  # CPU of every process of a sandbox, summed just before it was killed
 
     # -- start ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -274,7 +273,6 @@ class Zygote:
                 self.send({"id": rid, "ok": True, "sandboxes": len(self.sandboxes),
                            "cpu_self_seconds": own.ru_utime + own.ru_stime,
                            "cpu_children_seconds": children.ru_utime + children.ru_stime,
-                           "cpu_killed_sandboxes_seconds": self.cpu_killed,
                            "cpu_runner_templates_seconds": self.templates.cpu_seconds() if self.templates else 0.0,
                            "netns": self.netns.stats() if self.netns is not None else None})
             elif op == "list":
@@ -476,8 +474,6 @@ class Zygote:
             self.send({"id": rid, "ok": True, "gone": True})
             return
         sandbox.kill_requests.append(rid)
-        if sandbox.cgroup is not None and sandbox.status == "running":
-            self.cpu_killed += _cpu_of(sandbox.cgroup.pids())
         self._signal(sandbox)
 
     def reap(self) -> None:
@@ -558,6 +554,8 @@ def _warm_agent() -> None:
     route, ~20 ms) is filled here, once, instead of in every sandbox. The dummy secret
     guards nothing: this app never listens."""
     import asyncio
+    import codecs
+    import tempfile
     from pathlib import Path
 
     import uvicorn
@@ -568,6 +566,13 @@ def _warm_agent() -> None:
     from sandpool.contract.models import CODE_EXECUTION, parse_exec_request
 
     parse_exec_request({"tool": CODE_EXECUTION, "input": {"code": "pass"}})  # builds the kinds' parser, once
+    # The agent reads /proc files as ASCII (agent/hardening.py): the codec's module is imported, and the
+    # codec cached, on its first lookup; here, not in every sandbox (~0.5 ms of each agent's start).
+    codecs.lookup("ascii")
+    # The agent's temporary directories (agent/hardening.py: matplotlib_dir): the first call probes the
+    # candidates by writing files in them. The zygote runs with a scrubbed environment, so this is
+    # /tmp, which every sandbox root has (its own tmpfs).
+    tempfile.gettempdir()
     arch = seccomp.native_arch()
     if arch is not None:
         seccomp.build_program(arch)  # built once here, installed by every sandbox
@@ -599,19 +604,6 @@ def _warm_agent() -> None:
         await routes_app()(scope, receive, send)  # FastAPI's: builds its middleware stack, once
 
     asyncio.run(call())
-
-
-def _cpu_of(pids: set[int]) -> float:
-    """user+system CPU of these processes and of the children they reaped (clock ticks)."""
-    ticks = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            ticks += sum(int(x) for x in fields[11:15])
-        except (OSError, ValueError, IndexError):
-            pass
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _int(value: Any) -> int | None:
