@@ -12,6 +12,10 @@ import httpx
 from testkit import AgentProcess
 
 REPO = Path(__file__).resolve().parents[2]
+SESSION = "s1"
+"""The one session every agent test calls its agent for: an agent serves the first session a call names
+and no other (`agent.fence`; tests/agent/test_fence.py)."""
+S = f"/sessions/{SESSION}"
 
 
 class Agent(AgentProcess):
@@ -26,7 +30,7 @@ class Agent(AgentProcess):
             body["timeout_seconds"] = timeout
         if tool_use_id is not None:
             body["tool_use_id"] = tool_use_id
-        return self.client.post("/sessions/s1/exec", json=body)
+        return self.client.post(f"{S}/exec", json=body)
 
     def py(self, code: str, **kw: Any) -> dict[str, Any]:
         resp = self.exec("code_execution", code=code, **kw)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from agent_harness import Agent, content
+from agent_harness import Agent, S, content
 
 
 def test_create_view_and_ranges(agent: Agent) -> None:
@@ -84,7 +84,7 @@ def test_unencodable_text_and_paths_fail_cleanly(agent: Agent) -> None:
 
     def raw(tool: str, **fields: str) -> tuple[int, dict[str, object] | None]:
         body = json.dumps({"tool": tool, "input": fields})  # httpx's own encoder would refuse them
-        resp = agent.client.post("/sessions/s/exec", content=body, headers={"content-type": "application/json"})
+        resp = agent.client.post(f"{S}/exec", content=body, headers={"content-type": "application/json"})
         assert resp.status_code in (200, 422), resp.text
         return resp.status_code, content(resp.json()) if resp.status_code == 200 else None
 

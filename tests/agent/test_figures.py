@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_harness import Agent, content, start_agent
+from agent_harness import Agent, S, content, start_agent
 from anthropic.types.beta import BetaCodeExecutionResultBlock, BetaCodeExecutionToolResultBlock
 from sandbox_env import sandbox_python
 
@@ -42,7 +42,7 @@ def produced(agent: Agent, code: str) -> tuple[BetaCodeExecutionResultBlock, lis
 
 
 def fetch(agent: Agent, file_id: str) -> bytes:
-    got = agent.client.get("/sessions/s1/files", params={"path": file_id})
+    got = agent.client.get(f"{S}/files", params={"path": file_id})
     assert got.status_code == 200, got.text
     return got.content
 
@@ -87,7 +87,7 @@ def test_a_call_without_figures_creates_nothing(agent: Agent) -> None:
 
 
 def test_a_file_of_the_users_is_never_overwritten(agent: Agent) -> None:
-    agent.client.post("/sessions/s1/files", files={"file": ("figure-1.png", b"mine")})
+    agent.client.post(f"{S}/files", files={"file": ("figure-1.png", b"mine")})
     _, files = produced(agent, "import matplotlib.pyplot as plt\nplt.plot([1])\nplt.show()")
     assert files == ["figure-2.png"]
     assert fetch(agent, "figure-1.png") == b"mine"

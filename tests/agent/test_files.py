@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from agent_harness import Agent, content
-
-S = "/sessions/any-id"
+from agent_harness import Agent, S, content
 
 
 def put(agent: Agent, data: bytes, path: str | None = None, filename: str = "up.bin") -> object:
@@ -159,5 +157,5 @@ def test_upload_file_name_cannot_steer_the_path(agent: Agent) -> None:
     assert (agent.workspace / "named-evil.txt").read_bytes() == b"n"
     assert not (agent.workspace.parent / "named-evil.txt").exists()
     assert put(agent, b"n", filename="..").status_code in (403, 422)
-    unknown = agent.client.get("/sessions/x/nothing-here")
+    unknown = agent.client.get(f"{S}/nothing-here")
     assert unknown.status_code == 404 and unknown.json()["reason"] == "not_found"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_harness import content, start_agent
+from agent_harness import S, content, start_agent
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")
 
@@ -54,7 +54,7 @@ def test_children_drop_to_the_sandbox_uid(tmp_path: Path) -> None:
         assert "dropped-secret" not in leak["stdout"] and leak["stdout"].endswith("done\n")
         # The workspace is the sandbox's own, and uploads are writable by it.
         assert (a.workspace.stat().st_uid, a.workspace.stat().st_gid) == (65534, 65534)
-        put = a.client.post("/sessions/x/files", files={"file": ("f", b"seed")}, data={"path": "in/seed.txt"})
+        put = a.client.post(f"{S}/files", files={"file": ("f", b"seed")}, data={"path": "in/seed.txt"})
         assert put.status_code == 201
         assert (a.workspace / "in/seed.txt").stat().st_uid == 65534
         assert content(a.sh("echo more >> in/seed.txt && echo ok"))["stdout"] == "ok\n"

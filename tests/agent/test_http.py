@@ -10,10 +10,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from agent_harness import REPO, Agent, content, start_agent
+from agent_harness import REPO, Agent, S, content, start_agent
 from testkit import scrubbed_env, survivors, wait_for
-
-S = "/sessions/whatever"
 
 
 def test_auth_is_required_everywhere_but_healthz(agent: Agent) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from agent_harness import Agent, content, start_agent
+from agent_harness import Agent, S, content, start_agent
 from testkit import rss_kib
 
 
@@ -53,4 +53,4 @@ def test_produced_files_are_listed_capped_and_skip_hidden(small: Agent) -> None:
     assert len(many) == 3
     assert all(f["file_id"].startswith("p/many") for f in many)
     for ref in many:
-        assert small.client.get("/sessions/x/files", params={"path": ref["file_id"]}).content == b"x"
+        assert small.client.get(f"{S}/files", params={"path": ref["file_id"]}).content == b"x"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_harness import Agent, start_agent
+from agent_harness import Agent, S, start_agent
 from sse_events import CANCEL_HEADERS, STREAM_HEADERS, collect, events, result_of, text_of
 from testkit import wait_for
 
@@ -31,7 +31,7 @@ def body(code: str, tool: str = CODE, **extra: Any) -> dict[str, Any]:
 
 def stream(agent: Agent, code: str, *, headers: dict[str, str] = STREAM_HEADERS, tool: str = CODE,
            on_event: Any = None, **extra: Any) -> list[tuple[str, Any]]:
-    with agent.client.stream("POST", "/sessions/s1/exec", json=body(code, tool, **extra), headers=headers) as resp:
+    with agent.client.stream("POST", f"{S}/exec", json=body(code, tool, **extra), headers=headers) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
         return collect(resp.iter_lines(), on_event)
@@ -103,13 +103,13 @@ def test_bash_streams_and_heartbeats_while_silent(agent: Agent) -> None:
 
 
 def test_the_editor_and_refusals_answer_plain_json(agent: Agent) -> None:
-    edit = agent.client.post("/sessions/s1/exec", headers=STREAM_HEADERS, json={
+    edit = agent.client.post(f"{S}/exec", headers=STREAM_HEADERS, json={
         "tool": "text_editor_code_execution", "input": {"command": "create", "path": "s.txt", "file_text": "a"}})
     assert edit.status_code == 200 and edit.headers["content-type"] == "application/json"
     assert edit.json()["result_block"]["type"] == "text_editor_code_execution_tool_result"
-    bad = agent.client.post("/sessions/s1/exec", headers=STREAM_HEADERS, json={"tool": CODE, "input": {}})
+    bad = agent.client.post(f"{S}/exec", headers=STREAM_HEADERS, json={"tool": CODE, "input": {}})
     assert bad.status_code == 422 and bad.json()["reason"] == "invalid_request"
-    unknown = agent.client.post("/sessions/s1/exec", headers=STREAM_HEADERS, json={"tool": "nope", "input": {}})
+    unknown = agent.client.post(f"{S}/exec", headers=STREAM_HEADERS, json={"tool": "nope", "input": {}})
     assert unknown.status_code == 400
 
 
@@ -119,7 +119,7 @@ def test_cancel_interrupts_the_running_call_and_keeps_state(agent: Agent) -> Non
 
     def cancel_on_first_output(event: tuple[str, Any]) -> None:
         if event[0] == "stdout" and not answers:
-            answers.append(agent.new_client(agent.secret).delete("/sessions/s1/exec"))
+            answers.append(agent.new_client(agent.secret).delete(f"{S}/exec"))
 
     got = stream(agent, "import sys, time\nsys.stdout.write('working\\n'); sys.stdout.flush()\n"
                         "while True: time.sleep(0.05)\n", on_event=cancel_on_first_output)
@@ -135,10 +135,10 @@ def test_cancel_interrupts_the_running_call_and_keeps_state(agent: Agent) -> Non
 
 
 def test_cancel_with_nothing_running_is_a_clear_409(agent: Agent) -> None:
-    answer = agent.client.delete("/sessions/s1/exec")
+    answer = agent.client.delete(f"{S}/exec")
     assert answer.status_code == 409
     assert answer.json()["reason"] == "no_running_call"
-    assert agent.new_client(None).delete("/sessions/s1/exec").status_code == 401  # the secret, as every call
+    assert agent.new_client(None).delete(f"{S}/exec").status_code == 401  # the secret, as every call
 
 
 def test_cancel_does_not_wait_behind_the_call_it_stops(agent: Agent) -> None:
@@ -146,7 +146,7 @@ def test_cancel_does_not_wait_behind_the_call_it_stops(agent: Agent) -> None:
     holder: list[dict[str, Any]] = []
     thread = threading.Thread(target=lambda: holder.append(agent.py("import time\ntime.sleep(120)")))
     thread.start()
-    wait_for(lambda: agent.new_client(agent.secret).delete("/sessions/s1/exec").status_code == 200,
+    wait_for(lambda: agent.new_client(agent.secret).delete(f"{S}/exec").status_code == 200,
              timeout=30, what="the sleeping call to be cancelled")
     thread.join(60)
     assert holder and holder[0]["cancelled"] is True
@@ -156,7 +156,7 @@ def test_a_reader_that_leaves_stops_nothing(agent: Agent) -> None:
     marker = agent.workspace / "left-alone.marker"
     code = ("import time\nimport sys; sys.stdout.write('started\\n'); sys.stdout.flush()\n"
             "time.sleep(1)\nopen('left-alone.marker', 'w').write('finished')\nlater = 7\n")
-    with agent.client.stream("POST", "/sessions/s1/exec", json=body(code), headers=STREAM_HEADERS) as resp:
+    with agent.client.stream("POST", f"{S}/exec", json=body(code), headers=STREAM_HEADERS) as resp:
         first = next(e for e in events(resp.iter_lines()) if e[0] != "comment")
     assert first == ("stdout", "started\n")
     assert agent.py("print(later)")["result_block"]["content"]["stdout"] == "7\n"  # queued behind it, in order
@@ -167,7 +167,7 @@ def test_a_reader_that_leaves_with_the_cancel_header_stops_the_call(agent: Agent
     marker = agent.workspace / "cancelled.marker"
     code = ("import time\nbefore = 'kept'\nimport sys; sys.stdout.write('started\\n'); sys.stdout.flush()\n"
             "time.sleep(100)\nopen('cancelled.marker', 'w').write('not stopped')\n")
-    with agent.client.stream("POST", "/sessions/s1/exec", json=body(code), headers=CANCEL_HEADERS) as resp:
+    with agent.client.stream("POST", f"{S}/exec", json=body(code), headers=CANCEL_HEADERS) as resp:
         first = next(e for e in events(resp.iter_lines()) if e[0] != "comment")
     assert first == ("stdout", "started\n")
     after = agent.py("print(before)")["result_block"]["content"]
@@ -195,17 +195,17 @@ def test_a_cancel_names_its_call_a_waiting_one_is_withdrawn_and_the_running_one_
               "while not os.path.exists('release-a.marker'): time.sleep(0.02)\nprint('a done')")
     a_result: list[dict[str, Any]] = []
     a = threading.Thread(target=lambda: a_result.append(agent.client.post(
-        "/sessions/s1/exec", json=body(a_code), headers={"Sandpool-Call-Id": "call-a"}).json()))
+        f"{S}/exec", json=body(a_code), headers={"Sandpool-Call-Id": "call-a"}).json()))
     a.start()
     wait_for(started.exists, timeout=30, what="A running")
-    nobody = agent.new_client(agent.secret).delete("/sessions/s1/exec?call_id=nobody")
+    nobody = agent.new_client(agent.secret).delete(f"{S}/exec?call_id=nobody")
     assert nobody.status_code == 409 and nobody.json()["reason"] == "no_running_call"
     b_events: list[list[tuple[str, Any]]] = []
     b = threading.Thread(target=lambda: b_events.append(stream(
         agent, "open('b-ran.marker', 'w').write('x')", headers={**STREAM_HEADERS, "Sandpool-Call-Id": "call-b"})))
     b.start()
     withdrawn = wait_for(lambda: (r := agent.new_client(agent.secret).delete(
-        "/sessions/s1/exec?call_id=call-b")).status_code == 200 and r, timeout=30, what="B withdrawn")
+        f"{S}/exec?call_id=call-b")).status_code == 200 and r, timeout=30, what="B withdrawn")
     assert withdrawn.json() == {"call_id": "call-b"}
     b.join(30)
     result = result_of(b_events[0])

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from agent_harness import Agent
+from agent_harness import Agent, S
 from sse_events import STREAM_HEADERS, collect, result_of
 
 from sandpool.agent.streaming import OutputEvents, pieces
@@ -25,7 +25,7 @@ OUTPUTS = {
 
 def streamed(agent: Agent, code: str) -> tuple[list[tuple[str, object]], dict[str, object]]:
     body = {"tool": "code_execution", "input": {"code": code}}
-    with agent.client.stream("POST", "/sessions/s1/exec", json=body, headers=STREAM_HEADERS) as resp:
+    with agent.client.stream("POST", f"{S}/exec", json=body, headers=STREAM_HEADERS) as resp:
         assert resp.status_code == 200
         got = collect(resp.iter_lines())
     return got, result_of(got)["result_block"]["content"]  # type: ignore[return-value]

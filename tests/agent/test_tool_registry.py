@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from agent_harness import REPO, Agent, start_agent
+from agent_harness import REPO, Agent, S, start_agent
 
 from sandpool import cli
 from sandpool.agent import tools
@@ -104,7 +104,7 @@ def json_bytes(value: object) -> bytes:
 # --- the tests ---------------------------------------------------------------------------------
 
 def test_the_new_kind_answers_its_result_block(echo_agent: Agent) -> None:
-    resp = echo_agent.client.post("/sessions/s1/exec", json={"tool": "echo", "input": {"text": "héllo\n"},
+    resp = echo_agent.client.post(f"{S}/exec", json={"tool": "echo", "input": {"text": "héllo\n"},
                                                              "tool_use_id": "toolu_echo"})
     assert resp.status_code == 200, resp.text
     assert resp.headers["x-sandpool-outcome"] == "ok"
@@ -119,7 +119,7 @@ def test_the_new_kind_answers_its_result_block(echo_agent: Agent) -> None:
 
 
 def test_the_new_kind_streams_because_its_tool_says_so(echo_agent: Agent) -> None:
-    with echo_agent.client.stream("POST", "/sessions/s1/exec", json={"tool": "echo", "input": {"text": "streamed"}},
+    with echo_agent.client.stream("POST", f"{S}/exec", json={"tool": "echo", "input": {"text": "streamed"}},
                                   headers={"Accept": "text/event-stream"}) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
@@ -134,7 +134,7 @@ def test_the_new_kind_streams_because_its_tool_says_so(echo_agent: Agent) -> Non
 
 
 def test_the_new_kind_is_validated_by_its_own_model(echo_agent: Agent) -> None:
-    resp = echo_agent.client.post("/sessions/s1/exec", json={"tool": "echo", "input": {"txt": "typo"}})
+    resp = echo_agent.client.post(f"{S}/exec", json={"tool": "echo", "input": {"txt": "typo"}})
     assert resp.status_code == 422
     assert resp.json()["detail"] == [{"loc": ["echo", "input", "text"], "msg": "Field required", "type": "missing"}]
 
@@ -142,7 +142,7 @@ def test_the_new_kind_is_validated_by_its_own_model(echo_agent: Agent) -> None:
 def test_an_unregistered_kind_is_unknown_again(tmp_path: Path) -> None:
     agent = start_echo_agent(tmp_path, forget=True)
     try:
-        resp = agent.client.post("/sessions/s1/exec", json={"tool": "echo", "input": {"text": "x"}})
+        resp = agent.client.post(f"{S}/exec", json={"tool": "echo", "input": {"text": "x"}})
         assert resp.status_code == 400, resp.text
         assert resp.json()["reason"] == UnknownToolKind.reason
         assert "'echo'" in resp.json()["detail"] and "code_execution" in resp.json()["detail"]

@@ -13,9 +13,7 @@ import re
 import socket
 
 import pytest
-from agent_harness import Agent
-
-S = "/sessions/whatever"
+from agent_harness import Agent, S
 
 
 def raw(agent: Agent, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,

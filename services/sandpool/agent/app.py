@@ -1,4 +1,4 @@
-"""The agent's HTTP application: the contract's session-scoped paths, under any session id.
+"""The agent's HTTP application: the contract's session-scoped paths, for the one session it serves.
 
 `create_app(settings, secret)` builds it; importing this module does nothing
 else, so a template process can import it once and fork agents from it (and
@@ -6,6 +6,8 @@ build `routes_app()`, the FastAPI app of the routes that is the same for every
 agent, before it forks). The lifespan starts (and warms) the interpreter and
 the shell before the first request is served, and kills every child when it
 ends. Execute, every call's path, is served straight from ASGI (`AgentApp`).
+The first session id an authenticated call names is the only one served
+(`agent.fence`): a call for another is refused and the agent ends.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import secrets
 import stat
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote
@@ -36,11 +38,19 @@ from sandpool.agent import produced, streaming, tools
 from sandpool.agent.auth import BearerSecretMiddleware
 from sandpool.agent.calls import Withdrawn
 from sandpool.agent.execution import ChildStartFailed, OutputListener
+from sandpool.agent.fence import Fence, session_of
 from sandpool.agent.limits import BodyLimitMiddleware
 from sandpool.agent.runtime import Runtime
 from sandpool.agent.settings import AgentSettings
 from sandpool.agent.workspace import shown
-from sandpool.contract.agent_protocol import CALL_ID_HEADER, OUTCOME_HEADER, Outcome, lower_name
+from sandpool.contract.agent_protocol import (
+    CALL_ID_HEADER,
+    FENCED_HEADER,
+    FENCED_STATUS,
+    OUTCOME_HEADER,
+    Outcome,
+    lower_name,
+)
 from sandpool.contract.models import (
     CODE_EXECUTION,
     CodeExecutionOutputFile,
@@ -293,6 +303,12 @@ class AgentApp:
     body), and hands every other request to the shared FastAPI app. Both paths run the
     same handler and render with the same response classes: tests/agent/test_wire.py pins
     the bytes.
+
+    Every request naming a session passes the fence first (`agent.fence`, armed once the
+    start-up self-test has run): the first session named is the one served; another is
+    refused (409, `FENCED_HEADER`), every child is killed at once, and `on_fenced` (the
+    server's exit, set by `agent.server`) ends the agent once the refusal is sent. From then
+    on every session call gets the same refusal and `/healthz` fails.
     """
 
     def __init__(self, settings: AgentSettings, secret: str, root: str) -> None:
@@ -302,6 +318,9 @@ class AgentApp:
         self.routes = routes_app()
         self.runtime: Runtime | None = None
         self.outer: ASGIApp = self  # the whole stack, for the self-test (set by create_app)
+        self.fence: Fence | None = None  # armed after the self-test
+        self.on_fenced: Callable[[], None] | None = None
+        self.ending = False  # the fence refused a call: the agent is on its way out
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -311,6 +330,15 @@ class AgentApp:
         scope[RUNTIME_KEY] = self.runtime
         if kind == "http":
             method, path = scope["method"], scope["path"]
+            fence = self.fence
+            if fence is not None:
+                session = session_of(path)
+                if session is not None and not fence.admits(session):
+                    await self._refuse(scope, receive, send)
+                    return
+                if fence.tripped and method == "GET" and path == "/healthz":
+                    await _ENDING(scope, receive, send)
+                    return
             if method == "POST" and _is_exec_path(path):
                 await self._exec(scope, receive, send)
                 return
@@ -345,6 +373,16 @@ class AgentApp:
             await _SERVER_ERROR(scope, receive, send)
             raise
         await response(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A call for a session other than the one served: kill every child now (the served
+        session's state goes with them), answer the refusal, then end the agent."""
+        first, self.ending = not self.ending, True
+        if first and self.runtime is not None:
+            self.runtime.stop_now()
+        await _FENCED(scope, receive, send)
+        if first and self.on_fenced is not None:
+            self.on_fenced()
 
     async def _stream(self, runtime: Runtime, parsed: ExecCall, scope: Scope, receive: Receive, send: Send) -> None:
         """A streamed Execute (`agent.streaming`). A reader that leaves stops nothing, unless it asked
@@ -400,6 +438,7 @@ class AgentApp:
             self.runtime = runtime
             await runtime.start()
             await _self_call(self.outer, self.secret)
+            self.fence = Fence()
         except BaseException:
             await runtime.close()
             await send({"type": "lifespan.startup.failed", "message": traceback.format_exc()})
@@ -464,6 +503,15 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 async def _HEALTHY(scope: Scope, receive: Receive, send: Send) -> None:
     await JSONResponse({"status": "ok"})(scope, receive, send)
+
+
+async def _ENDING(scope: Scope, receive: Receive, send: Send) -> None:
+    await JSONResponse({"status": "ending"}, status_code=503)(scope, receive, send)
+
+
+async def _FENCED(scope: Scope, receive: Receive, send: Send) -> None:
+    body = {"detail": "this sandbox serves another session and is ending", "reason": Reason.CONFLICT}
+    await JSONResponse(body, status_code=FENCED_STATUS, headers={FENCED_HEADER: "true"})(scope, receive, send)
 
 
 async def _SERVER_ERROR(scope: Scope, receive: Receive, send: Send) -> None:

@@ -80,6 +80,11 @@ class _AgentServer(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def end_fenced(self) -> None:
+        """The session fence refused a call (its children are already killed): exit as on SIGTERM, so
+        the provider reports the sandbox lost and the controller replaces it."""
+        self.should_exit = True
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         runtime = getattr(self.config.app, "runtime", None)
         if runtime is not None and not self.should_exit:
@@ -104,6 +109,7 @@ def serve(settings: AgentSettings) -> None:
                                 lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False, backlog=BACKLOG)
     log.info("agent starting", extra={"settings": dump_settings(settings)})
     server = _AgentServer(config, ready_fd=settings.ready_fd)
+    app.core.on_fenced = server.end_fenced  # a call for a second session ends this sandbox (agent.fence)
     try:
         server.run()
     finally:

@@ -6,6 +6,10 @@ Two protocols, each spelled once here:
   label in `OUTCOME_HEADER` (a streamed one in an `: outcome <label>` comment
   before its result event); the api consumes it, meters the call on it and
   counts it in `sandpool_executions_total{outcome}`. The labels are `Outcome`.
+- **the session fence**: an agent serves the first session id a call names and
+  refuses any other with 409 and `FENCED_HEADER` (DESIGN.md, "Redis"); the sandbox
+  then ends. The api releases the refused session as dead and answers it 503
+  `sandbox_unavailable` (the call did not run, the session is gone).
 - **streamed Execute** (docs/api.md "Streaming"): `Accept: text/event-stream`
   asks for server-sent events named `Event`, with `: heartbeat` comments while the
   call is silent; `CANCEL_ON_DISCONNECT_HEADER: true` makes a disconnect cancel the call.
@@ -20,6 +24,13 @@ from enum import StrEnum
 
 OUTCOME_HEADER = "X-Sandpool-Outcome"
 """The agent's response header carrying the call's `Outcome` (consumed by the api, never relayed)."""
+
+
+FENCED_HEADER = "X-Sandpool-Fenced"
+"""The agent's response header on a call refused by its session fence (409): `true`. The sandbox serves
+another session and is ending (consumed by the api, never relayed)."""
+FENCED_STATUS = 409
+"""The status of a fenced refusal."""
 
 
 class Outcome(StrEnum):
@@ -70,5 +81,5 @@ def lower_name(header: str) -> bytes:
 
 
 __all__ = ["CALL_ID_HEADER", "CANCEL_ON_DISCONNECT_HEADER", "EVENT_STREAM", "EVENT_STREAM_CONTENT_TYPE",
-           "HEARTBEAT_COMMENT", "OUTCOME_COMMENT", "OUTCOME_HEADER", "OUTPUT_EVENTS", "TRUE_VALUES", "Event",
-           "Outcome", "lower_name"]
+           "FENCED_HEADER", "FENCED_STATUS", "HEARTBEAT_COMMENT", "OUTCOME_COMMENT", "OUTCOME_HEADER",
+           "OUTPUT_EVENTS", "TRUE_VALUES", "Event", "Outcome", "lower_name"]

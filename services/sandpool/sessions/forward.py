@@ -34,6 +34,8 @@ CALL_ID = protocol.CALL_ID_HEADER.lower()
 """The header naming an Execute's call to its agent (set here, never taken from the client)."""
 OUTCOME_HEADER = protocol.lower_name(protocol.OUTCOME_HEADER)
 """The agent's outcome header, as the hop's responses carry it (consumed here, never relayed)."""
+FENCED = protocol.lower_name(protocol.FENCED_HEADER)
+"""The agent's header on a call its session fence refused (the sandbox serves another session)."""
 
 AGENT_TCP_SOCKET_OPTIONS: list[tuple[int, int, int]] = [
     (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),

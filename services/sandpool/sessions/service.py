@@ -18,14 +18,14 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from sandpool.contract.agent_protocol import Outcome
+from sandpool.contract.agent_protocol import FENCED_STATUS, Outcome
 from sandpool.contract.models import (
     CreateSessionRequest,
     SessionDetails,
@@ -53,6 +53,7 @@ from sandpool.sessions.caller import Caller, ExecBody
 from sandpool.sessions.calls import NOTHING, Call, Metered, new_call_id
 from sandpool.sessions.forward import (
     CALL_ID,
+    FENCED,
     OUTCOME_HEADER,
     AgentClients,
     BadAddress,
@@ -537,6 +538,9 @@ class SessionLayer:
                     self._in_flight.pop(session_id, None)
             span.status(upstream.status)
 
+        if upstream.status == FENCED_STATUS and upstream.header(FENCED) is not None:
+            await self._fenced(call, target, entry, upstream)
+
         if stream and upstream.status == 200 and (upstream.header(b"content-type") or b"").startswith(EVENT_STREAM):
             return self._relay_stream(call, target, entry, upstream, request, started=started, deadline=read_timeout,
                                       meter=meter)
@@ -640,6 +644,25 @@ class SessionLayer:
         self._streams.add(task)
         task.add_done_callback(finished)
         return EventStreamResponse(relay)
+
+    async def _fenced(self, call: Call, target: Target, entry: ClientSlot, upstream: HopResponse) -> NoReturn:
+        """The sandbox refused this session: it serves another one (a lease that a Redis failover
+        forgot gave it out twice; DESIGN.md, "Redis") and it is ending. The call did not run; this
+        session is released as dead and answered as one whose sandbox is gone."""
+        try:
+            await upstream.read()
+        except HopError:
+            pass
+        finally:
+            await upstream.close()
+            self.clients.give_back(entry)
+        log.error("a sandbox refused this session: it serves another session (a lease lost in a Redis "
+                  "failover); the session is released and the sandbox ends",
+                  extra={"session": call.session_id, "address": target.address})
+        await self._release_dead(call, target.address)
+        raise SandboxUnavailable("the session's sandbox was serving another session (a lease lost in a Redis "
+                                 "failover): the call did not run, the session is gone",
+                                 retry_after=self.settings.retry_after_seconds)
 
     def session_released(self, session_id: str) -> None:
         """A replica released this session: end this replica's calls to it now."""

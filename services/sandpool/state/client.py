@@ -129,8 +129,8 @@ async def acknowledged(client: aioredis.Redis, script: AsyncScript, *, keys: lis
     WAIT counts the writes of the connection it is sent on, so the script and the WAIT share one.
     A replica that does not acknowledge in time is logged and the answer given all the same: the
     write stands on the primary. Should a failover then lose it, the sandbox could be leased again;
-    DESIGN.md's agent fence (serve only the first session called for) is what must refuse the second
-    session, and the agent does not have it yet (docs/operations.md, "Redis")."""
+    DESIGN.md's agent fence (`agent.fence`: serve only the first session called for) refuses the
+    second session, and that sandbox ends (docs/agent.md, "The session fence")."""
     replicas = acknowledging_replicas(client)
     if not replicas:
         return await script(keys=keys, args=args)
