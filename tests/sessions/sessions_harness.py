@@ -53,11 +53,12 @@ def publish(r: redis.Redis, keys: Keys, *, pool: str = "default", image: str = "
     by the controller's own script (which promises it to the next waiter, if any)."""
     sandbox_id = "sb-" + uuid.uuid4().hex[:12]
     now = time.time()
-    assert r.eval(scripts.REGISTER_STARTING, 2, keys.sandbox(sandbox_id), keys.pool_members(pool),
+    assert r.eval(scripts.REGISTER_STARTING, 3, keys.sandbox(sandbox_id), keys.pool_members(pool),
+                  keys.pool_starting(pool),
                   *scripts.named(sandbox=sandbox_id, ceiling=1 << 30, pool=pool, image=image, created_at=f"{now:.3f}",
                                  owner="tests", record_ttl_ms=3_600_000)) == 1
-    assert r.eval(scripts.PUBLISH_READY, 5, keys.sandbox(sandbox_id), keys.pool_ready(pool), keys.pool_members(pool),
-                  keys.pool_wait_ring(pool), keys.pool_queued(pool),
+    assert r.eval(scripts.PUBLISH_READY, 6, keys.sandbox(sandbox_id), keys.pool_ready(pool), keys.pool_members(pool),
+                  keys.pool_wait_ring(pool), keys.pool_queued(pool), keys.pool_starting(pool),
                   *scripts.named(sandbox=sandbox_id, address=address, secret=secret, ready_at=f"{now:.3f}",
                                  record_ttl_ms=3_600_000, queue_prefix=keys.pool_wait_queue_prefix(pool),
                                  waiter_prefix=keys.waiter_prefix, promised=keys.promised, egress="")) in (1, 2)

@@ -4,9 +4,11 @@ calls whose `done` never came (the api that ran them crashed).
 (Not the agent's `ChildReaper`, which collects exited child processes.)
 
 Every controller replica runs one (leader or not); it costs one index range
-read per pass when nothing is due. The release script re-checks each deadline atomically, so replicas racing
-over the same session are harmless (one of them releases it, the others see
-nothing to do), and a session touched after the range read is left alone.
+read per pass when nothing is due. The sessions due are read and released in the same script
+(`reap.lua`, up to `REAP_CHUNK` per call, the release exactly release.lua's), so a pass with
+1,000 due is a few round trips, not a thousand; replicas racing over the same session are
+harmless (one of them releases it, the others find nothing due), and a session touched before
+the script runs is no longer due.
 A call's record past its deadline is metered as an unconfirmed call and removed,
 and its session's deadline reset to its idle timeout from now; a `done` that
 comes later finds no record and counts nothing twice.
@@ -24,6 +26,10 @@ from sandpool.state.errors import StateUnavailable
 from sandpool.state.sessions import SessionStore
 
 log = logging.getLogger(__name__)
+
+REAP_CHUNK = 64
+"""Sessions one reap script releases at most: about 2 ms of Redis time on a slow machine (docs/capacity.md),
+under the 5 ms that no single call may hold Redis for."""
 
 
 class SessionReaper:
@@ -44,15 +50,18 @@ class SessionReaper:
             log.warning("calls settled without their done (their api crashed)",
                         extra={"calls": settled, "executions_metered": metered})
         self.backlog = settled >= self.batch
-        released = 0
-        for session_id in await self.store.due(now, self.batch):
-            result = await self.store.release(session_id=session_id, workspace=None, now=now, mode="reap")
-            if result is None:
-                continue
-            released += 1
-            self.metrics.reaped.labels(reason=result.reason).inc()
-            log.info("session reaped", extra={"session": session_id, "why": result.reason,
-                                              "session_seconds": result.session_seconds})
+        released = examined = 0
+        while examined < self.batch:  # in calls of REAP_CHUNK: no one call holds Redis long
+            asked = min(REAP_CHUNK, self.batch - examined)
+            due, reaped = await self.store.reap(now, asked)
+            examined += due
+            released += len(reaped)
+            for result in reaped:
+                self.metrics.reaped.labels(reason=result.reason).inc()
+                log.info("session reaped", extra={"session": result.session_id, "why": result.reason,
+                                                  "session_seconds": result.session_seconds})
+            if due < asked:
+                break
         return released
 
     async def run(self, stop: asyncio.Event) -> None:

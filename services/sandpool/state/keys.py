@@ -61,6 +61,11 @@ class Keys:
         """Set of every sandbox id the pool owns, whatever its state (the ceiling counts these)."""
         return f"{self.base}pool:{pool}:members"
 
+    def pool_starting(self, pool: str) -> str:
+        """Set of the pool's sandbox ids registered and not yet published (counted for /metrics, never
+        by reading every member)."""
+        return f"{self.base}pool:{pool}:starting"
+
     def pool_leased(self, pool: str) -> str:
         """Set of the pool's leased sandbox ids (what its ceiling has promised away)."""
         return f"{self.base}pool:{pool}:leased"

@@ -17,6 +17,10 @@ from sandpool.state.errors import translated
 from sandpool.state.keys import Keys
 from sandpool.state.sessions import RATE_BUCKET_SECONDS, rate_bucket
 
+CHUNK = 1000
+"""Ids read per Redis call (or pipelined round trip) by reconciliation: each call stays well under a
+millisecond of Redis time however many sandboxes an installation has (docs/capacity.md)."""
+
 STATES = ("starting", "ready", "promised", "leased", "doomed")
 """What a sandbox record's `state` field may hold."""
 
@@ -100,7 +104,7 @@ class SandboxStore:
                                 owner: str) -> bool:
         """Record a sandbox about to be created; False when the pool is at its ceiling."""
         return bool(await self._register(
-            keys=[self.keys.sandbox(sandbox_id), self.keys.pool_members(pool)],
+            keys=[self.keys.sandbox(sandbox_id), self.keys.pool_members(pool), self.keys.pool_starting(pool)],
             args=scripts.named(sandbox=sandbox_id, ceiling=ceiling, pool=pool, image=image, created_at=f"{now:.3f}",
                                owner=owner, record_ttl_ms=self.record_ttl_ms)))
 
@@ -112,7 +116,7 @@ class SandboxStore:
         k = self.keys
         return bool(await self._publish(
             keys=[k.sandbox(sandbox_id), k.pool_ready(pool), k.pool_members(pool), k.pool_wait_ring(pool),
-                  k.pool_queued(pool)],
+                  k.pool_queued(pool), k.pool_starting(pool)],
             args=scripts.named(sandbox=sandbox_id, address=address, secret=secret, ready_at=f"{now:.3f}",
                                record_ttl_ms=self.record_ttl_ms, queue_prefix=k.pool_wait_queue_prefix(pool),
                                waiter_prefix=k.waiter_prefix, promised=k.promised, egress=egress_digest or "")))
@@ -143,7 +147,7 @@ class SandboxStore:
         """Drop every trace of a sandbox (its record, memberships, queue entries)."""
         await self._forget(
             keys=[self.keys.sandbox(sandbox_id), self.keys.pool_members(pool), self.keys.pool_ready(pool),
-                  self.keys.doomed, self.keys.pool_leased(pool)],
+                  self.keys.doomed, self.keys.pool_leased(pool), self.keys.pool_starting(pool)],
             args=scripts.named(sandbox=sandbox_id))
 
     @translated
@@ -168,33 +172,38 @@ class SandboxStore:
 
     @translated
     async def members(self, pools: Iterable[str]) -> dict[str, str]:
-        """Every sandbox id the pools own, with its pool."""
+        """Every sandbox id the pools own, with its pool (read `CHUNK` at a time: one SMEMBERS of
+        100,000 ids would hold Redis for tens of milliseconds)."""
         found: dict[str, str] = {}
         for pool in sorted(set(pools)):
-            for sandbox_id in await self.redis.smembers(self.keys.pool_members(pool)):
+            async for sandbox_id in self.redis.sscan_iter(self.keys.pool_members(pool), count=CHUNK):
                 found[str(sandbox_id)] = pool
         return found
 
     @translated
     async def records(self, sandbox_ids: list[str]) -> dict[str, SandboxRecord]:
-        if not sandbox_ids:
-            return {}
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for sandbox_id in sandbox_ids:
-                pipe.hgetall(self.keys.sandbox(sandbox_id))
-            raw = await pipe.execute()
-        return {sid: SandboxRecord.from_fields(sid, {str(k): str(v) for k, v in fields.items()})
-                for sid, fields in zip(sandbox_ids, raw, strict=True)}
+        """The records of these sandboxes, `CHUNK` per round trip."""
+        out: dict[str, SandboxRecord] = {}
+        for start in range(0, len(sandbox_ids), CHUNK):
+            chunk = sandbox_ids[start:start + CHUNK]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for sandbox_id in chunk:
+                    pipe.hgetall(self.keys.sandbox(sandbox_id))
+                raw = await pipe.execute()
+            out.update((sid, SandboxRecord.from_fields(sid, {str(k): str(v) for k, v in fields.items()}))
+                       for sid, fields in zip(chunk, raw, strict=True))
+        return out
 
     @translated
     async def sessions_on(self, session_ids: list[str]) -> list[str]:
-        """`session_on` of each, in one round trip."""
-        if not session_ids:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for session_id in session_ids:
-                pipe.hget(self.keys.session(session_id), "sandbox")
-            return [str(found or "") for found in await pipe.execute()]
+        """`session_on` of each, `CHUNK` per round trip."""
+        out: list[str] = []
+        for start in range(0, len(session_ids), CHUNK):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for session_id in session_ids[start:start + CHUNK]:
+                    pipe.hget(self.keys.session(session_id), "sandbox")
+                out.extend(str(found or "") for found in await pipe.execute())
+        return out
 
     @translated
     async def session_on(self, session_id: str) -> str:

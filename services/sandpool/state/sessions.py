@@ -167,6 +167,17 @@ class Released:
 
 
 @dataclass(frozen=True)
+class Reaped:
+    """A session the reaper released, and why (`idle` or `lifetime`)."""
+
+    session_id: str
+    reason: str
+    session_seconds: float
+    sandbox: str
+    workspace: str
+
+
+@dataclass(frozen=True)
 class PoolCounts:
     starting: int
     ready: int
@@ -216,6 +227,7 @@ class SessionStore:
         self._touch = client.register_script(scripts.TOUCH)
         self._done = client.register_script(scripts.DONE)
         self._release = client.register_script(scripts.RELEASE)
+        self._reap = client.register_script(scripts.REAP)
         self._pool_stats = client.register_script(scripts.POOL_STATS)
         self._settle_overdue = client.register_script(scripts.SETTLE_OVERDUE)
         self._ws_sessions = _split(keys.workspace_sessions(_HOLE))
@@ -227,7 +239,7 @@ class SessionStore:
     async def load_scripts(self) -> None:
         """Load every script up front so the first request pays no SCRIPT LOAD."""
         for script in (self._lease, self._admit_lease, self._claim, self._cancel_wait, self._touch, self._done,
-                       self._release, self._pool_stats, self._settle_overdue):
+                       self._release, self._reap, self._pool_stats, self._settle_overdue):
             await self.redis.script_load(script.script)
 
     @translated
@@ -384,22 +396,36 @@ class SessionStore:
                                maxlen=USAGE_STREAM_MAXLEN))
         return int(settled), int(metered)
 
+    def _release_arguments(self, now: float) -> dict[str, Any]:
+        """release.lua's arguments that do not depend on the session (reap.lua's too)."""
+        k = self.keys
+        day_head, day_tail = _split(k.usage_day(_HOLE, utc_day(now)))
+        return dict(now=repr(now), sandbox_prefix=k.sandbox_prefix, retention=RETENTION_SECONDS,
+                    maxlen=USAGE_STREAM_MAXLEN, nudge=k.pool_events, released=k.released_sessions,
+                    egress_prefix=k.egress_binding_prefix, ws_sessions=self._ws_sessions, total=self._usage_total,
+                    day=[day_head, day_tail], leased=self._pool_leased,
+                    releases=[self._release_rate[0], self._release_rate[1] + str(rate_bucket(now))])
+
+    @translated
+    async def reap(self, now: float, limit: int) -> tuple[int, list[Reaped]]:
+        """Release up to `limit` sessions whose deadline has passed, in one round trip: (how many ids were
+        due, the sessions released). Fewer due than `limit`: nothing more is due now."""
+        k = self.keys
+        result = await self._reap(keys=[k.deadlines, k.doomed, k.usage_workspaces, k.usage_events],
+                                  args=scripts.named(limit=limit, session_prefix=k.session_prefix,
+                                                     **self._release_arguments(now)))
+        return int(result[0]), [Reaped(session_id=sid, reason=reason, session_seconds=float(seconds), sandbox=sandbox,
+                                       workspace=workspace) for sid, reason, seconds, sandbox, workspace in result[1:]]
+
     @translated
     async def release(self, *, session_id: str, workspace: str | None, now: float, mode: str) -> Released | None:
         """Release a session; `workspace=None` releases whoever owns it (the session reaper, an admin). Its
         sandbox's egress credential is unbound in the same script."""
         k = self.keys
-        day_head, day_tail = _split(k.usage_day(_HOLE, utc_day(now)))
         result = await self._release(
             keys=[k.session(session_id), k.deadlines, k.doomed, k.usage_workspaces, k.usage_events],
-            args=scripts.named(
-                session=session_id, workspace=workspace or "", now=repr(now), mode=mode,
-                sandbox_prefix=k.sandbox_prefix, retention=RETENTION_SECONDS, maxlen=USAGE_STREAM_MAXLEN,
-                nudge=k.pool_events, released=k.released_sessions, egress_prefix=k.egress_binding_prefix,
-                ws_sessions=self._ws_sessions, total=self._usage_total, day=[day_head, day_tail],
-                leased=self._pool_leased,
-                releases=[self._release_rate[0], self._release_rate[1] + str(rate_bucket(now))]),
-        )
+            args=scripts.named(session=session_id, workspace=workspace or "", mode=mode,
+                               **self._release_arguments(now)))
         if not result:
             return None
         reason, seconds, address, sandbox, owner, pool = result
@@ -452,8 +478,10 @@ class SessionStore:
 
     @translated
     async def pool_counts(self, pool: str) -> PoolCounts:
+        k = self.keys
         starting, ready, leased, doomed = await self._pool_stats(
-            keys=[self.keys.pool_members(pool)], args=scripts.named(sandbox_prefix=self.keys.sandbox_prefix))
+            keys=[k.pool_members(pool), k.pool_ready(pool), k.pool_leased(pool), k.pool_starting(pool),
+                  k.pool_waiters(pool), k.pool_queued(pool)], args=scripts.named())
         return PoolCounts(int(starting), int(ready), int(leased), int(doomed))
 
 

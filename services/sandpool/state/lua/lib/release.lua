@@ -1,0 +1,45 @@
+-- Release one session (the body of release.lua, and of reap.lua for each session due): meter its
+-- session-seconds, doom its sandbox. `a` holds the arguments release.lua documents (its `session`,
+-- `workspace` and `mode` the one session's); the keys are release.lua's KEYS[1] to KEYS[5].
+-- Returns {reason, session_seconds, address, sandbox, workspace, pool} or nil (nothing released).
+local function release_session(a, session_key, deadlines, doomed, usage_workspaces, events)
+  local sid, now, mode = a.session, tonumber(a.now), a.mode
+  local f = redis.call('HMGET', session_key, 'workspace', 'sandbox', 'created_at', 'max_lifetime_seconds',
+    'address', 'pool')
+  if not f[1] then
+    if mode == 'reap' then redis.call('ZREM', deadlines, sid) end
+    return nil
+  end
+  local ws = f[1]
+  if a.workspace ~= '' and ws ~= a.workspace then return nil end
+  local reason = mode
+  if mode == 'reap' then
+    local score = redis.call('ZSCORE', deadlines, sid)
+    if score and tonumber(score) > now then return nil end
+    if now >= tonumber(f[3]) + tonumber(f[4]) then reason = 'lifetime' else reason = 'idle' end
+  end
+  redis.call('DEL', session_key)
+  redis.call('ZREM', deadlines, sid)
+  redis.call('SREM', a.ws_sessions[1] .. ws .. a.ws_sessions[2], sid)
+  local sandbox = f[2]
+  local sandbox_key = a.sandbox_prefix .. sandbox
+  local owner = redis.call('HMGET', sandbox_key, 'session', 'egress')
+  if owner[1] == sid then
+    redis.call('HSET', sandbox_key, 'state', 'doomed')
+    if owner[2] and owner[2] ~= '' then redis.call('DEL', a.egress_prefix .. owner[2]) end
+  end
+  redis.call('SREM', a.leased[1] .. (f[6] or '') .. a.leased[2], sandbox)
+  redis.call('SADD', doomed, sandbox)
+  local seconds = math.max(0, now - tonumber(f[3]))
+  local used = string.format('%.3f', seconds)
+  meter(a.total[1] .. ws .. a.total[2], a.day[1] .. ws .. a.day[2], usage_workspaces, ws, a.retention,
+    'session_seconds', used)
+  event(events, a.maxlen, {'type', 'session_released', 'workspace', ws, 'ts', a.now, 'session', sid,
+    'pool', f[6], 'sandbox', sandbox, 'reason', reason, 'session_seconds', used})
+  redis.call('PUBLISH', a.nudge, sandbox)
+  redis.call('PUBLISH', a.released, sid)
+  local bucket = a.releases[1] .. (f[6] or '') .. a.releases[2]
+  redis.call('INCR', bucket)
+  redis.call('EXPIRE', bucket, 120)
+  return {reason, used, f[5], sandbox, ws, f[6]}
+end
