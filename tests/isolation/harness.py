@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import httpx
 from testkit import log_tail, wait_for
 
+from sandpool.providers.local import fsmount
 from sandpool.providers.local.launcher import AgentSecret, SandboxLimits
 from sandpool.providers.local.procs import ProcessHandle, is_alive
 from sandpool.providers.local.zygote import ZygoteLauncher
@@ -94,7 +95,9 @@ class Harness:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def start(self, *, memory_mb: int = 256, max_processes: int = 64, workspace_mb: int = 16,
-              uid: bool = True, cpu_millis: int | None = None) -> Sandbox:
+              uid: bool = True, cpu_millis: int | None = None, host_tmpfs: bool = False) -> Sandbox:
+        """A sandbox; `host_tmpfs`: its workspace a size-capped tmpfs mounted on the host just before the
+        launch, as the local provider mounts one when it runs as root."""
         sandbox_id = "t" + secrets.token_hex(6)
         directory = self.sandboxes_dir / sandbox_id
         directory.mkdir(mode=0o711)
@@ -102,6 +105,8 @@ class Harness:
         workspace.mkdir(mode=0o700)
         self._next_uid += 1
         sandbox_uid = self._next_uid if uid else None
+        if host_tmpfs:
+            fsmount.mount_tmpfs(workspace, size=workspace_mb * MIB, uid=sandbox_uid or 0, gid=sandbox_uid or 0)
         if sandbox_uid is not None:
             os.chown(workspace, sandbox_uid, sandbox_uid)
         secret = secrets.token_urlsafe(32)
@@ -135,6 +140,7 @@ class Harness:
     def kill(self, sandbox: Sandbox) -> None:
         sandbox.client.close()
         self.run(self.launcher.kill(sandbox.handle))
+        fsmount.unmount_under(sandbox.directory)
         if sandbox in self.live:
             self.live.remove(sandbox)
 

@@ -7,11 +7,12 @@ namespaces layer is active). The order matters:
 2. join the sandbox's cgroups first, so everything after, and every process the
    sandbox ever makes, is counted against its limits;
 3. read the secret from its memfd (it never passed through the zygote's memory);
-4. unshare mount, IPC, UTS and cgroup namespaces (the network namespace is one the
+4. join the zygote's template mount namespace (the read-only part of every root, built once:
+   isolation/mounts.py), then unshare mount, IPC, UTS and cgroup namespaces (the network namespace is one the
    zygote forked it into, from its pool of pristine ones; see isolation/netns.py,
    or a new one when it has none); open the agent's
    descriptor of the code's process-capped cgroup (from a cgroup mount of the
-   sandbox's own namespace, detached at once); build the root;
+   sandbox's own namespace, detached at once); mount its own parts of the root and pivot;
 5. drop every capability the agent does not need (it keeps only what it takes to
    start children as the sandbox uid, chown workspace files and kill its
    children), for good, via the bounding set;
@@ -67,6 +68,9 @@ class ChildSpec:
     """The agent's end of its channel to the zygote's runner template (runner_templates.py)."""
     ready_fd: int | None = None
     """The provider's pipe, passed through: the agent says `ok` on it once it serves (agent/server.py)."""
+    root_template: int | None = None
+    """The zygote's template mount namespace (isolation/mounts.py: prepare_template): the sandbox's
+    root is a copy of it plus its own mounts. None: the root is built from scratch (`build_root`)."""
 
 
 def _reset_signals() -> None:
@@ -99,6 +103,14 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
         cgroup.join()
     secret = zygote_protocol.read_secret_fd(secret_fd)
 
+    held = None
+    if spec.root_template is not None and spec.plan is not None and spec.fs is not None \
+            and {"filesystem", "namespaces"} <= spec.layers:
+        held = mounts.hold_host_paths(spec.fs)  # in the host's namespace, where the provider mounted them
+        mounts.enter_template(spec.root_template)  # the unshare below leaves it for a copy of our own
+    if spec.root_template is not None:
+        os.close(spec.root_template)
+
     flags = 0
     if "namespaces" in spec.layers:
         flags |= linux.CLONE_NEWNS | linux.CLONE_NEWIPC | linux.CLONE_NEWUTS | linux.CLONE_NEWCGROUP
@@ -117,7 +129,10 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
         linux.loopback_up()
 
     if "filesystem" in spec.layers and spec.plan is not None and spec.fs is not None:
-        mounts.build_root(spec.plan, spec.fs, spec.new_root)
+        if held is not None:
+            mounts.finish_root(spec.plan, spec.fs, spec.new_root, held)
+        else:
+            mounts.build_root(spec.plan, spec.fs, spec.new_root)
         workspace, uds = mounts.WORKSPACE, f"{mounts.AGENT_DIR}/{os.path.basename(spec.host_socket)}"
     else:
         if spec.host_workspace is None:

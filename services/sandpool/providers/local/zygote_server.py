@@ -120,6 +120,7 @@ class Zygote:
         self.report: detection.IsolationReport | None = None
         self.cgroups: CgroupManager | None = None
         self.plan: mounts.RootPlan | None = None
+        self.root_template: int | None = None  # the template mount namespace (isolation/mounts.py)
         self.layers: frozenset[str] = frozenset()
         self.new_root = os.path.join(config.run_dir, "root")
         self.host_pidns: int | None = None
@@ -140,6 +141,7 @@ class Zygote:
                                          exclude=(os.path.realpath(self.config.run_dir),))
         if "namespaces" in self.layers:
             self.host_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self._prepare_root_template()
         if "network" in self.layers:
             self.netns = NetnsPool(spares=self.config.netns_spares)
         if self.config.runner_template and self.host_pidns is not None and hasattr(os, "pidfd_open") \
@@ -163,6 +165,20 @@ class Zygote:
         threads = len(os.listdir("/proc/self/task"))
         if threads != 1:
             log.warning("the zygote has %d threads after warm-up; forking it is unsafe", threads)
+
+    def _prepare_root_template(self) -> None:
+        """Build the read-only part of every sandbox root once (isolation/mounts.py); without it (no
+        open_tree/move_mount, Linux < 5.2) each sandbox builds its whole root."""
+        if self.root_template is not None:
+            os.close(self.root_template)
+            self.root_template = None
+        if self.plan is None or not {"filesystem", "namespaces"} <= self.layers:
+            return
+        try:
+            os.close(linux.open_tree_clone(self.new_root))  # a sandbox needs open_tree and move_mount
+            self.root_template = mounts.prepare_template(self.plan, self.new_root)
+        except OSError as exc:
+            log.warning("no shared sandbox root (%s): each sandbox builds its own", exc)
 
     # -- loop ----------------------------------------------------------------------------
     def serve(self) -> None:
@@ -335,7 +351,9 @@ class Zygote:
                                          code_pids_max=code_pids_max, cpu_millis=cpu_millis)
         fs = None
         if "filesystem" in self.layers:
-            os.makedirs(self.new_root, mode=0o700, exist_ok=True)  # a stat; recreates it if swept
+            if not os.path.isdir(self.new_root):  # swept: the template's mounts went with it
+                os.makedirs(self.new_root, mode=0o700, exist_ok=True)
+                self._prepare_root_template()
             fs = mounts.SandboxFs(
                 uid=uid if uid is not None else 0, gid=uid if uid is not None else 0,
                 # The provider's workspace when it is already a (capped) mount or no cap was asked
@@ -353,7 +371,8 @@ class Zygote:
             sandbox_id=sandbox_id, layers=self.layers, uid=uid, plan=self.plan, fs=fs, new_root=self.new_root,
             host_workspace=host_workspace, host_socket=host_socket, agent=agent,
             log_path=log_path if isinstance(log_path, str) and os.path.isabs(log_path) else None,
-            network_ready=self.netns is not None, template_fd=template_fd, ready_fd=ready_fd)
+            network_ready=self.netns is not None, template_fd=template_fd, ready_fd=ready_fd,
+            root_template=self.root_template)
         netns = None
         try:
             # The child is forked inside its network namespace (as it is inside its PID namespace):
@@ -375,8 +394,8 @@ class Zygote:
             try:
                 if channel is not None:
                     channel[1].close()  # the template's end: held here, the agent would never see it close
-                self._forget_in_child(keep=tuple(fd for fd in (status_w, secret_fd, template_fd, ready_fd)
-                                                 if fd is not None))
+                self._forget_in_child(keep=tuple(fd for fd in (status_w, secret_fd, template_fd, ready_fd,
+                                                               self.root_template) if fd is not None))
                 zygote_child.run(spec, cgroup, secret_fd, status_w)
             finally:
                 os._exit(zygote_child.FAILED)
@@ -419,7 +438,8 @@ class Zygote:
         for owned in (self.sock, self.listener):
             if owned is not None:
                 owned.close()
-        for fd in (self.wake_r, self.wake_w, self.host_pidns, self.owner_fd, *(self.netns.fds() if self.netns else ()),
+        for fd in (self.wake_r, self.wake_w, self.host_pidns, self.owner_fd, self.root_template,
+                   *(self.netns.fds() if self.netns else ()),
                    *(self.templates.fds() if self.templates else ())):
             if fd is not None and fd not in keep:
                 os.close(fd)
@@ -539,6 +559,9 @@ class Zygote:
             self.cgroups.close()
         if self.netns is not None:
             self.netns.close()
+        if self.root_template is not None:
+            os.close(self.root_template)  # the template namespace, and its mounts, go with it
+            self.root_template = None
         # Our mount-point directory, and the run directory if that leaves it empty (a client
         # dropped without closing it still leaves nothing behind once we see end-of-stream).
         for path in (self.new_root, self.config.run_dir):

@@ -49,8 +49,10 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 SYS_OPEN_TREE = 428  # the same on every architecture (Linux 5.2)
+SYS_MOVE_MOUNT = 429
 OPEN_TREE_CLONE = 1
 AT_FDCWD = -100
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
 
 
 @functools.cache
@@ -100,6 +102,13 @@ def open_tree_clone(path: str) -> int:
     stops at `path`, since its mount has no parent. Needs CAP_SYS_ADMIN; Linux 5.2."""
     return _check(libc().syscall(ctypes.c_long(SYS_OPEN_TREE), ctypes.c_int(AT_FDCWD), path.encode(),
                                  ctypes.c_uint(OPEN_TREE_CLONE | os.O_CLOEXEC)), "open_tree", path)
+
+
+def move_mount(fd: int, target: str) -> None:
+    """Attach the detached mount `fd` (from `open_tree_clone`) at `target` in the caller's mount
+    namespace. Needs CAP_SYS_ADMIN; Linux 5.2."""
+    _check(libc().syscall(ctypes.c_long(SYS_MOVE_MOUNT), ctypes.c_int(fd), b"", ctypes.c_int(AT_FDCWD),
+                          target.encode(), ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), "move_mount", target)
 
 
 def sethostname(name: str) -> None:
