@@ -69,7 +69,9 @@ def bind(host: str, port: int) -> socket.socket:
         if exc.errno == errno.EACCES:
             raise StartFailed(f"port {port} needs privileges this process lacks (choose another with --port)") from None
         raise StartFailed(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.set_inheritable(True)
+    # Not inheritable (Python's default): one process serves it. A child started through uvloop's
+    # subprocess support keeps every inheritable descriptor whatever its close_fds says, and the
+    # local provider's subprocess sandboxes held the controller's port that way, after its death too.
     return sock
 
 
@@ -95,8 +97,7 @@ def bind_unix(path: Path) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise StartFailed(f"cannot listen on {path}: {exc.strerror}") from None
-    sock.set_inheritable(True)
-    return sock
+    return sock  # not inheritable either (bind)
 
 
 def report_failure(service: str, reason: str, failure_file: Path | None) -> None:
