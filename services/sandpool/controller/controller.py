@@ -139,6 +139,7 @@ class PoolController:
         self._backoff_until: dict[str, float] = {}
         self._last_reconcile = 0.0
         self._last_demand = -math.inf
+        self._sweep_cursor: dict[str, str] = {}  # pool -> where its sweep of promised sandboxes goes on
         self._waiters: dict[str, int] = {}  # pool -> its waiters when last read: demand is followed while any
         self._demand_moved = False  # a nudge came since demand was last followed (a lease or wait counts in it)
         self.targets = {p.name: WarmTarget(floor=p.warm, cap=p.warm_cap, headroom=self.timing.demand_headroom,
@@ -380,7 +381,8 @@ class PoolController:
         now = time.time()
         for pool in self.pools.values():
             await self._follow(pool, now)
-            fixed = await self.sandboxes.sweep_waiters(pool.name)
+            fixed, self._sweep_cursor[pool.name] = await self.sandboxes.sweep_waiters(
+                pool.name, self._sweep_cursor.get(pool.name, "0"))
             if fixed:
                 self.metrics.reconciled.labels(kind="stale_waiter").inc(fixed)
                 log.info("forgot waiters whose api replica vanished", extra={"pool": pool.name, "count": fixed})

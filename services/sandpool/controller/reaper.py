@@ -27,9 +27,9 @@ from sandpool.state.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
-REAP_CHUNK = 64
-"""Sessions one reap script releases at most: about 2 ms of Redis time on a slow machine (docs/capacity.md),
-under the 5 ms that no single call may hold Redis for."""
+REAP_CHUNK = 32
+"""Sessions one reap script releases at most: about 1.5 ms of Redis CPU (about 50 µs a release on the
+2-CPU machine of docs/capacity.md), well under the 5 ms that no single call may hold Redis for."""
 
 
 class SessionReaper:

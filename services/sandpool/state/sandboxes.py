@@ -21,6 +21,10 @@ CHUNK = 1000
 """Ids read per Redis call (or pipelined round trip) by reconciliation: each call stays well under a
 millisecond of Redis time however many sandboxes an installation has (docs/capacity.md)."""
 
+SWEEP_CHUNK = 500
+"""Members one waiter sweep looks at (a few milliseconds of Redis time at most); the sweep goes on from
+where it stopped on its next call."""
+
 STATES = ("starting", "ready", "promised", "leased", "doomed")
 """What a sandbox record's `state` field may hold."""
 
@@ -122,14 +126,18 @@ class SandboxStore:
                                waiter_prefix=k.waiter_prefix, promised=k.promised, egress=egress_digest or "")))
 
     @translated
-    async def sweep_waiters(self, pool: str) -> int:
-        """Forget waiters whose api replica vanished; hand on what was promised to them."""
+    async def sweep_waiters(self, pool: str, cursor: str = "0") -> tuple[int, str]:
+        """Forget waiters whose api replica vanished; hand on what was promised to them, looking at the
+        next `CHUNK` members from `cursor`: (how many were put right, the cursor to go on from; '0' when
+        every member has been looked at)."""
         k = self.keys
-        return int(await self._sweep(
+        fixed, following = await self._sweep(
             keys=[k.pool_waiters(pool), k.pool_queued(pool), k.pool_wait_ring(pool), k.pool_ready(pool),
                   k.pool_members(pool)],
             args=scripts.named(waiter_prefix=k.waiter_prefix, sandbox_prefix=k.sandbox_prefix,
-                               queue_prefix=k.pool_wait_queue_prefix(pool), promised=k.promised)))
+                               queue_prefix=k.pool_wait_queue_prefix(pool), promised=k.promised, cursor=cursor,
+                               count=SWEEP_CHUNK))
+        return int(fixed), str(following)
 
     @translated
     async def lost(self, sandbox_id: str, pool: str) -> Lost:
