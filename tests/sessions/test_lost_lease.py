@@ -8,7 +8,10 @@ and a new CreateSession leases it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
+import pytest
 from sessions_harness import publish
 from testkit import wait_for
 
@@ -17,7 +20,18 @@ def code(source: str) -> dict[str, object]:
     return {"tool": "code_execution", "input": {"code": source}}
 
 
-def test_a_second_lease_of_one_sandbox_is_refused_and_ends_it(api, agents, r, keys) -> None:
+SECOND_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "execute": ("POST", "exec", {"json": code("print(x)")}),
+    "streamed execute": ("POST", "exec", {"json": code("print(x)"), "headers": {"Accept": "text/event-stream"}}),
+    "put file": ("POST", "files", {"files": {"file": ("mine.txt", b"overwritten")}, "data": {"path": "mine.txt"}}),
+    "get file": ("GET", "files", {"params": {"path": "mine.txt"}}),
+    "list files": ("GET", "files/list", {}),
+}
+
+
+@pytest.mark.parametrize("call", list(SECOND_CALLS))
+def test_a_second_lease_of_one_sandbox_is_refused_and_ends_it(api, agents, r, keys, call: str) -> None:
+    """Whatever the second session's first call (the agent refuses it before reading an upload)."""
     app = api()
     (agent,) = agents.start(1)
     publish(r, keys, address=agent.address, secret=agent.secret)
@@ -30,11 +44,13 @@ def test_a_second_lease_of_one_sandbox_is_refused_and_ends_it(api, agents, r, ke
         second = c.post("/sessions", json={}).json()["session_id"]
         assert r.hget(keys.session(second), "sandbox") == twice
 
-        refused = c.post(f"/sessions/{second}/exec", json=code("print(x)"))
+        method, path, kwargs = SECOND_CALLS[call]
+        refused = c.request(method, f"/sessions/{second}/{path}", **kwargs)
         assert refused.status_code == 503, refused.text
         assert refused.json()["reason"] == "sandbox_unavailable"
         assert "serving another session" in refused.json()["detail"]
-        assert "42" not in refused.text and "x-sandpool-fenced" not in refused.headers
+        assert "42" not in refused.text and "first session" not in refused.text
+        assert "x-sandpool-fenced" not in refused.headers
 
         # The refused session is gone (released as dead, its sandbox doomed for the controller) ...
         assert c.get(f"/sessions/{second}/files", params={"path": "mine.txt"}).status_code == 404
@@ -47,3 +63,4 @@ def test_a_second_lease_of_one_sandbox_is_refused_and_ends_it(api, agents, r, ke
         after = c.post(f"/sessions/{first}/exec", json=code("print(x)"))
         assert after.status_code in (502, 503) and "42" not in after.text, after.text
         assert c.get(f"/sessions/{first}").status_code == 404
+    assert (agent.workspace / "mine.txt").read_text() == "first session"  # the upload was never written
