@@ -44,6 +44,9 @@ WORKSPACE = "_standalone"
 LEADERSHIP_TERM = 5.0  # docs/controller.md: `SET NX PX 5000`
 STANDBY_RETRY = LEADERSHIP_TERM / 5  # a standby tries to take leadership this often
 TAKEOVER_BOUND = LEADERSHIP_TERM + STANDBY_RETRY  # the term left at the kill (at most one), then one try
+MEASURING = 0.5
+"""What the measurement adds to a takeover, on a 2-core host shared with other work: the 50 ms poll, the
+probe's own round trip, the standby's loop and the kill itself waiting its turn for a core."""
 API_ARGS = ["--capacity-wait-seconds", "8", "--forward-connect-timeout-seconds", "1", "--exec-grace-seconds", "3"]
 CONTROLLER_ARGS = ["--launcher", "subprocess", "--reap-interval-seconds", "0.2"]
 LOAD_THREADS = 2
@@ -253,7 +256,7 @@ def test_kill_9_of_an_api_and_the_leading_controller_behind_a_balancer(stacks: l
                 api.kill9()
                 leader.kill9()
                 wait_for(lambda s=standby: readyz(s).get("checks", {}).get("controller") == "leader",
-                         timeout=TAKEOVER_BOUND + 10, interval=0.05, what="the standby leading",
+                         timeout=TAKEOVER_BOUND + MEASURING + 10, interval=0.05, what="the standby leading",
                          state=lambda s=standby: readyz(s))
                 takeovers.append(time.monotonic() - killed_at)
                 # Nothing kept the killed processes' ports (a sandbox inheriting the controller's
@@ -287,7 +290,7 @@ def test_kill_9_of_an_api_and_the_leading_controller_behind_a_balancer(stacks: l
                 assert answer.json()["result_block"]["content"]["stdout"] == "42\n"
 
             # The standby led within the documented time.
-            assert max(takeovers) <= TAKEOVER_BOUND, takeovers
+            assert max(takeovers) <= TAKEOVER_BOUND + MEASURING, takeovers
 
             # A create cut on the killed api left no leased sandbox behind once the new leader
             # reconciled (on taking over): every leased sandbox is a keeper's, every session in
