@@ -456,7 +456,7 @@ def memory(stack: Stack) -> dict[str, int]:
 
 async def measure_level(stack: Stack, client: Client, live: Live, level: int, args: argparse.Namespace,
                         baseline: dict[str, int]) -> dict[str, Any]:
-    out: dict[str, Any] = {"level": level}
+    out: dict[str, Any] = {"level": level, "loadavg_before": os.getloadavg()[0]}
     out["build"] = await build(client, live, level, args.build_clients)
     mem = memory(stack)
     sessions = max(1, len(live))
@@ -484,6 +484,7 @@ async def measure_level(stack: Stack, client: Client, live: Live, level: int, ar
     stop.set()
     await load
     wall = time.perf_counter() - wall0
+    out["loadavg_after"] = os.getloadavg()[0]  # a shared machine: what else ran says how far to trust it
     out["load"] = {"seconds": round(wall, 1), "create": ms(samples.create), "execute": ms(samples.execute),
                    "destroy": ms(samples.destroy), "errors": dict(samples.errors),
                    "redis_cpu_share": round((redis_cpu(r) - cpu0) / wall, 3),

@@ -31,6 +31,13 @@ WARNING = ("SIMULATED PROVIDER: no sandbox runs and no code is executed; every E
            "result. For benchmarks and tests of the control plane only (docs/capacity.md)")
 
 
+KEEP_ALIVE_SECONDS = 30
+"""How long the server keeps an idle connection: well past the api's own idle retirement (4 s,
+`core.hop`), so on a starved machine the api never sends a call on a connection the server is closing
+(every simulated sandbox shares the server's connections: one such race would fail whichever
+session's call it carried)."""
+
+
 class SimulatedProvider:
     name = "simulated"
 
@@ -59,7 +66,8 @@ class SimulatedProvider:
         host = f"[{s.simulated_host}]" if ":" in s.simulated_host else s.simulated_host
         self.address = f"http://{host}:{port}"
         self._server = EmbeddedServer(uvicorn.Config(self.agents, lifespan="off", http="httptools",
-                                                     access_log=False, log_level="warning", backlog=2048))
+                                                     access_log=False, log_level="warning", backlog=2048,
+                                                     timeout_keep_alive=KEEP_ALIVE_SECONDS))
         self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="simulated-agents")
         while not self._server.started:
             if self._serving.done():
