@@ -107,7 +107,8 @@ def serve(settings: AgentSettings) -> None:
     else:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
                                 lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False, backlog=BACKLOG)
-    log.info("agent starting", extra={"settings": dump_settings(settings)})
+    if log.isEnabledFor(logging.INFO):  # the zygote's agents log at warning: no settings dump per sandbox
+        log.info("agent starting", extra={"settings": dump_settings(settings)})
     server = _AgentServer(config, ready_fd=settings.ready_fd)
     app.core.on_fenced = server.end_fenced  # a call for a second session ends this sandbox (agent.fence)
     try:

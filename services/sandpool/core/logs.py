@@ -49,6 +49,15 @@ def configure_logging(service: str, level: str = "info") -> None:
     handler.setFormatter(JsonFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    _set_level(root, level.upper())
     for noisy in ("uvicorn.access", "httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+        _set_level(logging.getLogger(noisy), logging.WARNING)
+
+
+def _set_level(logger: logging.Logger, level: str | int) -> None:
+    """`logger.setLevel(level)` unless it is already that level: each call walks every logger to clear
+    its cache, and in an agent forked from the zygote (which set the same levels) that walk only
+    copies pages."""
+    numeric = logging.getLevelNamesMapping().get(level) if isinstance(level, str) else level
+    if numeric is None or logger.level != numeric:
+        logger.setLevel(level)
