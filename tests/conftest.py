@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from pathlib import Path
+from typing import Any
 
 import pytest
 from testkit import RedisServer
@@ -33,20 +33,31 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.geteuid() != 0:
+        skip = pytest.mark.skip(reason="isolation tests need root (namespaces, cgroups)")
+        for item in items:
+            if "isolation" in item.keywords:
+                item.add_marker(skip)
+
+
 SHARED_BY_DIRECTORY = {"chart", "client", "cluster", "isolation", "kubernetes", "redis_ha", "security"}
 """Directories whose tests share a costly session-scoped fixture (a zygote, a real API server, a Redis
-Cluster, a `sandpool up`, the one real cluster): the suite runs in two xdist workers (`--dist loadgroup`,
-pyproject.toml), and all of such a directory's tests go to one of them, so the fixture is built once.
-Every other file is a group of its own, so its module fixtures are built once too."""
+Cluster, a `sandpool up`, the one real cluster)."""
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = Path(__file__).parent
-    skip = pytest.mark.skip(reason="isolation tests need root (namespaces, cgroups)")
-    for item in items:
-        if os.geteuid() != 0 and "isolation" in item.keywords:
-            item.add_marker(skip)
-        relative = item.path.relative_to(root)
-        directory = relative.parts[0] if len(relative.parts) > 1 else ""
-        item.add_marker(pytest.mark.xdist_group(directory if directory in SHARED_BY_DIRECTORY else str(relative)))
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The suite runs in two xdist workers (`-n 2`, pyproject.toml). Each worker gets whole files, and
+    a `SHARED_BY_DIRECTORY` directory whole, so a module or shared session fixture is built once, not
+    once per worker. (xdist's `--dist loadgroup` would say it with markers, but cannot rename a test's
+    id under pytest 9, so its groups are silently ignored.)"""
+    from xdist.scheduler import LoadScopeScheduling
 
+    class ByFixtureScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            parts = path.split("/")
+            return "/".join(parts[:2]) if len(parts) > 2 and parts[1] in SHARED_BY_DIRECTORY else path
+
+    return ByFixtureScope(config, log)
