@@ -519,14 +519,16 @@ async def levels(args: argparse.Namespace) -> dict[str, Any]:
 
 # --- throughput ------------------------------------------------------------------------------
 
-async def closed_loop(seconds: float, clients: int, job: Callable[[int], Awaitable[bool]]) -> tuple[int, list[float]]:
+async def closed_loop(seconds: float, clients: int, job: Callable[[int], Awaitable[bool]],
+                      more: Callable[[], bool] = lambda: True) -> tuple[int, list[float]]:
+    """`clients` loops of `job` for `seconds`, or until `more()` says there is nothing left to do."""
     end = time.perf_counter() + seconds
     took: list[float] = []
     done = 0
 
     async def worker(w: int) -> None:
         nonlocal done
-        while time.perf_counter() < end:
+        while time.perf_counter() < end and more():
             started = time.perf_counter()
             if await job(w):
                 took.append(time.perf_counter() - started)
@@ -575,8 +577,7 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
             return status == 200
 
         async def destroy(w: int) -> bool:
-            if not destroy_queue:
-                await asyncio.sleep(0.01)
+            if not destroy_queue:  # another client took the last one
                 return False
             workspace, session = destroy_queue.popleft()
             _, status = await client.destroy(workspace, session)
@@ -589,10 +590,9 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
             cpu = CpuWindow(stack)
             before, redis_before, wall0 = cpu.read(), redis_cpu(r), time.perf_counter()
             stats0 = r.info("commandstats")
-            count, took = await closed_loop(args.phase_seconds, args.clients, job)
-            wall = time.perf_counter() - wall0
-            if name == "destroy" and not destroy_queue:
-                wall = max(wall, 1e-9)
+            more = (lambda: bool(destroy_queue)) if name == "destroy" else (lambda: True)
+            count, took = await closed_loop(args.phase_seconds, args.clients, job, more)
+            wall = time.perf_counter() - wall0  # (the destroys end when every session the creates made is gone)
             after, redis_after = cpu.read(), redis_cpu(r)
             stats1 = r.info("commandstats")
             redis_seconds = redis_after - redis_before

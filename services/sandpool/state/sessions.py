@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from sandpool.contract import limits as catalogue
 from sandpool.state import scripts
 from sandpool.state.client import Client, acknowledged
 from sandpool.state.errors import translated
@@ -205,9 +206,11 @@ def _handle(session_id: str, values: list[str | None], deadline: float | None) -
             out[name] = value
         elif name == "limits":
             try:
-                out["limits"] = json.loads(value)
+                recorded = json.loads(value)
             except ValueError:
                 continue
+            # Recorded are the limits in force; the handle names every lease limit, 0 for none.
+            out["limits"] = {**{limit.name: 0 for limit in catalogue.counts(catalogue.handed_over())}, **recorded}
         else:
             out[name] = _number(value)
     out["deadline"] = deadline
@@ -264,7 +267,9 @@ class SessionStore:
             "session": session_id, "workspace": workspace, "pool": pool, "image": image, "now": repr(now),
             "idle": limits.idle_timeout_seconds, "lifetime": limits.max_lifetime_seconds,
             "exec": limits.exec_timeout_seconds, "max_exec": limits.max_exec_timeout_seconds,
-            "limits": {name: int(value) for name, value in workspace_limits.items()},
+            # Only the limits in force (0 is none): the session hash stays within Redis's compact
+            # encoding (a value over 64 bytes makes it a hashtable, 1,073 bytes instead of about 400).
+            "limits": {name: int(value) for name, value in workspace_limits.items() if int(value)},
             "ceiling": ceiling, "wait": wait_seconds, "bucket": rate_bucket(now),
             "lease_rate_prefix": k.pool_rate_prefix(pool, "leases"),
             "release_rate_prefix": k.pool_rate_prefix(pool, "releases"),
