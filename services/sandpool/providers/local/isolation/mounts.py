@@ -191,6 +191,7 @@ def prepare_template(plan: RootPlan, new_root: str) -> int:
             os.chmod(r + EGRESS_DIR, 0o700)
             _touch(r + EGRESS_SOCKET)
             linux.mount(None, r, None, linux.MS_REMOUNT | RO, "size=1m,mode=0755")
+            _prune_host_copies(r, [b for b in plan.binds if _covered(b, ["/tmp"])])
             return os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             try:
@@ -200,6 +201,33 @@ def prepare_template(plan: RootPlan, new_root: str) -> int:
             os.chdir(cwd)
     finally:
         os.close(host)
+
+
+# Host mounts the template namespace keeps (its copies of them): what a sandbox still reaches by path
+# before it pivots (cgroup files, the sources of binds under /tmp). Its copies of every other host
+# mount are detached: the namespace lives as long as the zygote, and a copy would pin what the host
+# unmounts meanwhile (another installation's workspace tmpfs, with its files, or a network namespace).
+_KEPT_HOST_MOUNTS = ("/", "/tmp")
+_KEPT_HOST_TREES = ("/proc", "/sys", "/dev")
+
+
+def _prune_host_copies(r: str, reached: list[str]) -> None:
+    """In the template namespace: detach the copies of host mounts a sandbox does not need (deepest first):
+    all but the kept ones, the template's own tree, and those on the way to it or to a path in `reached`."""
+    points = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as info:
+        for line in info:
+            field = line.split(" ", 5)[4]
+            point = field.encode().decode("unicode_escape").encode("latin-1").decode(errors="surrogateescape")
+            if point in _KEPT_HOST_MOUNTS or _covered(point, [*_KEPT_HOST_TREES, r]) \
+                    or any(_covered(path, [point]) for path in (r, *reached)):
+                continue
+            points.append(point)
+    for point in sorted(set(points), key=lambda p: -p.count("/")):
+        try:
+            linux.umount2(point, linux.MNT_DETACH)
+        except OSError:
+            pass  # gone with its parent already
 
 
 def hold_host_paths(fs: SandboxFs) -> HeldMounts:
