@@ -147,3 +147,54 @@ def test_the_spec_carries_only_the_steps_asked_for() -> None:
     assert dict(item.split("=") for item in spec.split(",")) == {
         "uid": str(NOBODY), "gid": str(NOBODY), "nproc": "64", "nofile": "10", "fsize": "5", "as": "7",
         "seccomp": "0102"}
+    (_, spec) = hardening.SelfHardening(policy(), b"\x01\x02", inherited=True).argv()
+    assert "seccomp" not in dict(item.split("=") for item in spec.split(","))  # under it already
+
+
+def _filters_after_apply(foreign: bool) -> list[int]:
+    """In a forked child: a filter (this module's, or another one) on the 'agent', then `apply` in a
+    fork of it; [the agent's Seccomp_filters, the child's]."""
+    def filters() -> int:
+        status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+        return int(status["Seccomp_filters"])
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            if foreign:  # a filter seccomp.py did not install (a container runtime's profile): allow all
+                import ctypes
+
+                from sandpool.agent.runner import _install_filter
+                libc = ctypes.CDLL(None, use_errno=True)
+                assert libc.prctl(38, 1, 0, 0, 0) == 0
+                _install_filter(libc, seccomp.struct.pack("=HBBI", seccomp.BPF_RET_K, 0, 0, seccomp.SECCOMP_RET_ALLOW))
+            else:
+                assert seccomp.install_filter()
+            agent = filters()
+            child = os.fork()
+            if child == 0:
+                try:
+                    hardening.apply(policy(uid=None, gid=None, nproc=None, nofile=None))
+                    os.write(w, json.dumps([agent, filters()]).encode())
+                finally:
+                    os._exit(0)
+            os.waitpid(child, 0)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as out:
+        data = out.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_a_child_adds_this_filter_only_where_the_agent_s_is_another() -> None:
+    """Under this module's filter (the zygote's agent), a child is under it from its fork: a second
+    copy would refuse nothing more. Under another filter (a container runtime's), it adds this one."""
+    if seccomp.native_arch() is None or "Seccomp_filters" not in Path("/proc/self/status").read_text():
+        pytest.skip("no seccomp filter for this architecture, or no Seccomp_filters in /proc")
+    agent, child = _filters_after_apply(foreign=False)
+    assert child == agent
+    agent, child = _filters_after_apply(foreign=True)
+    assert child == agent + 1

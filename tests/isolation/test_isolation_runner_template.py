@@ -38,6 +38,8 @@ print(json.dumps({{
     "ns": {{n: os.readlink(f"/proc/self/ns/{{n}}") for n in {NAMESPACES!r}}},
     "status": {{k: " ".join(status.get(k, "").split()) for k in {STATUS_KEYS!r}}},
     "cgroup": open("/proc/self/cgroup").read(), "fds": fds, "root": sorted(os.listdir("/")),
+    "agent_filters": dict(line.split(":", 1) for line in open("/proc/1/status").read().splitlines())
+                     .get("Seccomp_filters", "").strip(),
 }}))
 """
 
@@ -84,6 +86,9 @@ def test_a_template_runner_is_confined_exactly_as_a_child_the_agent_starts(harne
         assert runner["status"] == child["status"]
         assert runner["status"]["Uid"] == " ".join([str(sandbox.uid)] * 4)
         assert runner["status"]["CapEff"] == "0000000000000000"
+        # Under the agent's filter (the zygote's, this one), once: a second copy refuses nothing more.
+        assert runner["status"]["Seccomp"] == "2"
+        assert runner["status"]["Seccomp_filters"] == runner["agent_filters"] != ""
         assert runner["cgroup"] == child["cgroup"]  # the code cgroup's live generation
         assert runner["root"] == child["root"]
         # Nothing of the template's: its control socket, the other sandboxes' channels, pidfds and

@@ -4,8 +4,10 @@ Order matters and must stay: join the code's process-capped cgroup (while still
 root, and before anything else could fork); drop supplementary groups, then the
 gid, then the uid (a uid drop first would forbid the others); then `PR_SET_NO_NEW_PRIVS` so no
 set-uid binary can win privileges back; then resource limits; then the seccomp
-filter last, because it may forbid the calls above. Runs in the forked child
-(`preexec_fn`), so it touches only what was imported before the fork.
+filter last, because it may forbid the calls above (none where the agent runs under
+that very filter already, installed by the zygote: the child is under it from its
+fork, and a second copy refuses nothing more; agent/seccomp.py). Runs in the forked
+child (`preexec_fn`), so it touches only what was imported before the fork.
 """
 
 from __future__ import annotations
@@ -99,7 +101,8 @@ def apply(policy: ChildPolicy, cgroup_join_fd: int = -1) -> None:
     _limit(resource.RLIMIT_NOFILE, policy.nofile)
     _limit(resource.RLIMIT_FSIZE, policy.fsize)
     _limit(resource.RLIMIT_AS, policy.address_space)
-    seccomp.install_filter()
+    if not seccomp.inherited():  # under the agent's filter, this one, since the fork
+        seccomp.install_filter()
 
 
 def preexec(policy: ChildPolicy, cgroup_join_fd: Callable[[], int] = lambda: -1) -> Callable[[], None]:
@@ -124,13 +127,19 @@ class SelfHardening:
 
     policy: ChildPolicy
     seccomp_program: bytes
+    inherited: bool = False
+    """The runner is under `seccomp_program` from its start and is not asked to add it again: the
+    agent runs under it (installed by the zygote: `seccomp.inherited`), so an exec'd runner
+    inherits it, and a runner of the zygote's template has it from the template's confinement,
+    installed before it says its pid (agent/runner_template.py). `verify` then wants exactly the
+    agent's filters, where it otherwise wants one more, the runner's own."""
 
     def argv(self) -> list[str]:
         """`--harden` and its spec: `key=value` pairs; absent keys are steps not asked for."""
         p = self.policy
         fields = {"uid": p.uid, "gid": p.gid if p.gid is not None else p.uid, "nproc": p.nproc,
                   "nofile": p.nofile, "fsize": p.fsize, "as": p.address_space,
-                  "seccomp": self.seccomp_program.hex() or None}
+                  "seccomp": None if self.inherited else self.seccomp_program.hex() or None}
         return ["--harden", ",".join(f"{key}={value}" for key, value in fields.items() if value is not None)]
 
     def verify(self, pid: int) -> None:
@@ -142,8 +151,8 @@ class SelfHardening:
                   "CapPrm": ["0" * 16], "CapEff": ["0" * 16]}
         if self.seccomp_program:
             wanted["Seccomp"] = ["2"]
-            if "Seccomp_filters" in own:  # its own filter on top of what it inherited from the agent
-                wanted["Seccomp_filters"] = [str(int(own["Seccomp_filters"][0]) + 1)]
+            if "Seccomp_filters" in own:  # its own filter on top of the agent's, unless the agent's is it
+                wanted["Seccomp_filters"] = [str(int(own["Seccomp_filters"][0]) + (0 if self.inherited else 1))]
         differs = [f"{name} is {status.get(name)}, not {values}" for name, values in wanted.items()
                    if status.get(name) != values]
         limits = _proc_limits(pid)
@@ -210,7 +219,7 @@ def self_hardening(policy: ChildPolicy, python: str) -> SelfHardening | None:
     own = _proc_status("self")
     if own.get("Seccomp") != ["2"] or "Seccomp_filters" not in own or not is_binary(python):
         return None
-    return SelfHardening(policy, seccomp.program_bytes(arch))
+    return SelfHardening(policy, seccomp.program_bytes(arch), inherited=seccomp.inherited())
 
 
 def is_binary(path: str) -> bool:

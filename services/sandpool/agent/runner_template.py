@@ -3,13 +3,14 @@
 Starting a runner as a new interpreter costs ~25 ms of CPU per sandbox: the interpreter's own
 start, the runner's imports, compiling its source. The zygote instead keeps one template per
 sandbox Python (`python -I -S -u -c <runner.py + this file> --template FD`), started once,
-outside every sandbox, holding nothing of any sandbox. For a runner it forks twice: the first
-child enters, through the sandbox's PID file descriptor, the namespaces of its agent (mount,
-PID, network, IPC, UTS), keeps only the descriptors the runner needs, forks the runner (which
-is then inside the sandbox's PID namespace), reports its host pid and exits; the runner joins
-the agent's cgroups and the cgroup namespace itself. The template waits only for that first
-child, which runs in the template's own cgroups: nothing in a sandbox can hold it up for everyone
-(and it takes only pipes and /dev/null from an agent, nothing whose close could block).
+outside every sandbox, holding nothing of any sandbox. For a runner it forks once, into the
+sandbox's PID namespace: it points its own namespace for children (`pid_for_children`) at the
+sandbox's through the sandbox's PID file descriptor, forks, and points it back at its own at once
+(if that fails, it exits: the zygote starts a new template). The child enters the agent's other
+namespaces (mount, network, IPC, UTS) through the same descriptor, keeps only the descriptors it
+needs, joins the agent's cgroups and the cgroup namespace, and is the runner. The template waits
+for nothing of it: nothing in a sandbox can hold it up for everyone (and it takes only pipes and
+/dev/null from an agent, nothing whose close could block).
 
 The runner then confines itself exactly as the agent is confined (the agent's capability sets
 and bounding set, no_new_privs, the agent's seccomp filter: what any child of the agent
@@ -20,8 +21,9 @@ itself. The agent verifies the result in /proc as it does for that one. What the
 never passes through the template's memory, so no sandbox's environment can reach another's
 runner; the template knows only pids, descriptors and the fixed confinement.
 
-The template is the runners' subreaper (their first parent exits at once, and a process entered
-into a PID namespace from outside is parented outside it): it reaps them and reports each exit
+The template is the runners' parent (a process forked into a PID namespace from outside is
+parented outside it) and their subreaper (so it was when a first child forked them and exited;
+nothing of its own is forked below them now): it reaps them and reports each exit
 status to the agent on that sandbox's channel. It never blocks on an agent: channels are
 non-blocking, a report that does not fit is dropped, and a sandbox has at most `_MAX_RUNNERS`.
 
@@ -57,7 +59,7 @@ _SPAWN_FDS = 5  # stdin, stdout, stderr, the request pipe's read end, the event 
 _MAX_RUNNERS = 4  # live runners of one sandbox (the runner, its spare, one of each starting)
 _FAILED = 70
 _DRAIN_SECONDS = 10.0  # the longest it outlives the zygote, reaping its runners
-_CLONE_NEWCGROUP = 0x02000000
+_CLONE_NEWCGROUP, _CLONE_NEWPID = 0x02000000, 0x20000000
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 24, 38, 36
 
 
@@ -74,10 +76,13 @@ class _Sandbox:
 
 
 class _Confinement:
-    """The agent's own confinement, fixed by the zygote, and the descriptor limit it had."""
+    """The agent's own confinement, fixed by the zygote, the descriptor limit it had, and the
+    template's own PID namespace (where its namespace for children goes back to after each fork)."""
 
     def __init__(self, keep_caps: set[int], last_cap: int, program: bytes, nofile: tuple[int, int]) -> None:
         self.keep_caps, self.last_cap, self.program, self.nofile = keep_caps, last_cap, program, nofile
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 
 
 def _recv_fds(fd: int, max_fds: int) -> tuple[bytes, list[int], bool]:
@@ -148,46 +153,39 @@ def _runner(flags: int, procs: int, confinement: _Confinement) -> int:
     return main(["", *argv, "3", "4"])
 
 
-def _enter(sandbox: _Sandbox, fds: list[int], report: int, confinement: _Confinement,
-           tables: tuple[dict, ...]) -> None:
-    """The first child: into the sandbox's namespaces but the cgroup one, fork the runner, report
-    its host pid; never returns. It runs in the template's own cgroups, and nothing it does can be
-    held up by the sandbox."""
+def _enter(sandbox: _Sandbox, fds: list[int], confinement: _Confinement, tables: tuple[dict, ...]) -> None:
+    """The runner, just forked into the sandbox's PID namespace: into its other namespaces but the
+    cgroup one, keep only its descriptors, then `_runner`; never returns."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    resource.setrlimit(resource.RLIMIT_NOFILE, confinement.nofile)  # the zygote's, as an agent has
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(sandbox.pidfd, sandbox.flags & ~_CLONE_NEWCGROUP) != 0:
-        raise OSError(ctypes.get_errno(), "setns failed")
-    # The agent's five descriptors become 0-4, the PID descriptor 5, the cgroup files 6 on, and
-    # the report pipe the next one (closed in the runner); nothing else of the template's.
-    keep = (*fds, sandbox.pidfd, *sandbox.procs, report)
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64 + len(keep)) for fd in keep]
-    for number, fd in enumerate(high):
-        os.dup2(fd, number)
-    os.closerange(len(keep), 2**31 - 1)
-    report = len(keep) - 1
-    for table in tables:  # the other sandboxes' descriptors (now closed) and their runners' pids
-        table.clear()
-    pid = os.fork()
-    if pid == 0:
-        os.close(report)
-        code = _FAILED
+    code = _FAILED
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, confinement.nofile)  # the zygote's, as an agent has
+        libc = confinement.libc
+        # The PID namespace is its own already (it was forked into it): this one only sets its children's.
+        if libc.setns(sandbox.pidfd, sandbox.flags & ~_CLONE_NEWCGROUP) != 0:
+            raise OSError(ctypes.get_errno(), "setns failed")
+        # The agent's five descriptors become 0-4, the PID descriptor 5, the cgroup files 6 on;
+        # nothing else of the template's.
+        keep = (*fds, sandbox.pidfd, *sandbox.procs)
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64 + len(keep)) for fd in keep]
+        for number, fd in enumerate(high):
+            os.dup2(fd, number)
+        os.closerange(len(keep), 2**31 - 1)
+        for table in tables:  # the other sandboxes' descriptors (now closed) and their runners' pids
+            table.clear()
+        code = _runner(sandbox.flags, len(sandbox.procs), confinement)
+    except BaseException as exc:  # noqa: BLE001 - never serve half-confined; say why on stderr
         try:
-            code = _runner(sandbox.flags, len(sandbox.procs), confinement)
-        except BaseException as exc:  # noqa: BLE001 - never serve half-confined; say why on stderr
-            try:
-                os.write(2, f"sandpool runner: cannot start from the template: {exc}\n".encode())
-            except OSError:
-                pass
-        try:
-            if _Serving.started:
-                atexit._run_exitfuncs()  # what `sys.exit` would have run for the session's code
-        finally:
-            _flush_all()
-            os._exit(code)
-    os.write(report, b"%d" % pid)
-    os._exit(0)
+            os.write(2, f"sandpool runner: cannot start from the template: {exc}\n".encode())
+        except OSError:
+            pass
+    try:
+        if _Serving.started:
+            atexit._run_exitfuncs()  # what `sys.exit` would have run for the session's code
+    finally:
+        _flush_all()
+        os._exit(code)
 
 
 def _ns_pid(host_pid: int) -> int:
@@ -209,26 +207,27 @@ def _ns_pid(host_pid: int) -> int:
 
 def _spawn(sandbox: _Sandbox, fds: list[int], runners: dict[int, tuple[_Sandbox, int]],
            confinement: _Confinement, sandboxes: dict[int, _Sandbox]) -> None:
-    report_r, report_w = os.pipe()
+    """Fork a runner straight into the sandbox's PID namespace: only the template's namespace for
+    children moves there, for this one fork; the template itself stays where it is."""
+    libc = confinement.libc
+    moved = bool(sandbox.flags & _CLONE_NEWPID)
+    if moved and libc.setns(sandbox.pidfd, _CLONE_NEWPID) != 0:
+        return  # its agent is gone (the agent, were it alive, would see its event pipe close)
     try:
         pid = os.fork()
     except OSError:
-        os.close(report_r)
-        os.close(report_w)
-        return  # the agent sees its event pipe close and starts a runner itself
+        pid = -1  # the agent sees its event pipe close and starts a runner itself
     if pid == 0:
         try:
-            _enter(sandbox, fds, report_w, confinement, (sandboxes, runners))
+            _enter(sandbox, fds, confinement, (sandboxes, runners))
         finally:
             os._exit(_FAILED)
-    os.close(report_w)
-    try:
-        os.waitpid(pid, 0)  # it only entered namespaces and forked, in the template's own cgroups
-        reported = os.read(report_r, 32)  # written before it exited: no wait
-    finally:
-        os.close(report_r)
-    if reported.isdigit():
-        host_pid = int(reported)  # the runner: this template's child now, alive or a zombie till reaped
+    if moved and libc.setns(confinement.own_pid_ns, _CLONE_NEWPID) != 0:
+        # Its next fork would land in this sandbox: never again. The zygote starts a new template.
+        os.write(2, b"sandpool runner template: cannot return to its own PID namespace\n")
+        os._exit(_FAILED)
+    if pid > 0:
+        host_pid = pid  # the runner: this template's child, alive or a zombie till reaped
         sandbox.runners.add(host_pid)
         runners[host_pid] = (sandbox, _ns_pid(host_pid))
 

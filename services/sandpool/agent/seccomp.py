@@ -14,8 +14,13 @@ syscall table, so it kills the process. `clone` is refused when it asks for a ne
 namespace; `clone3` passes its flags in memory a filter cannot read, so it gets
 ENOSYS, which makes the C library fall back to `clone`.
 
-Filters are inherited across fork and exec and cannot be removed: installing it
-in the agent and again in each child it starts just stacks identical filters.
+Filters are inherited across fork and exec and cannot be removed. A process that
+installed this filter itself (the zygote's sandbox, before it becomes the agent)
+knows it (`inherited`), and its children add no copy of their own: a second
+identical filter refuses nothing more and costs every system call of every
+process below it a second run. An agent whose filter is someone else's (a
+container runtime's profile on Kubernetes) does not know that, and its children
+stack this one on top.
 Only the standard library is used (ctypes), so the agent needs nothing extra.
 """
 
@@ -168,6 +173,18 @@ def program_bytes(arch: str) -> bytes:
     return b"".join(struct.pack("=HBBI", *insn) for insn in build_program(arch))
 
 
+class _Installed:
+    here = False
+    """install_filter put this filter on this process, or on the process it is a fork of (memory
+    and filters are inherited by a fork alike; an exec keeps the filter and forgets this)."""
+
+
+def inherited() -> bool:
+    """Whether this process runs under this module's filter, installed by itself or by the process
+    it was forked from: its children then run under it too, whatever they do."""
+    return _Installed.here
+
+
 def install_filter() -> bool:
     """Install the filter in the calling process (and, through inheritance, its children).
 
@@ -192,4 +209,7 @@ def install_filter() -> bool:
     array = (_SockFilter * len(insns))(*(_SockFilter(*insn) for insn in insns))
     fprog = _SockFprog(len(insns), ctypes.cast(array, ctypes.POINTER(_SockFilter)))
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) == 0
+    if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
+        return False
+    _Installed.here = True
+    return True
