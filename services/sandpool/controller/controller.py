@@ -459,8 +459,6 @@ class PoolController:
         while len(self._destroying) < self.timing.max_concurrent_destroys:
             batch = self.timing.max_concurrent_destroys - len(self._destroying)
             popped = await self.sandboxes.pop_doomed(batch)
-            if not popped:
-                return
             for sandbox_id in popped:
                 if sandbox_id in self._destroying:
                     continue
@@ -468,6 +466,8 @@ class PoolController:
                 task = asyncio.create_task(self._destroy_doomed(sandbox_id), name=f"destroy-{sandbox_id}")
                 self._destroy_tasks.add(task)
                 task.add_done_callback(self._destroy_tasks.discard)
+            if len(popped) < batch:
+                return  # the set was empty: no second round trip to find that out (a doom wakes us)
 
     async def _destroy_doomed(self, sandbox_id: str) -> None:
         try:
