@@ -12,6 +12,7 @@ from sandpool.controller.templates import load_pools, parse_pools, parse_quantit
 from sandpool.core.settings import ConfigurationError
 from sandpool.providers.kubernetes.pool_options import KubernetesPoolOptions, Toleration
 from sandpool.providers.local.pool_options import LocalPoolOptions
+from sandpool.providers.simulated.pool_options import SimulatedPoolOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,11 +59,12 @@ def test_full_template_becomes_the_exact_pool_spec(tmp_path: Path) -> None:
                     Toleration(operator="Exists", effect="NoExecute", tolerationSeconds=30),
                 ],
                 workspace_size="2Gi",
-            )},
+            ), "simulated": SimulatedPoolOptions()},
         ),
         PoolSpec(
             name="small", image="registry.example/small:2", warm=2, ceiling=16,
-            options={"local": LocalPoolOptions(), "kubernetes": KubernetesPoolOptions()},
+            options={"local": LocalPoolOptions(), "kubernetes": KubernetesPoolOptions(),
+                     "simulated": SimulatedPoolOptions()},
         ),
     ]
     # The Kubernetes provider reads its options as they are (typed, no second validation).

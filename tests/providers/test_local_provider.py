@@ -402,7 +402,8 @@ def test_build_provider_picks_fields_by_name(data_dir: Path) -> None:
     provider = build_provider("local", SchedulerLike(), data_dir=data_dir)
     assert isinstance(provider, LocalProvider)
     assert provider.settings.data_dir == data_dir and provider.settings.start_timeout_seconds == 7.5
-    with pytest.raises(ConfigurationError, match="unknown provider 'docker' \\(expected one of local, kubernetes\\)"):
+    with pytest.raises(ConfigurationError,
+                       match="unknown provider 'docker' \\(expected one of local, kubernetes, simulated\\)"):
         build_provider("docker")
 
 
