@@ -517,3 +517,39 @@ async def test_a_sandbox_leased_to_a_session_that_is_gone_is_destroyed_and_repla
     assert (await redis.hgetall(keys.sandbox(kept.sandbox)))["state"] == "leased"
     assert (provider.root / kept.sandbox).exists()
     await eventually(two_ready, what="the pool refilled")
+
+
+async def test_a_long_reconciliation_pass_does_not_stop_refills_nor_judge_what_started_meanwhile(
+        redis, keys, provider, tasks):
+    """At 100,000 sandboxes a pass reads for seconds (docs/capacity.md): the loop goes on topping pools
+    up beside it, and a sandbox started while the pass ran is not in the pass's provider list but is
+    never taken for a stale record (it would be forgotten, then destroyed as an orphan)."""
+    c = controller(redis, keys, provider, [pool(warm=2, ceiling=6)], reconcile_seconds=0.5)
+    start(tasks, c)
+
+    async def two_ready() -> bool:
+        return len(await ready_ids(redis, keys)) == 2
+
+    await eventually(two_ready, what="two ready sandboxes")
+    real_list, held, release = provider.list, asyncio.Event(), asyncio.Event()
+
+    async def held_list() -> list:
+        listed = await real_list()  # taken now: what starts from here on is not in it
+        held.set()
+        await release.wait()
+        return listed
+
+    provider.list = held_list
+    await asyncio.wait_for(held.wait(), 10)  # a periodic pass is in, and stays in, its provider list
+    store = SessionStore(redis, keys)
+    leased = [await lease(store, f"sess-{i}") for i in range(2)]
+    assert all(isinstance(x, Leased) for x in leased)
+    await eventually(two_ready, what="the pool refilled while the pass is held")
+    started_meanwhile = set(await ready_ids(redis, keys))
+    release.set()
+    provider.list = real_list
+    await more_passes(c, 3)
+    await asyncio.sleep(1.0)  # the released pass, and at least one more, have decided and acted
+    assert set(await ready_ids(redis, keys)) == started_meanwhile
+    assert all((provider.root / sid).exists() for sid in started_meanwhile)
+    assert [await redis.exists(keys.session(f"sess-{i}")) for i in range(2)] == [1, 1]

@@ -138,6 +138,8 @@ class PoolController:
         self._create_failures: dict[str, int] = {}
         self._backoff_until: dict[str, float] = {}
         self._last_reconcile = 0.0
+        self._reconciling: asyncio.Task[None] | None = None  # a periodic pass, beside the loop
+        self._passing: set[str] | None = None  # while a pass runs: sandboxes the loop started or popped since
         self._last_demand = -math.inf
         self._sweep_cursor: dict[str, str] = {}  # pool -> where its sweep of promised sandboxes goes on
         self._waiters: dict[str, int] = {}  # pool -> its waiters when last read: demand is followed while any
@@ -202,7 +204,8 @@ class PoolController:
             await self._hold_leadership(work)
         finally:
             self._leader = False  # also ends the listener's loop, should it swallow its cancellation
-            await _cancel_all([work, listener])
+            await _cancel_all([work, listener, *([self._reconciling] if self._reconciling else [])])
+            self._reconciling, self._passing = None, None
             await self._abandon()
             with contextlib.suppress(StateError, TimeoutError):
                 async with asyncio.timeout(2.0):
@@ -266,11 +269,31 @@ class PoolController:
                 await self._step("demand", self.follow_demand())
             await self._step("top-up", self.top_up())
             now = time.monotonic()
-            if now - self._last_reconcile >= self.timing.reconcile_seconds or now >= self._recheck_at:
+            if self._reconciling is None and (
+                    now - self._last_reconcile >= self.timing.reconcile_seconds or now >= self._recheck_at):
                 self._recheck_at = math.inf
-                await self._step("reconcile", self.reconcile())
+                self._reconcile_beside()
             self._book_retry(now)
             await self._sleep_until(self._next_wake(time.monotonic()))
+
+    def _reconcile_beside(self) -> None:
+        """A periodic pass runs beside the loop, not in it: at 100,000 sandboxes it reads for seconds,
+        and pools must go on being topped up and drained meanwhile (what the loop starts or pops while
+        the pass runs is left out of its decisions: `_passing`)."""
+        def done(task: asyncio.Task[None]) -> None:
+            if self._reconciling is task:
+                self._reconciling = None
+            if self._leader and (task.cancelled() or self._step_failed):
+                # Failed, or ended by a cancellation nobody asked for (we cancel it only when stepping
+                # down): another pass soon, not at the next period, for what it was booked to look at.
+                if task.cancelled():
+                    log.error("a reconciliation pass was cancelled while leading; it runs again")
+                self._recheck_at = min(self._recheck_at, time.monotonic() + self.timing.retry_base_seconds)
+            self._wake.set()  # its deadlines were set aside while it ran
+
+        self._reconciling = asyncio.create_task(self._step("reconcile", self.reconcile()),
+                                                name="pool-controller-reconcile")
+        self._reconciling.add_done_callback(done)
 
     def _book_retry(self, now: float) -> None:
         """A pass with a failed step goes again after a backoff (doubling, at most the safety net)."""
@@ -285,8 +308,10 @@ class PoolController:
     def _next_wake(self, now: float) -> float:
         """When the leader must look again though nothing wakes it: the earliest deadline it keeps."""
         t = self.timing
-        deadlines = [now + t.safety_wake_seconds, self._last_reconcile + t.reconcile_seconds, self._recheck_at,
-                     self._retry_at, *(until for until in self._backoff_until.values() if until > now)]
+        deadlines = [now + t.safety_wake_seconds, self._retry_at,
+                     *(until for until in self._backoff_until.values() if until > now)]
+        if self._reconciling is None:  # one pass at a time: a running one wakes the loop when it ends
+            deadlines += [self._last_reconcile + t.reconcile_seconds, self._recheck_at]
         # Demand is followed within `demand_seconds` of a lease or a wait (both nudge), and while a target
         # is above its floor (it comes down one sandbox per shrink period) or someone waits (stale waiters
         # are swept); at the floor with nobody waiting, only a lease can move it, and a lease wakes us.
@@ -360,6 +385,8 @@ class PoolController:
                 # Known as starting before its record exists: stepping down while the script runs
                 # (its reply not yet read) must still find it, destroy it and forget the record.
                 self._starting[sandbox_id] = pool.name
+                if self._passing is not None:
+                    self._passing.add(sandbox_id)
                 try:
                     registered = await self.sandboxes.register_starting(
                         sandbox_id, pool=pool.name, image=pool.image, ceiling=pool.ceiling, now=time.time(),
@@ -459,6 +486,8 @@ class PoolController:
         while len(self._destroying) < self.timing.max_concurrent_destroys:
             batch = self.timing.max_concurrent_destroys - len(self._destroying)
             popped = await self.sandboxes.pop_doomed(batch)
+            if self._passing is not None:
+                self._passing.update(popped)
             for sandbox_id in popped:
                 if sandbox_id in self._destroying:
                     continue
@@ -554,6 +583,15 @@ class PoolController:
     async def reconcile(self) -> None:
         """Make Redis and the provider agree (`reconcile.plan` decides). Safe to run at any time on the leader."""
         self._last_reconcile = time.monotonic()
+        passing: set[str] = set()
+        self._passing = passing
+        try:
+            await self._reconcile(passing)
+        finally:
+            if self._passing is passing:
+                self._passing = None
+
+    async def _reconcile(self, passing: set[str]) -> None:
         # Creates in flight when the list was taken may finish (and publish) before their record is
         # read; the provider's list may not show them yet: never judge those, nor our destroys.
         busy = frozenset(self._starting) | frozenset(self._destroying)
@@ -575,13 +613,15 @@ class PoolController:
         led_for = time.monotonic() - self._leading_since
         decided = plan(records, running, sessions, Situation(
             now=time.time(), replica_id=self.replica_id, start_timeout=self.timing.start_timeout_seconds,
-            term=self.timing.leadership_ms / 1000, led_for=led_for, busy=busy, busy_since=busy_since))
+            term=self.timing.leadership_ms / 1000, led_for=led_for, busy=busy | frozenset(passing),
+            busy_since=busy_since))
         if decided.recheck_in is not None:
             self._recheck_at = min(self._recheck_at, time.monotonic() + decided.recheck_in)
         failed: set[str] = set()
         for action in decided.actions:
             sandbox_id = action.sandbox_id
-            if sandbox_id in failed or sandbox_id in self._starting or sandbox_id in self._destroying:
+            if sandbox_id in failed or sandbox_id in self._starting or sandbox_id in self._destroying \
+                    or sandbox_id in passing:
                 continue
             try:
                 if not await self._execute(action):
