@@ -13,7 +13,8 @@ share, and the wall time of the call.
     python bench/runner_spawn.py --churn 100 --runs 3     # whole sandboxes instead
 
 `--churn N`: instead, N sandboxes one after another, each created, given five `print(1)`
-and destroyed (no control plane): the group's CPU per sandbox, the zygote's, the template's.
+and destroyed (no control plane): the group's CPU per sandbox, the zygote's, the template's, and
+each of the five calls' wall time (p50; the first is a fresh agent's first call).
 
 The calls themselves (the agent's ~0.6 ms, the exit) are the same before and after a change
 to how runners are made, so a difference between builds is the runner's making. Needs root.
@@ -63,16 +64,19 @@ async def churn(count: int, runs: int) -> dict[str, object]:
     pool = PoolSpec(name="bench", image="python")
     group = CpuGroup(f"runner-churn-{id(provider)}")
     out: dict[str, list[float]] = {"group_ms": [], "zygote_ms": [], "template_ms": []}
+    walls: list[list[float]] = [[] for _ in range(5)]  # each call's wall time, by its place in the session
 
     async def one(name: str) -> None:
         info = await provider.create(pool, name)
         transport = httpx.AsyncHTTPTransport(uds=info.address.removeprefix("unix://"))
         async with httpx.AsyncClient(transport=transport, base_url="http://sandbox", timeout=60,
                                      headers={"Authorization": f"Bearer {info.secret}"}) as client:
-            for _ in range(5):
+            for call in range(5):
+                t0 = time.perf_counter()
                 response = await client.post("/sessions/s/exec",
                                              json={"tool": "code_execution", "input": {"code": "print(1)"}})
                 response.raise_for_status()
+                walls[call].append((time.perf_counter() - t0) * 1000)
         await provider.destroy(info.sandbox_id)
 
     try:
@@ -96,7 +100,8 @@ async def churn(count: int, runs: int) -> dict[str, object]:
         await provider.close()
         group.release()
         shutil.rmtree(data_dir, ignore_errors=True)
-    return {"sandboxes": count, "runs": runs, **out, "group_ms_median": statistics.median(out["group_ms"])}
+    return {"sandboxes": count, "runs": runs, **out, "group_ms_median": statistics.median(out["group_ms"]),
+            "call_wall_p50_ms": [round(statistics.median(w), 2) for w in walls]}
 
 
 async def run(calls: int, runs: int, warmup: int) -> dict[str, object]:
