@@ -138,7 +138,7 @@ class PoolController:
         self._create_failures: dict[str, int] = {}
         self._backoff_until: dict[str, float] = {}
         self._last_reconcile = 0.0
-        self._reconciling: asyncio.Task[None] | None = None  # a periodic pass, beside the loop
+        self._reconciling: asyncio.Task[bool] | None = None  # a periodic pass, beside the loop
         self._passing: set[str] | None = None  # while a pass runs: sandboxes the loop started or popped since
         self._last_demand = -math.inf
         self._sweep_cursor: dict[str, str] = {}  # pool -> where its sweep of promised sandboxes goes on
@@ -280,10 +280,10 @@ class PoolController:
         """A periodic pass runs beside the loop, not in it: at 100,000 sandboxes it reads for seconds,
         and pools must go on being topped up and drained meanwhile (what the loop starts or pops while
         the pass runs is left out of its decisions: `_passing`)."""
-        def done(task: asyncio.Task[None]) -> None:
+        def done(task: asyncio.Task[bool]) -> None:
             if self._reconciling is task:
                 self._reconciling = None
-            if self._leader and (task.cancelled() or self._step_failed):
+            if self._leader and (task.cancelled() or task.exception() is not None or not task.result()):
                 # Failed, or ended by a cancellation nobody asked for (we cancel it only when stepping
                 # down): another pass soon, not at the next period, for what it was booked to look at.
                 if task.cancelled():
@@ -329,11 +329,11 @@ class PoolController:
             async with asyncio.timeout(delay):
                 await self._wake.wait()
 
-    async def _step(self, what: str, coro: Any) -> None:
-        """One step of the loop; a failure is logged and the pass retried after a backoff."""
+    async def _step(self, what: str, coro: Any) -> bool:
+        """One step of the loop; a failure is logged and the pass retried after a backoff (False)."""
         try:
             await coro
-            return
+            return True
         except (StateError, OSError, TimeoutError) as exc:
             log.warning("pool controller step failed", extra={"step": what, "error": str(exc)})
         except ProviderError as exc:
@@ -341,6 +341,7 @@ class PoolController:
         except Exception:  # a bug must not stop pools from being kept warm
             log.exception("pool controller step crashed", extra={"step": what})
         self._step_failed = True
+        return False
 
     async def _listen_for_nudges(self) -> None:
         """Wake the loop on everything published on the nudge channel, while leading: every lease,
