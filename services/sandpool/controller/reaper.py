@@ -17,6 +17,7 @@ comes later finds no record and counts nothing twice.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -63,9 +64,8 @@ class SessionReaper:
             for due, reaped in answers:
                 examined += due
                 released += len(reaped)
-                reasons: dict[str, int] = {}
+                reasons = collections.Counter(result.reason for result in reaped)
                 for result in reaped:
-                    reasons[result.reason] = reasons.get(result.reason, 0) + 1
                     log.debug("session reaped", extra={"session": result.session_id, "why": result.reason,
                                                        "session_seconds": result.session_seconds})
                 for reason, count in reasons.items():

@@ -140,7 +140,7 @@ class SandboxStore:
     @translated
     async def sweep_waiters(self, pool: str, cursor: str = "0") -> tuple[int, str]:
         """Forget waiters whose api replica vanished; hand on what was promised to them, looking at the
-        next `CHUNK` members from `cursor`: (how many were put right, the cursor to go on from; '0' when
+        next `SWEEP_CHUNK` members from `cursor`: (how many were put right, the cursor to go on from; '0' when
         every member has been looked at)."""
         k = self.keys
         fixed, following = await self._sweep(

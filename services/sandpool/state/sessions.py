@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from sandpool.contract import limits as catalogue
 from sandpool.state import scripts
@@ -474,12 +474,6 @@ class SessionStore:
                 continue  # released meanwhile, or not this workspace's: never show it
             out.append(_handle(session_id, values, deadline))
         return sorted(out, key=lambda item: item["session_id"])
-
-    @translated
-    async def due(self, now: float, limit: int) -> list[str]:
-        """Session ids whose deadline has passed, oldest first (an index range, never a scan)."""
-        due = await self.redis.zrangebyscore(self.keys.deadlines, "-inf", now, start=0, num=limit)
-        return cast(list[str], list(due))  # members only (no scores), decoded: the client decodes responses
 
     @translated
     async def pool_counts(self, pool: str) -> PoolCounts:
