@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -43,47 +45,59 @@ from sandpool.providers.local.settings import LocalProviderSettings
 EXIT = "import os; os._exit(0)"
 
 
-async def _calls(info, count: int) -> list[float]:
+async def _calls(info, count: int, code: str = EXIT) -> list[float]:
+    """`count` calls of `code` to one sandbox, one after another: each one's wall time (ms)."""
     transport = httpx.AsyncHTTPTransport(uds=info.address.removeprefix("unix://"))
     walls = []
     async with httpx.AsyncClient(transport=transport, base_url="http://sandbox", timeout=60,
                                  headers={"Authorization": f"Bearer {info.secret}"}) as client:
         for _ in range(count):
             t0 = time.perf_counter()
-            response = await client.post("/sessions/s/exec", json={"tool": "code_execution", "input": {"code": EXIT}})
+            response = await client.post("/sessions/s/exec", json={"tool": "code_execution", "input": {"code": code}})
             walls.append((time.perf_counter() - t0) * 1000)
             response.raise_for_status()
     return walls
 
 
-async def churn(count: int, runs: int) -> dict[str, object]:
+@contextlib.asynccontextmanager
+async def _measured_provider(name: str) -> AsyncIterator[tuple[LocalProvider, PoolSpec, CpuGroup, list[int]]]:
+    """A real `LocalProvider` in a data dir of its own, its first sandbox made and destroyed (which
+    starts the zygote and its runner templates), and a cpuacct group charging the zygote and the
+    templates: (provider, pool, group, the templates' pids). Everything is removed on the way out."""
     data_dir = Path(tempfile.mkdtemp(prefix="rsp", dir="/tmp"))
     data_dir.chmod(0o711)
     provider = LocalProvider(LocalProviderSettings(data_dir=data_dir))
     await provider.start()
     pool = PoolSpec(name="bench", image="python")
-    group = CpuGroup(f"runner-churn-{id(provider)}")
+    group = CpuGroup(f"{name}-{id(provider)}")
+    try:
+        first = await provider.create(pool, "first")
+        await _calls(first, 1)
+        zygotes = [pid for pid in children_of(os.getpid()) if "zygote_server" in cmdline(pid)]
+        if len(zygotes) != 1:
+            raise SystemExit(f"runner_spawn: expected one zygote, found {zygotes}")
+        templates = [pid for pid in children_of(zygotes[0]) if "--template" in cmdline(pid)]
+        group.add(zygotes[0], *templates)
+        await provider.destroy(first.sandbox_id)
+        yield provider, pool, group, [zygotes[0], *templates]
+    finally:
+        await provider.destroy_all()
+        await provider.close()
+        group.release()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+async def churn(count: int, runs: int) -> dict[str, object]:
     out: dict[str, list[float]] = {"group_ms": [], "zygote_ms": [], "template_ms": []}
     walls: list[list[float]] = [[] for _ in range(5)]  # each call's wall time, by its place in the session
+    async with _measured_provider("runner-churn") as (provider, pool, group, (zygote, *templates)):
 
-    async def one(name: str) -> None:
-        info = await provider.create(pool, name)
-        transport = httpx.AsyncHTTPTransport(uds=info.address.removeprefix("unix://"))
-        async with httpx.AsyncClient(transport=transport, base_url="http://sandbox", timeout=60,
-                                     headers={"Authorization": f"Bearer {info.secret}"}) as client:
-            for call in range(5):
-                t0 = time.perf_counter()
-                response = await client.post("/sessions/s/exec",
-                                             json={"tool": "code_execution", "input": {"code": "print(1)"}})
-                response.raise_for_status()
-                walls[call].append((time.perf_counter() - t0) * 1000)
-        await provider.destroy(info.sandbox_id)
+        async def one(name: str) -> None:
+            info = await provider.create(pool, name)
+            for place, wall in enumerate(await _calls(info, 5, "print(1)")):
+                walls[place].append(wall)
+            await provider.destroy(info.sandbox_id)
 
-    try:
-        await one("first")  # starts the zygote's template
-        zygote = next(pid for pid in children_of(os.getpid()) if "zygote_server" in cmdline(pid))
-        templates = [pid for pid in children_of(zygote) if "--template" in cmdline(pid)]
-        group.add(zygote, *templates)
         for n in range(runs):
             for i in range(5):
                 await one(f"w{n}-{i}")
@@ -95,32 +109,13 @@ async def churn(count: int, runs: int) -> dict[str, object]:
             after = group.seconds(), process_seconds(zygote), sum(process_seconds(p) for p in templates)
             for key, b, a in zip(("group_ms", "zygote_ms", "template_ms"), before, after, strict=True):
                 out[key].append(round((a - b) / count * 1000, 2))
-    finally:
-        await provider.destroy_all()
-        await provider.close()
-        group.release()
-        shutil.rmtree(data_dir, ignore_errors=True)
     return {"sandboxes": count, "runs": runs, **out, "group_ms_median": statistics.median(out["group_ms"]),
             "call_wall_p50_ms": [round(statistics.median(w), 2) for w in walls]}
 
 
 async def run(calls: int, runs: int, warmup: int) -> dict[str, object]:
-    data_dir = Path(tempfile.mkdtemp(prefix="rsp", dir="/tmp"))
-    data_dir.chmod(0o711)
-    provider = LocalProvider(LocalProviderSettings(data_dir=data_dir))
-    await provider.start()
-    pool = PoolSpec(name="bench", image="python")
-    group = CpuGroup(f"runner-spawn-{id(provider)}")
     out: dict[str, list[float]] = {"group_ms": [], "template_ms": [], "wall_p50_ms": []}
-    try:
-        first = await provider.create(pool, "first")  # starts the zygote's template
-        await _calls(first, 1)
-        zygotes = [pid for pid in children_of(os.getpid()) if "zygote_server" in cmdline(pid)]
-        if len(zygotes) != 1:
-            raise SystemExit(f"runner_spawn: expected one zygote, found {zygotes}")
-        templates = [pid for pid in children_of(zygotes[0]) if "--template" in cmdline(pid)]
-        group.add(zygotes[0], *templates)
-        await provider.destroy(first.sandbox_id)
+    async with _measured_provider("runner-spawn") as (provider, pool, group, (_zygote, *templates)):
         for n in range(runs):
             info = await provider.create(pool, f"m{n}")
             await _calls(info, warmup)
@@ -132,11 +127,6 @@ async def run(calls: int, runs: int, warmup: int) -> dict[str, object]:
             out["template_ms"].append(round((sum(process_seconds(p) for p in templates) - template0) / calls * 1000, 3))
             out["wall_p50_ms"].append(round(statistics.median(walls), 2))
             await provider.destroy(info.sandbox_id)
-    finally:
-        await provider.destroy_all()
-        await provider.close()
-        group.release()
-        shutil.rmtree(data_dir, ignore_errors=True)
     return {"calls": calls, "runs": runs, **out, "group_ms_median": statistics.median(out["group_ms"])}
 
 
