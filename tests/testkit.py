@@ -174,6 +174,18 @@ def scrubbed_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def stop_group(proc: subprocess.Popen[Any], grace: float = 15.0) -> None:
+    """Stop a service started as a session leader (`start_new_session=True`) as its supervisor would:
+    SIGTERM to its process group, SIGKILL to the group after `grace` seconds."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """/proc/<pid>/stat after the command name: state, ppid, ... (None once it is gone)."""
     try:

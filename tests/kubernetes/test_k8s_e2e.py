@@ -12,8 +12,6 @@ API.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from realapi import RealCluster
-from testkit import free_port, scrubbed_env, wait_for, wait_http
+from testkit import free_port, scrubbed_env, stop_group, wait_for, wait_http
 
 POOLS = """
 pools:
@@ -68,20 +66,10 @@ def control_plane(cluster: RealCluster, namespace: str, kubelet: Any, tmp_path: 
             env = {k: v for k, v in scrubbed_env().items() if k != "KUBECONFIG"}
             proc = subprocess.Popen([sys.executable, "-m", "sandpool", *command, "--port", str(port)],
                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            stack.callback(_stop, proc)
+            stack.callback(stop_group, proc)
             urls[name] = f"http://127.0.0.1:{port}"
             wait_http(urls[name] + "/readyz", proc=proc, log=log_path, timeout=30, what=f"{name} ready")
         yield urls
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def ready_pods(cluster: RealCluster, namespace: str, pool: str) -> list[dict[str, Any]]:

@@ -8,8 +8,6 @@ the controller published, as a real agent does.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,21 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from testkit import free_port, scrubbed_env, wait_for, wait_http
+from testkit import free_port, scrubbed_env, stop_group, wait_for, wait_http
 
 from sandpool.providers.simulated.provider import WARNING
 from sandpool.providers.simulated.server import FIXED_STDOUT
 from sandpool.state.keys import Keys
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture
@@ -49,7 +37,7 @@ def stack(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[dict[st
             procs[name] = subprocess.Popen([sys.executable, "-m", "sandpool", *command, "--port", str(port)],
                                            stdout=log, stderr=subprocess.STDOUT, env=scrubbed_env(),
                                            start_new_session=True)
-            stack.callback(_stop, procs[name])
+            stack.callback(stop_group, procs[name], 10)
             urls[name] = f"http://127.0.0.1:{port}"
         for name, proc in procs.items():
             wait_http(urls[name] + "/readyz", proc=proc, log=tmp_path / f"{name}.log", timeout=20,
