@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import inspect
+import json
 import os
 import queue
 import secrets
@@ -184,6 +185,24 @@ def stop_group(proc: subprocess.Popen[Any], grace: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def in_forked_child(work: Callable[[], Any]) -> Any:
+    """Run `work` in a forked child of this process (which may then drop privileges, install filters or
+    change namespaces for good) and return what it returned, sent back as JSON through a pipe."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(r)
+            os.write(w, json.dumps(work()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from testkit import in_forked_child
 
 from sandpool.agent import hardening, seccomp
 from sandpool.agent.interpreter import runner_source
@@ -158,35 +159,27 @@ def _filters_after_apply(foreign: bool) -> list[int]:
         status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
         return int(status["Seccomp_filters"])
 
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        try:
-            if foreign:  # a filter seccomp.py did not install (a container runtime's profile): allow all
-                import ctypes
+    def agent() -> list[int]:
+        if foreign:  # a filter seccomp.py did not install (a container runtime's profile): allow all
+            import ctypes
 
-                from sandpool.agent.runner import _install_filter
-                libc = ctypes.CDLL(None, use_errno=True)
-                assert libc.prctl(38, 1, 0, 0, 0) == 0
-                _install_filter(libc, seccomp.struct.pack("=HBBI", seccomp.BPF_RET_K, 0, 0, seccomp.SECCOMP_RET_ALLOW))
-            else:
-                assert seccomp.install_filter()
-            agent = filters()
-            child = os.fork()
-            if child == 0:
-                try:
-                    hardening.apply(policy(uid=None, gid=None, nproc=None, nofile=None))
-                    os.write(w, json.dumps([agent, filters()]).encode())
-                finally:
-                    os._exit(0)
-            os.waitpid(child, 0)
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as out:
-        data = out.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
+            from sandpool.agent.runner import _install_filter
+            libc = ctypes.CDLL(None, use_errno=True)
+            assert libc.prctl(38, 1, 0, 0, 0) == 0
+            _install_filter(libc, seccomp.struct.pack("=HBBI", seccomp.BPF_RET_K, 0, 0, seccomp.SECCOMP_RET_ALLOW))
+        else:
+            assert seccomp.install_filter()
+        own = filters()
+
+        def child() -> list[int]:
+            hardening.apply(policy(uid=None, gid=None, nproc=None, nofile=None))
+            return [own, filters()]
+
+        answer: list[int] = in_forked_child(child)
+        return answer
+
+    result: list[int] = in_forked_child(agent)
+    return result
 
 
 def test_a_child_adds_this_filter_only_where_the_agent_s_is_another() -> None:

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from testkit import survivors
+from testkit import in_forked_child, survivors
 
 from sandpool.providers.local import zygote_protocol
 from sandpool.providers.local.isolation import detect
@@ -104,22 +104,14 @@ def test_disabled_layers_are_reported_missing_and_really_off(
 
 def test_detection_without_root_names_what_is_missing() -> None:
     """Run detection as an unprivileged uid (a forked child that dropped root for good)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setresgid(65534, 65534, 65534)
-            os.setresuid(65534, 65534, 65534)
-            report, manager = detect.detect()
-            os.write(w, json.dumps({"report": report.to_dict(), "manager": manager is not None}).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = json.loads(f.read())
-    os.waitpid(pid, 0)
+    def detect_as_nobody() -> dict[str, object]:
+        os.setgroups([])
+        os.setresgid(65534, 65534, 65534)
+        os.setresuid(65534, 65534, 65534)
+        report, manager = detect.detect()
+        return {"report": report.to_dict(), "manager": manager is not None}
+
+    data = in_forked_child(detect_as_nobody)
     missing = data["report"]["missing"]
     assert {"namespaces", "filesystem", "network", "cgroups", "unprivileged_uid"} <= set(missing)
     assert "seccomp" in data["report"]["active"]  # needs no privilege

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
 import struct
 import sys
 
 import pytest
+from testkit import in_forked_child
 
 from sandpool.agent import seccomp
 
@@ -23,23 +23,15 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux" or seccomp.native_arch()
 
 def in_filtered_child(body: str) -> dict[str, object]:
     """Fork, install the filter, run `body` (which sets `res`), return `res` via a pipe."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        try:
-            os.close(r)
-            scope: dict[str, object] = {"ctypes": ctypes, "errno": errno, "os": os}
-            scope["installed"] = seccomp.install_filter()
-            scope["libc"] = ctypes.CDLL(None, use_errno=True)
-            exec(body, scope)  # test code of our own
-            os.write(w, json.dumps(scope["res"]).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
+    def run() -> object:
+        scope: dict[str, object] = {"ctypes": ctypes, "errno": errno, "os": os}
+        scope["installed"] = seccomp.install_filter()
+        scope["libc"] = ctypes.CDLL(None, use_errno=True)
+        exec(body, scope)  # test code of our own
+        return scope["res"]
+
+    result: dict[str, object] = in_forked_child(run)
+    return result
 
 
 def _call(expr: str) -> str:
