@@ -19,6 +19,7 @@ from sandpool.sessions import limits
 from sandpool.sessions.caller import STANDALONE, Caller
 from sandpool.sessions.forward import request_headers
 from sandpool.sessions.pools import PoolDirectory
+from sandpool.sessions.service import new_session_id
 from sandpool.state.keys import utc_day
 
 CEILINGS = limits.Ceilings(default_idle=300, max_idle=3600, default_lifetime=3600, max_lifetime=86400,
@@ -250,3 +251,12 @@ async def test_agent_clients_are_bounded_and_never_closed_under_a_call() -> None
         clients.take("ftp://x")
     with pytest.raises(BadAddress):
         clients.take("unix://relative.sock")
+
+
+def test_a_session_id_never_begins_with_a_dash_so_a_command_line_takes_it_as_it_is() -> None:
+    """`sandpool admin end-session <id>` read an id beginning with '-' as an option (one id in 64
+    token_urlsafe draws): 5,000 draws would show one with near certainty (1 - (63/64)^5000)."""
+    ids = [new_session_id() for _ in range(5000)]
+    assert not [sid for sid in ids if sid.startswith("-")]
+    assert len(set(ids)) == 5000 and all(len(sid) == 22 for sid in ids)
+    assert sum(sid.startswith("_") for sid in ids) > 0  # still the whole alphabet but '-' first

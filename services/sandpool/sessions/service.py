@@ -144,8 +144,12 @@ def patience(waiting: Waiting, wait: float) -> float:
 
 
 def new_session_id() -> str:
-    # 128 random bits: a session id is a capability within its workspace.
-    return secrets.token_urlsafe(16)
+    """128 random bits (a session id is a capability within its workspace), never beginning with '-':
+    a command line would read such an id as an option (`sandpool admin end-session <id>` refused one
+    id in 64). Drawn again rather than changed, so every allowed id stays equally likely."""
+    while (session_id := secrets.token_urlsafe(16)).startswith("-"):
+        pass
+    return session_id
 
 
 def unknown_session() -> NotFound:
