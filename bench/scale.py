@@ -16,10 +16,16 @@ run's own, one token per workspace). Everything measured goes through the api.
 (the bench's client is `sandpool.core.hop`, the api's own cheap HTTP client, so the load
 generator does not eat the machine). Then, for `--window` seconds, a steady open-loop load runs
 (20 CreateSession/s, 100 Execute/s on random live sessions, 20 DestroySession/s of sessions the
-load created) and, under it, one after the other:
+load created): its latencies are the level's figures, with the controller doing its own work
+meanwhile (its leader's reconciliation passes among it: how many fell in the window is
+reported, from `sandpool_reconcile_pass_seconds`). In the window:
 
 - `/metrics` scraped on every api and on the controller (time, bytes, series);
-- one workspace's sessions listed at the default limit (`GET /v1/sessions`);
+- one workspace's sessions listed at the default limit (`GET /v1/sessions`).
+
+After the window, under the same load (whose latencies meanwhile are reported apart, as
+`load_during_measured_passes`: these passes are the bench's work, on top of the leader's):
+
 - one full reconciliation pass: `PoolController.reconcile()` run in a process of its own
   against the live Redis, the provider's list being every pool member (as the simulating
   provider would answer) and its actions recorded, not executed (the leader's own passes go
@@ -37,7 +43,8 @@ session was made), with the usage event stream (a bounded log, not per session) 
 `--clients` clients run CreateSession only, then Execute only, then DestroySession of what the
 first phase made, `--phase-seconds` each. For each phase: operations/s, latency, Redis CPU
 (`INFO cpu` used_cpu_sys + used_cpu_user) per operation and so operations/s per Redis core, and
-the CPU share of every process (api(s), controller, Redis, the bench itself, the machine).
+the CPU share of every process (api(s), controller, the simulated agents' process, Redis, the
+bench itself, the machine).
 A CreateSession's Redis cost includes the controller's refill it sets off, a DestroySession's
 the drain of its sandbox.
 """
@@ -64,7 +71,7 @@ from typing import Any
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procstat import machine_seconds, process_seconds
+from procstat import children_of, cmdline, machine_seconds, process_seconds
 
 from sandpool.core.hop import HopPool, Peer
 
@@ -322,15 +329,18 @@ class Samples:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
-async def background(client: Client, live: Live, stop: asyncio.Event, samples: Samples,
+async def background(client: Client, live: Live, stop: asyncio.Event, sink: list[Samples],
                      rates: dict[str, float]) -> None:
-    """Open loop: each operation started on its own schedule, whatever the earlier ones are doing."""
+    """Open loop: each operation started on its own schedule, whatever the earlier ones are doing.
+
+    Each answer goes into `sink[-1]`: the caller appends a fresh `Samples` to start a new phase."""
     churn: collections.deque[tuple[str, str]] = collections.deque()
     tasks: set[asyncio.Task[None]] = set()
 
     async def create() -> None:
         workspace = random.choice(live.workspaces)
         session, took, status = await client.create(workspace)
+        samples = sink[-1]
         if session is None:
             samples.errors[f"create {status}"] += 1
             return
@@ -340,6 +350,7 @@ async def background(client: Client, live: Live, stop: asyncio.Event, samples: S
     async def execute() -> None:
         workspace, session = random.choice(live.sessions)
         took, status = await client.execute(workspace, session)
+        samples = sink[-1]
         if status != 200:
             samples.errors[f"execute {status}"] += 1
             return
@@ -350,6 +361,7 @@ async def background(client: Client, live: Live, stop: asyncio.Event, samples: S
             return
         workspace, session = churn.popleft()
         took, status = await client.destroy(workspace, session)
+        samples = sink[-1]
         if status != 204:
             samples.errors[f"destroy {status}"] += 1
             return
@@ -396,6 +408,20 @@ def slowest(r: redis.Redis, since_id: int, count: int = 5) -> list[dict[str, Any
 def slowlog_mark(r: redis.Redis) -> int:
     entries = r.slowlog_get(1)
     return int(entries[0]["id"]) if entries else -1
+
+
+async def leader_passes(stack: Stack) -> tuple[int, float]:
+    """How many reconciliation passes the leader has run, and their wall time in all (its histogram)."""
+    import httpx
+    count = total = 0.0
+    async with httpx.AsyncClient(timeout=60) as http:
+        response = await http.get(f"http://127.0.0.1:{stack.controller_port}/metrics")
+    for line in response.text.splitlines():
+        if line.startswith("sandpool_reconcile_pass_seconds_count"):
+            count = float(line.split()[-1])
+        elif line.startswith("sandpool_reconcile_pass_seconds_sum"):
+            total = float(line.split()[-1])
+    return int(count), total
 
 
 async def scrape(url: str, times: int = 5) -> dict[str, Any]:
@@ -465,30 +491,41 @@ async def measure_level(stack: Stack, client: Client, live: Live, level: int, ar
     out["redis_memory"] = {**mem, "live": len(live), "bytes_per_live_session": round(grown / sessions),
                            "bytes_per_live_session_without_stream": round((grown - stream) / sessions)}
     r = stack.redis()
-    samples = Samples()
+    window, passes = Samples(), Samples()
+    sink = [window]
     stop = asyncio.Event()
     mark, cpu0, wall0 = slowlog_mark(r), redis_cpu(r), time.perf_counter()
-    load = asyncio.create_task(background(client, live, stop, samples, BACKGROUND))
+    leader0 = await leader_passes(stack)
+    load = asyncio.create_task(background(client, live, stop, sink, BACKGROUND))
     await asyncio.sleep(min(3.0, args.window / 4))
     under: dict[str, Any] = {}
     under["metrics_api"] = await scrape(f"http://127.0.0.1:{stack.api_ports[0]}/metrics")
     under["metrics_controller"] = await scrape(f"http://127.0.0.1:{stack.controller_port}/metrics")
     under["list_sessions"] = await listing(client, live.workspaces[0])
+    remaining = args.window - (time.perf_counter() - wall0)
+    if remaining > 0:
+        await asyncio.sleep(remaining)
+    # The window's figures end here. The bench's own measured passes (a whole reconciliation and a
+    # reaper pass, each in a process of its own: work no installation does on top of its leader's)
+    # run next, under the same load, whose answers meanwhile are reported apart.
+    wall = time.perf_counter() - wall0
+    redis_share = round((redis_cpu(r) - cpu0) / wall, 3)
+    leader1 = await leader_passes(stack)
+    leader = {"passes": leader1[0] - leader0[0], "seconds": round(leader1[1] - leader0[1], 2)}
+    sink.append(passes)
     under["reconcile"] = await asyncio.to_thread(run_pass, stack, "reconcile")
     due = make_due(stack, live, args.due)
     under["reaper"] = await asyncio.to_thread(run_pass, stack, "reaper")
     under["reaper"]["made_due"] = len(due)
-    remaining = args.window - (time.perf_counter() - wall0)
-    if remaining > 0:
-        await asyncio.sleep(remaining)
     stop.set()
     await load
-    wall = time.perf_counter() - wall0
     out["loadavg_after"] = os.getloadavg()[0]  # a shared machine: what else ran says how far to trust it
-    out["load"] = {"seconds": round(wall, 1), "create": ms(samples.create), "execute": ms(samples.execute),
-                   "destroy": ms(samples.destroy), "errors": dict(samples.errors),
-                   "redis_cpu_share": round((redis_cpu(r) - cpu0) / wall, 3),
+    out["load"] = {"seconds": round(wall, 1), "create": ms(window.create), "execute": ms(window.execute),
+                   "destroy": ms(window.destroy), "errors": dict(window.errors),
+                   "leader_reconcile_passes": leader, "redis_cpu_share": redis_share,
                    "slowest_redis_calls": slowest(r, mark)}
+    out["load_during_measured_passes"] = {"create": ms(passes.create), "execute": ms(passes.execute),
+                                          "destroy": ms(passes.destroy), "errors": dict(passes.errors)}
     out.update(under)
     return out
 
@@ -542,6 +579,10 @@ class CpuWindow:
     def __init__(self, stack: Stack) -> None:
         self.pids = {name: pid for name, pid in stack.pids().items()}
         self.pids["bench"] = os.getpid()
+        # The simulated agents: the controller's child, counted apart from the control plane it serves.
+        agents = [pid for pid in children_of(self.pids["controller"]) if "simulated.process" in cmdline(pid)]
+        if agents:
+            self.pids["simulated_agents"] = agents[0]
 
     def read(self) -> dict[str, float]:
         out = {name: process_seconds(pid) for name, pid in self.pids.items()}

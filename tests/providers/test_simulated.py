@@ -8,6 +8,8 @@ the controller published, as a real agent does.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,6 +45,7 @@ def stack(tmp_path: Path, redis_url: str, redis_prefix: str) -> Iterator[dict[st
             wait_http(urls[name] + "/readyz", proc=proc, log=tmp_path / f"{name}.log", timeout=20,
                       what=f"{name} ready")
         urls["controller_log"] = str(tmp_path / "controller.log")
+        urls["controller_pid"] = str(procs["controller"].pid)
         yield urls
 
 
@@ -77,6 +80,11 @@ def test_a_session_runs_through_the_real_control_plane(stack: dict[str, str], re
         assert httpx.get(f"{address}/healthz").status_code == 200
         assert httpx.post(f"{address}/sessions/{session}/exec", headers={"Authorization": "Bearer wrong"},
                           json={"tool": "code_execution", "input": {"code": "1"}}).status_code == 401
+        sandbox = r.hget(keys.session(session), "sandbox")
+        secret = r.hget(keys.sandbox(sandbox), "secret")
+        direct = {"headers": {"Authorization": f"Bearer {secret}"},
+                  "json": {"tool": "code_execution", "input": {"code": "1"}}}
+        assert httpx.post(f"{address}/sessions/{session}/exec", **direct).status_code == 200
 
         assert client.delete(f"/sessions/{session}").status_code == 204
         assert client.post(f"/sessions/{session}/exec",
@@ -84,3 +92,16 @@ def test_a_session_runs_through_the_real_control_plane(stack: dict[str, str], re
         members = keys.pool_members("default")
         # Its sandbox destroyed (the controller drained it), the pool back at its warm floor.
         wait_for(lambda: r.scard(members) == 2 and r.llen(ready) == 2, timeout=10, what="pool back at 2")
+        # The agents' process forgot the destroyed sandbox: its secret opens nothing any more.
+        assert httpx.post(f"{address}/sessions/{session}/exec", **direct).status_code == 401
+
+
+def test_the_agents_process_ends_with_the_controller(stack: dict[str, str]) -> None:
+    controller = int(stack["controller_pid"])
+    children = Path(f"/proc/{controller}/task/{controller}/children").read_text().split()
+    agents = [int(pid) for pid in children if b"simulated.process" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(agents) == 1, children
+    os.kill(controller, signal.SIGKILL)  # no clean-up of its own: the agents' stdin closing is the cue
+    wait_for(lambda: not Path(f"/proc/{agents[0]}").exists() or
+             Path(f"/proc/{agents[0]}/stat").read_text().split(")")[1].split()[0] == "Z",
+             timeout=10, what="the simulated agents' process ended")

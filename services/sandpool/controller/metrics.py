@@ -31,6 +31,7 @@ class ControllerMetrics:
     # sandpool_reconciled_total{kind: orphan_sandbox|stale_record|stuck_starting|sessionless_lease|
     #                                 surplus_ready|lost|stale_waiter}
     reconciled: Counter
+    reconcile_pass: Histogram  # sandpool_reconcile_pass_seconds: wall time of a whole reconciliation pass
     provider_errors: Counter  # sandpool_provider_errors_total{provider, operation: create|destroy|list}
     pool_target: Gauge  # sandpool_pool_target{pool}: the warm target the controller chose
     pool_lease_rate: Gauge  # sandpool_pool_lease_rate{pool}: leases per second over the last minute
@@ -52,6 +53,9 @@ class ControllerMetrics:
             reconciled=Counter("sandpool_reconciled_total",
                                "Reconciliation fixes by kind: orphan_sandbox, stale_record, stuck_starting, "
                                "sessionless_lease, surplus_ready, lost, stale_waiter", ["kind"], registry=registry),
+            reconcile_pass=Histogram(
+                "sandpool_reconcile_pass_seconds", "Wall time of one whole reconciliation pass (it grows with the "
+                "sandboxes the pools own)", buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60), registry=registry),
             provider_errors=Counter("sandpool_provider_errors_total", "Provider calls that failed",
                                     ["provider", "operation"], registry=registry),
             pool_target=Gauge("sandpool_pool_target", "Sandboxes the controller keeps ready (its warm target)",

@@ -21,12 +21,10 @@ import json
 import mimetypes
 import posixpath
 import secrets
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-import uvicorn
 from pydantic import TypeAdapter, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
@@ -66,7 +64,6 @@ _MULTIPART_OVERHEAD = 64 * 1024
 @dataclass
 class SimulatedSandbox:
     sandbox_id: str
-    pool: str
     secret: str
     workspace: MemoryWorkspace
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -204,11 +201,3 @@ async def _body(receive: Receive, declared: int, cap: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-class EmbeddedServer(uvicorn.Server):
-    """uvicorn inside a process that already serves (the controller): the signals stay its host's."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
