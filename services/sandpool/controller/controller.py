@@ -583,7 +583,7 @@ class PoolController:
     # --- reconciliation ------------------------------------------------------------------
     async def reconcile(self) -> None:
         """Make Redis and the provider agree (`reconcile.plan` decides). Safe to run at any time on the leader."""
-        self._last_reconcile = time.monotonic()
+        self._last_reconcile = started = time.monotonic()
         passing: set[str] = set()
         self._passing = passing
         try:
@@ -591,6 +591,7 @@ class PoolController:
         finally:
             if self._passing is passing:
                 self._passing = None
+            self.metrics.reconcile_pass.observe(time.monotonic() - started)
 
     async def _reconcile(self, passing: set[str]) -> None:
         # Creates in flight when the list was taken may finish (and publish) before their record is
@@ -604,13 +605,12 @@ class PoolController:
             log.warning("provider list failed; reconciliation skipped", extra={"error": str(exc)})
             return
         # Members are read after the provider's list: a sandbox the provider runs was
-        # registered before it was created, so it is in its pool's members by now.
+        # registered before it was created, so it is in its pool's members by now. Each member is read
+        # with its record (its pool the one that owns it) and the sandbox its session names.
         pool_names = set(self.pools) | {info.pool for info in running.values() if info.pool}
-        members = {sid: pool for sid, pool in (await self.sandboxes.members(pool_names)).items() if sid not in busy}
-        records = {sid: record if record.pool == members[sid] else dataclasses.replace(record, pool=members[sid])
-                   for sid, record in (await self.sandboxes.records(list(members))).items()}
-        session_ids = list({record.session for record in records.values() if record.session})
-        sessions = dict(zip(session_ids, await self.sandboxes.sessions_on(session_ids), strict=True))
+        survey = await self.sandboxes.survey(pool_names)
+        records = {sid: record for sid, record in survey.records.items() if sid not in busy}
+        sessions = survey.sessions
         led_for = time.monotonic() - self._leading_since
         # In a worker thread: at 100,000 sandboxes the plan is ~0.15 s of pure Python, which on the event
         # loop would hold every call this process serves (its reaper, its pool's refills) for as long.

@@ -78,6 +78,17 @@ class SandboxRecord:
                    fields.get("owner", ""), created)
 
 
+@dataclass(frozen=True)
+class Survey:
+    """What reconciliation reads of Redis (`SandboxStore.survey`)."""
+
+    records: dict[str, SandboxRecord]
+    """Every member of the pools read, by sandbox id."""
+    sessions: dict[str, str]
+    """Session id -> the sandbox that session names ('' when the session is gone), for every session a
+    record names."""
+
+
 class SandboxStore:
     def __init__(self, client: Client, keys: Keys, *, record_ttl_seconds: int) -> None:
         self.redis = client
@@ -89,6 +100,7 @@ class SandboxStore:
         self._retire = client.register_script(scripts.RETIRE_SURPLUS)
         self._sweep = client.register_script(scripts.SWEEP_WAITERS)
         self._lost = client.register_script(scripts.LOST)
+        self._survey = client.register_script(scripts.SURVEY)
 
     @translated
     async def fill(self, pool: str) -> PoolFill:
@@ -191,14 +203,33 @@ class SandboxStore:
         return str(await self.redis.hget(self.keys.sandbox(sandbox_id), "pool") or "")
 
     @translated
-    async def members(self, pools: Iterable[str]) -> dict[str, str]:
-        """Every sandbox id the pools own, with its pool (read `CHUNK` at a time: one SMEMBERS of
-        100,000 ids would hold Redis for tens of milliseconds)."""
-        found: dict[str, str] = {}
+    async def survey(self, pools: Iterable[str]) -> Survey:
+        """Every sandbox the pools own with its record (`pool` the pool that owns it; `state` '' when the
+        record is gone), and the sandbox each of their sessions names: what reconciliation judges by.
+        Read `CHUNK` members per script call, so no call holds Redis for long at any size."""
+        records: dict[str, SandboxRecord] = {}
+        sessions: dict[str, str] = {}
+        k = self.keys
         for pool in sorted(set(pools)):
-            async for sandbox_id in self.redis.sscan_iter(self.keys.pool_members(pool), count=CHUNK):
-                found[str(sandbox_id)] = pool
-        return found
+            cursor = "0"
+            while True:
+                cursor, flat = await self._survey(
+                    keys=[k.pool_members(pool)],
+                    args=scripts.named(sandbox_prefix=k.sandbox_prefix, session_prefix=k.session_prefix,
+                                       cursor=cursor, count=CHUNK))
+                for i in range(0, len(flat), 7):
+                    sandbox_id, state, _, session, owner, created, named = flat[i:i + 7]
+                    try:
+                        created_at = float(created or 0)
+                    except ValueError:
+                        created_at = 0.0
+                    records[sandbox_id] = SandboxRecord(sandbox_id, state or "", pool, session or "", owner or "",
+                                                        created_at)
+                    if session:
+                        sessions[session] = named or ""
+                if str(cursor) == "0":
+                    break
+        return Survey(records, sessions)
 
     @translated
     async def records(self, sandbox_ids: list[str]) -> dict[str, SandboxRecord]:
@@ -211,17 +242,6 @@ class SandboxStore:
                     pipe.hmget(self.keys.sandbox(sandbox_id), RECORD_FIELDS)
                 raw = await pipe.execute()
             out.update((sid, SandboxRecord.from_values(sid, values)) for sid, values in zip(chunk, raw, strict=True))
-        return out
-
-    @translated
-    async def sessions_on(self, session_ids: list[str]) -> list[str]:
-        """`session_on` of each, `CHUNK` per round trip."""
-        out: list[str] = []
-        for start in range(0, len(session_ids), CHUNK):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for session_id in session_ids[start:start + CHUNK]:
-                    pipe.hget(self.keys.session(session_id), "sandbox")
-                out.extend(str(found or "") for found in await pipe.execute())
         return out
 
     @translated

@@ -1,0 +1,49 @@
+"""What reconciliation reads of Redis (`SandboxStore.survey`: one script per step of a pool's members),
+against the suite's real Redis: every member once, over several steps, with its record as Redis holds
+it and the sandbox its session names, including the cases reconciliation exists for (a member whose
+record is gone, a lease whose session is gone or names another sandbox)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sandpool.state.client import close, connect
+from sandpool.state.keys import Keys
+from sandpool.state.sandboxes import CHUNK, SandboxRecord, SandboxStore
+
+
+def test_survey_reads_every_member_with_its_record_and_session(redis_url: str, redis_prefix: str) -> None:
+    async def main() -> None:
+        client = connect(redis_url, timeout=5)
+        keys = Keys(redis_prefix)
+        sandboxes = SandboxStore(client, keys, record_ttl_seconds=600)
+        try:
+            now = time.time()
+            many = [f"sb-{i:04d}" for i in range(CHUNK * 2 + 17)]  # more than one step of SSCAN
+            for sandbox_id in many:
+                assert await sandboxes.register_starting(sandbox_id, pool="default", image="python",
+                                                         ceiling=10_000, now=now, owner="replica-a")
+            await client.sadd(keys.pool_members("other"), "sb-gone")  # a member whose record is gone
+            await client.hset(keys.sandbox("sb-0000"), mapping={"state": "leased", "session": "s-holds"})
+            await client.hset(keys.session("s-holds"), mapping={"sandbox": "sb-0000"})
+            await client.hset(keys.sandbox("sb-0001"), mapping={"state": "leased", "session": "s-elsewhere"})
+            await client.hset(keys.session("s-elsewhere"), mapping={"sandbox": "sb-9999"})
+            await client.hset(keys.sandbox("sb-0002"), mapping={"state": "leased", "session": "s-gone"})
+            await client.hset(keys.sandbox("sb-0003"), mapping={"created_at": "not a time"})
+
+            survey = await sandboxes.survey(["default", "other"])
+
+            assert sorted(survey.records) == sorted([*many, "sb-gone"])
+            assert survey.records["sb-gone"] == SandboxRecord("sb-gone", "", "other")
+            starting = survey.records["sb-0010"]
+            assert (starting.state, starting.pool, starting.session, starting.owner) == \
+                ("starting", "default", "", "replica-a")
+            assert abs(starting.created_at - now) < 0.01
+            assert survey.records["sb-0000"].session == "s-holds"
+            assert survey.records["sb-0003"].created_at == 0.0  # unreadable: as old as can be
+            assert survey.sessions == {"s-holds": "sb-0000", "s-elsewhere": "sb-9999", "s-gone": ""}
+        finally:
+            await close(client)
+
+    asyncio.run(main())
