@@ -10,7 +10,7 @@ import time
 
 from sandpool.state.client import close, connect
 from sandpool.state.keys import Keys
-from sandpool.state.sandboxes import CHUNK, SandboxRecord, SandboxStore
+from sandpool.state.sandboxes import SURVEY_STEP, SandboxRecord, SandboxStore
 
 
 def test_survey_reads_every_member_with_its_record_and_session(redis_url: str, redis_prefix: str) -> None:
@@ -20,7 +20,7 @@ def test_survey_reads_every_member_with_its_record_and_session(redis_url: str, r
         sandboxes = SandboxStore(client, keys, record_ttl_seconds=600)
         try:
             now = time.time()
-            many = [f"sb-{i:04d}" for i in range(CHUNK * 2 + 17)]  # more than one step of SSCAN
+            many = [f"sb-{i:04d}" for i in range(SURVEY_STEP * 2 + 17)]  # more than one step of SSCAN
             for sandbox_id in many:
                 assert await sandboxes.register_starting(sandbox_id, pool="default", image="python",
                                                          ceiling=10_000, now=now, owner="replica-a")

@@ -18,10 +18,11 @@ from sandpool.state.keys import Keys
 from sandpool.state.sessions import RATE_BUCKET_SECONDS, rate_bucket
 
 CHUNK = 250
-"""Ids read per Redis call (or pipelined round trip) by reconciliation: each call stays well under a
-millisecond of Redis time however many sandboxes an installation has, and parsing its reply holds the
-controller's event loop ~10 ms, not the ~40 ms of 1,000 (docs/capacity.md)."""
+"""Records `records` reads per pipelined round trip, however many it is asked for."""
 
+SURVEY_STEP = 100
+"""Members reconciliation reads per script call (`survey`): each one's record and its session's, about 13 µs
+of Redis: 250 per call held Redis 5-8 ms on a loaded machine."""
 SWEEP_CHUNK = 500
 """Members one waiter sweep looks at (a few milliseconds of Redis time at most); the sweep goes on from
 where it stopped on its next call."""
@@ -206,7 +207,7 @@ class SandboxStore:
     async def survey(self, pools: Iterable[str]) -> Survey:
         """Every sandbox the pools own with its record (`pool` the pool that owns it; `state` '' when the
         record is gone), and the sandbox each of their sessions names: what reconciliation judges by.
-        Read `CHUNK` members per script call, so no call holds Redis for long at any size."""
+        Read `SURVEY_STEP` members per script call, so no call holds Redis for long at any size."""
         records: dict[str, SandboxRecord] = {}
         sessions: dict[str, str] = {}
         k = self.keys
@@ -216,7 +217,7 @@ class SandboxStore:
                 cursor, flat = await self._survey(
                     keys=[k.pool_members(pool)],
                     args=scripts.named(sandbox_prefix=k.sandbox_prefix, session_prefix=k.session_prefix,
-                                       cursor=cursor, count=CHUNK))
+                                       cursor=cursor, count=SURVEY_STEP))
                 for i in range(0, len(flat), 7):
                     sandbox_id, state, _, session, owner, created, named = flat[i:i + 7]
                     try:

@@ -30,6 +30,12 @@ HANDLE_FIELDS = ("workspace", "pool", "image", "created_at", "last_activity_at",
                  "max_lifetime_seconds", "exec_timeout_seconds", "max_exec_timeout_seconds", "limits")
 """Session hash fields a handle may show. Never `secret` or `address`."""
 
+LIST_STEP = 200
+"""Sessions a listing reads per script call (an SSCAN step): about 2 ms of Redis."""
+
+_NO_LIMITS = {limit.name: 0 for limit in catalogue.counts(catalogue.handed_over())}
+"""A handle names every lease limit; those not recorded are 0 (none)."""
+
 
 def _split(template: str) -> tuple[str, str]:
     head, _, tail = template.partition(_HOLE)
@@ -210,7 +216,7 @@ def _handle(session_id: str, values: list[str | None], deadline: float | None) -
             except ValueError:
                 continue
             # Recorded are the limits in force; the handle names every lease limit, 0 for none.
-            out["limits"] = {**{limit.name: 0 for limit in catalogue.counts(catalogue.handed_over())}, **recorded}
+            out["limits"] = {**_NO_LIMITS, **recorded}
         else:
             out[name] = _number(value)
     out["deadline"] = deadline
@@ -227,6 +233,7 @@ class SessionStore:
         self._admit_lease = client.register_script(scripts.ADMIT_LEASE)
         self._claim = client.register_script(scripts.CLAIM)
         self._cancel_wait = client.register_script(scripts.CANCEL_WAIT)
+        self._workspace_sessions = client.register_script(scripts.WORKSPACE_SESSIONS)
         self._touch = client.register_script(scripts.TOUCH)
         self._done = client.register_script(scripts.DONE)
         self._release = client.register_script(scripts.RELEASE)
@@ -454,25 +461,28 @@ class SessionStore:
 
     @translated
     async def of_workspace(self, workspace: str, limit: int) -> list[dict[str, Any]]:
-        """The workspace's live sessions (handles, sorted by id); stale set members are skipped."""
-        ids: list[str] = []
-        async for session_id in self.redis.sscan_iter(self.keys.workspace_sessions(workspace), count=500):
-            ids.append(session_id)
-            if len(ids) >= limit:
+        """The workspace's live sessions (handles, sorted by id); stale set members are skipped. Read
+        `LIST_STEP` per script call: each call's reply is parsed in C, not built command by command."""
+        k = self.keys
+        width = 2 + len(HANDLE_FIELDS)
+        out: list[dict[str, Any]] = []
+        seen = 0
+        cursor = "0"
+        while seen < limit:
+            cursor, flat = await self._workspace_sessions(
+                keys=[k.workspace_sessions(workspace), k.deadlines],
+                args=scripts.named(session_prefix=k.session_prefix, fields=HANDLE_FIELDS, cursor=cursor,
+                                   count=LIST_STEP))
+            for start in range(0, len(flat), width):
+                if seen >= limit:
+                    break
+                seen += 1
+                session_id, deadline, values = flat[start], flat[start + 1], flat[start + 2:start + width]
+                if values[0] != workspace:
+                    continue  # released meanwhile, or not this workspace's: never show it
+                out.append(_handle(session_id, values, None if deadline is None else float(deadline)))
+            if str(cursor) == "0":
                 break
-        if not ids:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for session_id in ids:
-                pipe.hmget(self.keys.session(session_id), HANDLE_FIELDS)
-                pipe.zscore(self.keys.deadlines, session_id)
-            results = await pipe.execute()
-        out = []
-        for index, session_id in enumerate(ids):
-            values, deadline = results[2 * index], results[2 * index + 1]
-            if values[0] != workspace:
-                continue  # released meanwhile, or not this workspace's: never show it
-            out.append(_handle(session_id, values, deadline))
         return sorted(out, key=lambda item: item["session_id"])
 
     @translated
