@@ -38,6 +38,7 @@ class Metric:
     name: str
     type: str
     labels: dict[str, frozenset[str] | None]  # label -> closed set of values, when the table lists one
+    unlabelled: bool = False  # the table says `none`: one series (a histogram's buckets aside)
 
 
 def parse_metrics_table(markdown: str) -> dict[str, Metric]:
@@ -55,7 +56,7 @@ def parse_metrics_table(markdown: str) -> dict[str, Metric]:
         # "`outcome` (`granted`, `capacity`, `quota`)" -> outcome: {granted, capacity, quota}
         for label, values in re.findall(r"`([a-z_]+)`(?:\s*\(([^)]*)\))?", cells[2]):
             labels[label] = frozenset(re.findall(r"`([^`]+)`", values)) if values else None
-        metrics[name] = Metric(name, cells[1], labels)
+        metrics[name] = Metric(name, cells[1], labels, unlabelled=cells[2] == "none")
     return metrics
 
 
@@ -184,7 +185,7 @@ def test_the_metrics_table_parses(table: dict[str, Metric]) -> None:
     assert table["sandpool_sandbox_start_seconds"].type == "histogram"
     for metric in table.values():
         assert metric.type in ("counter", "gauge", "histogram"), metric
-        assert metric.labels, f"{metric.name}: no labels parsed"
+        assert bool(metric.labels) != metric.unlabelled, f"{metric.name}: no labels parsed, nor `none`"
         assert not metric.type == "counter" or metric.name.endswith("_total"), metric.name
 
 

@@ -80,7 +80,7 @@ PROVIDERS: dict[str, ProviderKind] = {kind.name: kind for kind in (
     ),
     ProviderKind(
         name="simulated",
-        summary=("no sandboxes: records only, one in-process server answering every agent call with a fixed "
+        summary=("no sandboxes: records only, one server process answering every agent call with a fixed "
                  "result (benchmarks and tests of the control plane; runs no code)"),
         settings="sandpool.providers.simulated.settings:SimulatedProviderSettings",
         factory="sandpool.providers.simulated.provider:SimulatedProvider",
