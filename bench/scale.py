@@ -118,6 +118,7 @@ class Stack:
     floor: int
     max_warm: int
     exec_delay: float
+    reconcile_interval: float = 30.0
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sp-scale-")))
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     redis_port: int = 0
@@ -156,7 +157,8 @@ class Stack:
         self.controller_port = free_port()
         self._spawn("controller", ["controller", *shared, "--provider", "simulated",
                                    "--port", str(self.controller_port), "--reap-interval-seconds", "3600",
-                                   "--simulated-exec-delay-seconds", str(self.exec_delay)])
+                                   "--simulated-exec-delay-seconds", str(self.exec_delay),
+                                   "--reconcile-interval-seconds", str(self.reconcile_interval)])
         for i in range(self.apis):
             port = free_port()
             self.api_ports.append(port)
@@ -533,7 +535,7 @@ async def measure_level(stack: Stack, client: Client, live: Live, level: int, ar
 async def levels(args: argparse.Namespace) -> dict[str, Any]:
     wanted = [int(x) for x in args.levels.split(",")]
     stack = Stack(apis=args.apis, ceiling=max(wanted) + 10_000, floor=args.floor, max_warm=args.max_warm,
-                  exec_delay=args.exec_delay)
+                  exec_delay=args.exec_delay, reconcile_interval=args.reconcile_interval)
     stack.start()
     workspaces = [f"ws{i:03d}" for i in range(args.workspaces)]
     tokens = {w: stack.token(w) for w in workspaces}
@@ -592,7 +594,7 @@ class CpuWindow:
 
 async def throughput(args: argparse.Namespace) -> dict[str, Any]:
     stack = Stack(apis=args.apis, ceiling=args.throughput_live + 200_000, floor=args.floor, max_warm=args.max_warm,
-                  exec_delay=args.exec_delay)
+                  exec_delay=args.exec_delay, reconcile_interval=args.reconcile_interval)
     stack.start()
     workspaces = [f"ws{i:03d}" for i in range(args.workspaces)]
     client = Client(stack, {w: stack.token(w) for w in workspaces})
@@ -729,6 +731,8 @@ def main() -> int:
     parser.add_argument("--floor", type=int, default=64, help="warm floor of the simulated pool")
     parser.add_argument("--max-warm", type=int, default=512, help="warm cap of the simulated pool")
     parser.add_argument("--exec-delay", type=float, default=0.0, help="--simulated-exec-delay-seconds")
+    parser.add_argument("--reconcile-interval", type=float, default=30.0,
+                        help="the controller's --reconcile-interval-seconds (its default: 30)")
     parser.add_argument("--throughput", action="store_true", help="Redis CPU per operation and saturation instead")
     parser.add_argument("--throughput-live", type=int, default=1000, help="idle sessions held during --throughput")
     parser.add_argument("--clients", type=int, default=32, help="closed-loop clients of --throughput")

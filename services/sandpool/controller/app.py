@@ -72,8 +72,9 @@ def create_app(settings: ControllerSettings, *, provider: Provider | None = None
         register_metrics = getattr(the_provider, "register_metrics", None)  # its own counters
         if register_metrics is not None:
             register_metrics(metrics.registry)
-        controller = PoolController(redis, keys, the_provider, pool_specs, replica_id=replica_id(),
-                                    metrics=metrics, **controller_options)
+        controller = PoolController(redis, keys, the_provider, pool_specs, replica_id=replica_id(), metrics=metrics,
+                                    **{"reconcile_seconds": settings.reconcile_interval_seconds,
+                                       **controller_options})
         app.state.controller = controller
         app.state.provider = the_provider
         reaper = SessionReaper(store, metrics, interval=settings.reap_interval_seconds, batch=settings.reap_batch)

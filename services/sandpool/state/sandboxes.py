@@ -8,6 +8,8 @@ Every method raises `StateUnavailable` or `StateError`, never a Redis exception.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -204,16 +206,20 @@ class SandboxStore:
         return str(await self.redis.hget(self.keys.sandbox(sandbox_id), "pool") or "")
 
     @translated
-    async def survey(self, pools: Iterable[str]) -> Survey:
+    async def survey(self, pools: Iterable[str], *, rest: float = 0.0) -> Survey:
         """Every sandbox the pools own with its record (`pool` the pool that owns it; `state` '' when the
         record is gone), and the sandbox each of their sessions names: what reconciliation judges by.
-        Read `SURVEY_STEP` members per script call, so no call holds Redis for long at any size."""
+        Read `SURVEY_STEP` members per script call, so no call holds Redis for long at any size; after
+        each, wait `rest` times as long as it took, so a background reader leaves Redis and the CPU it
+        shares with the request path mostly to that path (a pass at full speed took about a core at
+        100,000 sandboxes, and the request tails with it: docs/capacity.md)."""
         records: dict[str, SandboxRecord] = {}
         sessions: dict[str, str] = {}
         k = self.keys
         for pool in sorted(set(pools)):
             cursor = "0"
             while True:
+                began = time.perf_counter()
                 cursor, flat = await self._survey(
                     keys=[k.pool_members(pool)],
                     args=scripts.named(sandbox_prefix=k.sandbox_prefix, session_prefix=k.session_prefix,
@@ -230,6 +236,8 @@ class SandboxStore:
                         sessions[session] = named or ""
                 if str(cursor) == "0":
                     break
+                if rest:
+                    await asyncio.sleep(rest * (time.perf_counter() - began))
         return Survey(records, sessions)
 
     @translated
