@@ -1,6 +1,7 @@
 -- uses: meter release
 -- The session reaper's step: release up to `limit` sessions whose deadline has passed (oldest first),
--- each exactly as release.lua does in mode `reap`, in one round trip. The limit keeps one call short
+-- each as release.lua does in mode `reap`, in one round trip, the counters of each workspace and pool
+-- written once for the call (lib/release.lua's `batch`). The limit keeps one call short
 -- (a release is tens of microseconds of Redis time): the reaper calls it again while it finds a full one.
 -- KEYS[1] deadlines zset   KEYS[2] doomed set   KEYS[3] usage workspaces set   KEYS[4] usage event stream
 -- ARGV[1] {now, limit, session_prefix, and release.lua's arguments but session, workspace and mode}
@@ -10,9 +11,11 @@ local a = cjson.decode(ARGV[1])
 a.workspace, a.mode = '', 'reap'
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', a.now, 'LIMIT', 0, a.limit)
 local out = {#due}
+local batch = {seconds = {}, releases = {}}
 for _, sid in ipairs(due) do
   a.session = sid
-  local r = release_session(a, a.session_prefix .. sid, KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+  local r = release_session(a, a.session_prefix .. sid, KEYS[1], KEYS[2], KEYS[3], KEYS[4], batch)
   if r then out[#out + 1] = {sid, r[1], r[2], r[4], r[5]} end
 end
+flush_releases(a, batch, KEYS[3])
 return out

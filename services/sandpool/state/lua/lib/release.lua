@@ -1,8 +1,18 @@
 -- Release one session (the body of release.lua, and of reap.lua for each session due): meter its
 -- session-seconds, doom its sandbox. `a` holds the arguments release.lua documents (its `session`,
 -- `workspace` and `mode` the one session's); the keys are release.lua's KEYS[1] to KEYS[5].
+-- `batch` (reap.lua's, else nil): the workspace's session-seconds, the pool's release count and the
+-- controller's nudge are added up there and written once per workspace, pool and call by
+-- `flush_releases`, not once per session (a reaper call releasing 256 sessions of a few workspaces wrote
+-- each workspace's counters a hundred times); the session's own usage event is written here either way.
 -- Returns {reason, session_seconds, address, sandbox, workspace, pool} or nil (nothing released).
-local function release_session(a, session_key, deadlines, doomed, usage_workspaces, events)
+local function count_releases(a, pool, n)
+  local bucket = a.releases[1] .. pool .. a.releases[2]
+  redis.call('INCRBY', bucket, n)
+  redis.call('EXPIRE', bucket, 120)
+end
+
+local function release_session(a, session_key, deadlines, doomed, usage_workspaces, events, batch)
   local sid, now, mode = a.session, tonumber(a.now), a.mode
   local f = redis.call('HMGET', session_key, 'workspace', 'sandbox', 'created_at', 'max_lifetime_seconds',
     'address', 'pool')
@@ -32,14 +42,29 @@ local function release_session(a, session_key, deadlines, doomed, usage_workspac
   redis.call('SADD', doomed, sandbox)
   local seconds = math.max(0, now - tonumber(f[3]))
   local used = string.format('%.3f', seconds)
-  meter(a.total[1] .. ws .. a.total[2], a.day[1] .. ws .. a.day[2], usage_workspaces, ws, a.retention,
-    'session_seconds', used)
   event(events, a.maxlen, {'type', 'session_released', 'workspace', ws, 'ts', a.now, 'session', sid,
     'pool', f[6], 'sandbox', sandbox, 'reason', reason, 'session_seconds', used})
-  redis.call('PUBLISH', a.nudge, sandbox)
   redis.call('PUBLISH', a.released, sid)
-  local bucket = a.releases[1] .. (f[6] or '') .. a.releases[2]
-  redis.call('INCR', bucket)
-  redis.call('EXPIRE', bucket, 120)
-  return {reason, used, f[5], sandbox, ws, f[6]}
+  local pool = f[6] or ''
+  if batch then
+    batch.seconds[ws] = (batch.seconds[ws] or 0) + tonumber(used)  -- the metered figure, as the event's
+    batch.releases[pool] = (batch.releases[pool] or 0) + 1
+    batch.nudge = sandbox
+  else
+    meter(a.total[1] .. ws .. a.total[2], a.day[1] .. ws .. a.day[2], usage_workspaces, ws, a.retention,
+      'session_seconds', used)
+    redis.call('PUBLISH', a.nudge, sandbox)
+    count_releases(a, pool, 1)
+  end
+  return {reason, used, f[5], sandbox, ws, pool}
+end
+
+-- What `release_session` added up in `batch`, written: once per workspace, once per pool, one nudge.
+local function flush_releases(a, batch, usage_workspaces)
+  for ws, seconds in pairs(batch.seconds) do
+    meter(a.total[1] .. ws .. a.total[2], a.day[1] .. ws .. a.day[2], usage_workspaces, ws, a.retention,
+      'session_seconds', string.format('%.3f', seconds))
+  end
+  for pool, n in pairs(batch.releases) do count_releases(a, pool, n) end
+  if batch.nudge then redis.call('PUBLISH', a.nudge, batch.nudge) end
 end

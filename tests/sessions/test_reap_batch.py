@@ -1,0 +1,83 @@
+"""A reaper call releases many sessions and writes each workspace's and pool's counters once for the call
+(reap.lua's batch), against the suite's real Redis: the totals and the day's figures equal the sum of the
+sessions' own usage events, to the millisecond; every release is counted in the pool's release rate;
+every sandbox is doomed; the controller is nudged once; and each session's release is published (the
+api replicas end its calls) and evented on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from typing import Any
+
+from sandpool.state.client import close, connect
+from sandpool.state.keys import Keys
+from sandpool.state.sandboxes import SandboxStore
+from sandpool.state.sessions import Leased, SessionLimits, SessionStore, rate_bucket, utc_day
+
+LIMITS = SessionLimits(idle_timeout_seconds=60, max_lifetime_seconds=600, exec_timeout_seconds=30,
+                       max_exec_timeout_seconds=60)
+
+
+async def drain(pubsub: Any, quiet: float = 0.3) -> list[dict[str, Any]]:
+    """Every message until none came for `quiet` seconds (a subscription's confirmation is read, not kept)."""
+    got = []
+    while (message := await pubsub.get_message(timeout=quiet)) is not None:
+        if message["type"] == "message":
+            got.append(message)
+    return got
+
+
+def test_a_reaper_call_meters_its_releases_once_per_workspace_and_pool(redis_url: str, redis_prefix: str) -> None:
+    async def main() -> None:
+        client = connect(redis_url, timeout=5)
+        keys = Keys(redis_prefix)
+        sessions, sandboxes = SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe(keys.pool_events, keys.released_sessions)
+            leased: dict[str, str] = {}
+            started = time.time()
+            for n in range(7):
+                sandbox = f"sb-reap-{n}"
+                assert await sandboxes.register_starting(sandbox, pool="default", image="python", ceiling=16,
+                                                         now=started, owner="test")
+                assert await sandboxes.publish_ready(sandbox, pool="default", address="unix:///nowhere",
+                                                     secret="s", now=started)
+                workspace = "w-odd" if n % 2 else "w-even"
+                lease = await sessions.lease(session_id=f"s-reap-{n}", workspace=workspace, pool="default",
+                                             image="python", now=started + n * 0.1237, limits=LIMITS,
+                                             workspace_limits={})
+                assert isinstance(lease, Leased)
+                leased[f"s-reap-{n}"] = workspace
+            await drain(pubsub)  # the subscriptions' confirmations, the leases' own nudges
+
+            later = started + 700  # past every session's lifetime
+            examined, reaped = await sessions.reap(now=later, limit=256)
+            assert examined == 7 and sorted(r.session_id for r in reaped) == sorted(leased)
+
+            events = [e for _, e in await client.xrange(keys.usage_events) if e.get("type") == "session_released"]
+            assert sorted(e["session"] for e in events) == sorted(leased)
+            per_workspace: dict[str, float] = defaultdict(float)
+            for event in events:
+                per_workspace[event["workspace"]] += float(event["session_seconds"])
+            for workspace, seconds in per_workspace.items():
+                total = await client.hget(keys.usage_total(workspace), "session_seconds")
+                day = await client.hget(keys.usage_day(workspace, utc_day(later)), "session_seconds")
+                assert round(float(total), 3) == round(float(day), 3) == round(seconds, 3) > 0
+            assert set(await client.smembers(keys.usage_workspaces)) >= {"w-odd", "w-even"}
+            bucket = keys.pool_rate_prefix("default", "releases") + str(rate_bucket(later))
+            assert await client.get(bucket) == "7" and 0 < await client.ttl(bucket) <= 120
+            assert await client.smembers(keys.doomed) == {f"sb-reap-{n}" for n in range(7)}
+
+            published: dict[str, list[str]] = defaultdict(list)
+            for message in await drain(pubsub):
+                published[message["channel"]].append(message["data"])
+            assert sorted(published[keys.released_sessions]) == sorted(leased)
+            assert len(published[keys.pool_events]) == 1  # the controller is nudged once, to drain them all
+        finally:
+            await pubsub.aclose()
+            await close(client)
+
+    asyncio.run(main())
