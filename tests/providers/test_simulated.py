@@ -105,3 +105,17 @@ def test_the_agents_process_ends_with_the_controller(stack: dict[str, str]) -> N
     wait_for(lambda: not Path(f"/proc/{agents[0]}").exists() or
              Path(f"/proc/{agents[0]}/stat").read_text().split(")")[1].split()[0] == "Z",
              timeout=10, what="the simulated agents' process ended")
+
+
+def test_when_the_agents_process_dies_its_sandboxes_are_lost(stack: dict[str, str], redis_url: str,
+                                                            redis_prefix: str) -> None:
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    ready = Keys(redis_prefix).pool_ready("default")
+    wait_for(lambda: r.llen(ready) == 2, timeout=10, what="two simulated sandboxes ready")
+    controller = int(stack["controller_pid"])
+    children = Path(f"/proc/{controller}/task/{controller}/children").read_text().split()
+    agents = [int(pid) for pid in children if b"simulated.process" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(agents[0], signal.SIGKILL)
+    # Told as lost, as when a zygote dies: nothing is left leasable, and nothing new is (creates fail).
+    wait_for(lambda: r.llen(ready) == 0, timeout=10, what="the lost sandboxes out of the ready list")
+    assert "every simulated sandbox is lost" in Path(stack["controller_log"]).read_text()

@@ -82,15 +82,27 @@ class AgentsProcess:
         process = self._process
         if process is None or process.stdin is None or process.stdout is None:
             raise ProcessGone("the simulated agents' process is not running")
-        async with self._lock:
-            try:
-                process.stdin.write(line.encode())
-                await process.stdin.drain()
-                answer = await process.stdout.readline()
-            except (OSError, ConnectionError):
-                answer = b""
+        # Shielded: a caller cancelled between its line and its answer (a create abandoned at step-down)
+        # must not leave that answer to be read as the next caller's.
+        answer = await asyncio.shield(self._exchange(process, line.encode()))
         if answer != OK:
             raise ProcessGone(f"the simulated agents' process is gone (exit status {process.returncode})")
+
+    async def _exchange(self, process: asyncio.subprocess.Process, line: bytes) -> bytes:
+        assert process.stdin is not None and process.stdout is not None
+        async with self._lock:
+            try:
+                process.stdin.write(line)
+                await process.stdin.drain()
+                return await process.stdout.readline()
+            except (OSError, ConnectionError):
+                return b""
+
+    async def exited(self) -> int:
+        """Wait until the process ends (for whatever reason); its exit status."""
+        if self._process is None:
+            raise ProcessGone("the simulated agents' process is not running")
+        return await self._process.wait()
 
     async def close(self) -> None:
         process, self._process = self._process, None
@@ -134,6 +146,8 @@ async def _serve(fd: int, settings: SimulatedProviderSettings) -> None:
     while line := await reader.readline():
         match line.decode().split():
             case ["add", sandbox_id, secret]:
+                if (earlier := sandboxes.get(sandbox_id)) is not None:
+                    agents.remove(earlier)  # added again: only the latest secret opens it
                 sandbox = SimulatedSandbox(sandbox_id, secret,
                                            MemoryWorkspace(max_bytes=settings.simulated_max_workspace_bytes))
                 sandboxes[sandbox_id] = sandbox

@@ -13,6 +13,7 @@ provider's zygote.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import socket
@@ -35,6 +36,8 @@ class SimulatedProvider:
         self.sandboxes: dict[str, SandboxInfo] = {}
         self.address = ""
         self._agents = AgentsProcess(settings)
+        self._lost: LostListener | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         log.warning(WARNING)
@@ -55,30 +58,52 @@ class SimulatedProvider:
         except (ProcessGone, OSError) as exc:
             raise ProviderError(str(exc), transient=False) from None
         self.address = f"http://{host}:{port}"
+        self._watch = asyncio.create_task(self._watch_agents(), name="simulated-agents-watch")
         log.warning("simulated agents serving", extra={"address": self.address})
 
+    async def _watch_agents(self) -> None:
+        """The agents' process ending before `close` ends every simulated sandbox: say so, and tell the
+        controller each is lost (its sessions are released, its waiters served elsewhere), as when a
+        zygote dies; creates fail from then on."""
+        status = await self._agents.exited()
+        self.address = ""
+        lost, self.sandboxes = list(self.sandboxes), {}
+        log.error("the simulated agents' process ended; every simulated sandbox is lost",
+                  extra={"exit_status": status, "sandboxes": len(lost)})
+        if self._lost is not None:
+            for sandbox_id in lost:
+                self._lost(sandbox_id, "failed")
+
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+            self._watch = None
         await self._agents.close()
         self.address = ""
 
     async def create(self, pool: PoolSpec, sandbox_id: str) -> SandboxInfo:
         if not self.address:
             raise ProviderError("the simulated provider is not started")
-        secret = secrets.token_urlsafe(24)
-        try:
-            await self._agents.add(sandbox_id, secret)
-        except ProcessGone as exc:
-            raise ProviderError(str(exc)) from None
+        # In the table before the agents' process is told: a create abandoned meanwhile leaves a sandbox
+        # that `list` shows (reconciliation destroys it), never one only the agents' process knows.
         info = self.sandboxes[sandbox_id] = SandboxInfo(sandbox_id=sandbox_id, pool=pool.name, address=self.address,
-                                                         secret=secret, ready=True)
+                                                         secret=secrets.token_urlsafe(24), ready=True)
+        try:
+            await self._agents.add(sandbox_id, str(info.secret))
+        except ProcessGone as exc:
+            self.sandboxes.pop(sandbox_id, None)
+            raise ProviderError(str(exc)) from None
         return info
 
     async def destroy(self, sandbox_id: str) -> None:
-        if self.sandboxes.pop(sandbox_id, None) is not None:
-            try:
-                await self._agents.remove(sandbox_id)
-            except ProcessGone as exc:
-                raise ProviderError(str(exc)) from None
+        self.sandboxes.pop(sandbox_id, None)
+        if not self.address:
+            return  # the agents' process is gone, and every sandbox with it
+        try:
+            await self._agents.remove(sandbox_id)  # told even of one not in the table: it forgets what it has
+        except ProcessGone as exc:
+            raise ProviderError(str(exc)) from None
 
     async def list(self) -> list[SandboxInfo]:
         return list(self.sandboxes.values())
@@ -89,4 +114,5 @@ class SimulatedProvider:
                 "exec_delay_seconds": self.settings.simulated_exec_delay_seconds}
 
     def on_lost(self, listener: LostListener) -> None:
-        """A simulated sandbox never dies on its own: the listener is never called."""
+        """Told of every simulated sandbox when the agents' process ends on its own (none dies alone)."""
+        self._lost = listener
