@@ -32,7 +32,7 @@ def test_survey_reads_every_member_with_its_record_and_session(redis_url: str, r
             await client.hset(keys.sandbox("sb-0002"), mapping={"state": "leased", "session": "s-gone"})
             await client.hset(keys.sandbox("sb-0003"), mapping={"created_at": "not a time"})
 
-            survey = await sandboxes.survey(["default", "other"])
+            survey = await sandboxes.survey(["default", "other"], rest=0.5)  # paced: the same answer
 
             assert sorted(survey.records) == sorted([*many, "sb-gone"])
             assert survey.records["sb-gone"] == SandboxRecord("sb-gone", "", "other")

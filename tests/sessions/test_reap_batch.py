@@ -11,6 +11,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import pytest
+
+from sandpool.state import StateError
 from sandpool.state.client import close, connect
 from sandpool.state.keys import Keys
 from sandpool.state.sandboxes import SandboxStore
@@ -78,6 +81,41 @@ def test_a_reaper_call_meters_its_releases_once_per_workspace_and_pool(redis_url
             assert len(published[keys.pool_events]) == 1  # the controller is nudged once, to drain them all
         finally:
             await pubsub.aclose()
+            await close(client)
+
+    asyncio.run(main())
+
+
+def test_a_reaper_call_that_fails_part_way_meters_what_it_released(redis_url: str, redis_prefix: str) -> None:
+    """Redis keeps a script's writes when it fails: the sessions released before the failing one are
+    metered all the same (as they were when each release wrote its own counters)."""
+    async def main() -> None:
+        client = connect(redis_url, timeout=5)
+        keys = Keys(redis_prefix)
+        sessions, sandboxes = SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
+        try:
+            started = time.time()
+            for n in range(3):
+                sandbox = f"sb-part-{n}"
+                assert await sandboxes.register_starting(sandbox, pool="default", image="python", ceiling=16,
+                                                         now=started, owner="test")
+                assert await sandboxes.publish_ready(sandbox, pool="default", address="unix:///nowhere",
+                                                     secret="s", now=started)
+                assert isinstance(await sessions.lease(
+                    session_id=f"s-part-{n}", workspace="w-part", pool="default", image="python",
+                    now=started + n, limits=LIMITS, workspace_limits={}), Leased)
+            await client.hdel(keys.session("s-part-2"), "max_lifetime_seconds")  # the last one due cannot be judged
+
+            with pytest.raises(StateError):
+                await sessions.reap(now=started + 700, limit=256)
+
+            events = [e for _, e in await client.xrange(keys.usage_events)
+                      if e.get("type") == "session_released" and e.get("workspace") == "w-part"]
+            assert sorted(e["session"] for e in events) == ["s-part-0", "s-part-1"]
+            total = await client.hget(keys.usage_total("w-part"), "session_seconds")
+            assert round(float(total), 3) == round(sum(float(e["session_seconds"]) for e in events), 3) > 0
+            assert await client.exists(keys.session("s-part-2")) == 1  # not released: it is there to look at
+        finally:
             await close(client)
 
     asyncio.run(main())

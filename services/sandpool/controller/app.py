@@ -72,9 +72,11 @@ def create_app(settings: ControllerSettings, *, provider: Provider | None = None
         register_metrics = getattr(the_provider, "register_metrics", None)  # its own counters
         if register_metrics is not None:
             register_metrics(metrics.registry)
+        options = dict(controller_options)
+        if "timing" not in options:  # a whole timing given (tests, tools) is taken as it is
+            options = {"reconcile_seconds": settings.reconcile_interval_seconds, **options}
         controller = PoolController(redis, keys, the_provider, pool_specs, replica_id=replica_id(), metrics=metrics,
-                                    **{"reconcile_seconds": settings.reconcile_interval_seconds,
-                                       **controller_options})
+                                    **options)
         app.state.controller = controller
         app.state.provider = the_provider
         reaper = SessionReaper(store, metrics, interval=settings.reap_interval_seconds, batch=settings.reap_batch)

@@ -589,13 +589,14 @@ class PoolController:
         passing: set[str] = set()
         self._passing = passing
         try:
-            await self._reconcile(passing)
+            if await self._reconcile(passing):
+                self.metrics.reconcile_pass.observe(time.monotonic() - started)
         finally:
             if self._passing is passing:
                 self._passing = None
-            self.metrics.reconcile_pass.observe(time.monotonic() - started)
 
-    async def _reconcile(self, passing: set[str]) -> None:
+    async def _reconcile(self, passing: set[str]) -> bool:
+        """One pass; False when it could not look (the provider's list failed)."""
         # Creates in flight when the list was taken may finish (and publish) before their record is
         # read; the provider's list may not show them yet: never judge those, nor our destroys.
         busy = frozenset(self._starting) | frozenset(self._destroying)
@@ -605,7 +606,7 @@ class PoolController:
         except (ProviderError, OSError) as exc:
             self._count_provider_error("list")
             log.warning("provider list failed; reconciliation skipped", extra={"error": str(exc)})
-            return
+            return False
         # Members are read after the provider's list: a sandbox the provider runs was
         # registered before it was created, so it is in its pool's members by now. Each member is read
         # with its record (its pool the one that owns it) and the sandbox its session names.
@@ -639,6 +640,7 @@ class PoolController:
                 log.exception("reconciling a sandbox crashed", extra={"sandbox": sandbox_id})
         if decided.actions:
             self._wake.set()  # slots were freed and sandboxes doomed: top up and drain now, not at a deadline
+        return True
 
     async def _execute(self, action: Action) -> bool:
         """One action of a reconciliation plan; False when the sandbox's later actions must not run."""

@@ -73,12 +73,16 @@ class SandboxRecord:
 
     @classmethod
     def from_fields(cls, sandbox_id: str, fields: dict[str, str]) -> SandboxRecord:
-        try:
-            created = float(fields.get("created_at") or 0)
-        except ValueError:
-            created = 0.0
         return cls(sandbox_id, fields.get("state", ""), fields.get("pool", ""), fields.get("session", ""),
-                   fields.get("owner", ""), created)
+                   fields.get("owner", ""), _seconds(fields.get("created_at")))
+
+
+def _seconds(value: str | None) -> float:
+    """A time field as Redis holds it; 0 (as old as can be) when missing or unreadable."""
+    try:
+        return float(value or 0)
+    except ValueError:
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -224,14 +228,10 @@ class SandboxStore:
                     keys=[k.pool_members(pool)],
                     args=scripts.named(sandbox_prefix=k.sandbox_prefix, session_prefix=k.session_prefix,
                                        cursor=cursor, count=SURVEY_STEP))
-                for i in range(0, len(flat), 7):
-                    sandbox_id, state, _, session, owner, created, named = flat[i:i + 7]
-                    try:
-                        created_at = float(created or 0)
-                    except ValueError:
-                        created_at = 0.0
+                for i in range(0, len(flat), 6):
+                    sandbox_id, state, session, owner, created, named = flat[i:i + 6]
                     records[sandbox_id] = SandboxRecord(sandbox_id, state or "", pool, session or "", owner or "",
-                                                        created_at)
+                                                        _seconds(created))
                     if session:
                         sessions[session] = named or ""
                 if str(cursor) == "0":

@@ -14,7 +14,13 @@ local out = {#due}
 local batch = {seconds = {}, releases = {}}
 for _, sid in ipairs(due) do
   a.session = sid
-  local r = release_session(a, a.session_prefix .. sid, KEYS[1], KEYS[2], KEYS[3], KEYS[4], batch)
+  local ok, r = pcall(release_session, a, a.session_prefix .. sid, KEYS[1], KEYS[2], KEYS[3], KEYS[4], batch)
+  if not ok then
+    -- A script's writes stand when it fails: the sessions released before this one are metered
+    -- before the error goes on, as they were when each release wrote its own counters.
+    flush_releases(a, batch, KEYS[3])
+    error(r)
+  end
   if r then out[#out + 1] = {sid, r[1], r[2], r[4], r[5]} end
 end
 flush_releases(a, batch, KEYS[3])

@@ -3,8 +3,8 @@
 -- `workspace` and `mode` the one session's); the keys are release.lua's KEYS[1] to KEYS[5].
 -- `batch` (reap.lua's, else nil): the workspace's session-seconds, the pool's release count and the
 -- controller's nudge are added up there and written once per workspace, pool and call by
--- `flush_releases`, not once per session (a reaper call releasing 256 sessions of a few workspaces wrote
--- each workspace's counters a hundred times); the session's own usage event is written here either way.
+-- `flush_releases`, not once per session; the session's own usage event and release message are
+-- written here either way.
 -- Returns {reason, session_seconds, address, sandbox, workspace, pool} or nil (nothing released).
 local function count_releases(a, pool, n)
   local bucket = a.releases[1] .. pool .. a.releases[2]
