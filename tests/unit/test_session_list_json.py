@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from sandpool.contract.models import SessionDetails
-from sandpool.edge.admin import LIST_CHUNK, SessionList, _session_list_json
+from sandpool.edge.admin import LIST_CHUNK, SessionList, _session_details, _session_list_json
 
 
 def handle(n: int) -> dict[str, object]:
@@ -19,7 +19,8 @@ def handle(n: int) -> dict[str, object]:
 
 
 async def collect(workspace: str, sessions: list[dict[str, object]]) -> bytes:
-    return b"".join([piece async for piece in _session_list_json(workspace, sessions)])
+    details = await _session_details(workspace, sessions)
+    return b"".join([piece async for piece in _session_list_json(workspace, details)])
 
 
 @pytest.mark.parametrize("count", [0, 1, LIST_CHUNK, LIST_CHUNK * 2 + 3])
@@ -28,3 +29,10 @@ def test_the_pieces_are_the_models_json(count: int) -> None:
     expected = SessionList(workspace='w "quoted"',
                            sessions=[SessionDetails(workspace='w "quoted"', **s) for s in sessions]).model_dump_json()
     assert asyncio.run(collect('w "quoted"', sessions)) == expected.encode()
+
+
+def test_a_handle_the_model_refuses_fails_before_anything_is_sent() -> None:
+    sessions = [handle(n) for n in range(LIST_CHUNK + 5)]
+    sessions[LIST_CHUNK + 2]["idle_timeout_seconds"] = 1.5  # not an integer: the model refuses it
+    with pytest.raises(ValueError):
+        asyncio.run(_session_details("w", sessions))

@@ -103,20 +103,29 @@ class Revocation(BaseModel):
 
 
 LIST_CHUNK = 100
-"""Session handles a listing validates and encodes between two turns of the event loop."""
+"""Session handles a listing validates, or encodes, between two turns of the event loop."""
 _DETAILS: TypeAdapter[SessionDetails] = TypeAdapter(SessionDetails)
 _WORKSPACE: TypeAdapter[str] = TypeAdapter(str)
 
 
-async def _session_list_json(workspace: str, sessions: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def _session_details(workspace: str, sessions: list[dict[str, Any]]) -> list[SessionDetails]:
+    """The handles as the declared model, validated before any byte is sent (a bad one is a 500 with its
+    body, not a 200 cut short), `LIST_CHUNK` at a time with the event loop free between."""
+    out: list[SessionDetails] = []
+    for start in range(0, len(sessions), LIST_CHUNK):
+        if start:
+            await asyncio.sleep(0)
+        out += [SessionDetails(workspace=workspace, **s) for s in sessions[start:start + LIST_CHUNK]]
+    return out
+
+
+async def _session_list_json(workspace: str, sessions: list[SessionDetails]) -> AsyncIterator[bytes]:
     """`SessionList(workspace, sessions)` as JSON, in pieces: what `model_dump_json` would write."""
     yield b'{"workspace":' + _WORKSPACE.dump_json(workspace) + b',"sessions":['
     for start in range(0, len(sessions), LIST_CHUNK):
         if start:
             await asyncio.sleep(0)  # sending a piece does not yield to the loop by itself (uvicorn writes at once)
-        handles = (_DETAILS.dump_json(SessionDetails(workspace=workspace, **s))
-                   for s in sessions[start:start + LIST_CHUNK])
-        yield (b"," if start else b"") + b",".join(handles)
+        yield (b"," if start else b"") + b",".join(_DETAILS.dump_json(d) for d in sessions[start:start + LIST_CHUNK])
     yield b"]}"
 
 
@@ -233,10 +242,11 @@ def build_router() -> APIRouter:
             sessions = await gate.stores.sessions.of_workspace(target, limit)
         except StateError as exc:
             raise gate.store_failed(exc) from None
-        # Serialised here, LIST_CHUNK handles at a time, the event loop free between chunks: through
+        # Validated, then serialised, LIST_CHUNK handles at a time, the event loop free between chunks: through
         # `response_model` FastAPI validated the 1,000 handles of a full listing again and encoded them twice,
         # in one go, and every other call waited behind it (~60 ms: docs/capacity.md).
-        return StreamingResponse(_session_list_json(target, sessions), media_type="application/json")
+        details = await _session_details(target, sessions)
+        return StreamingResponse(_session_list_json(target, details), media_type="application/json")
 
     @router.delete("/sessions/{session_id}", response_model=EndedSession,
                    summary="End any workspace's session (admin): the kill switch")
