@@ -208,36 +208,39 @@ def test_sandboxes_cannot_see_each_other(harness: Harness) -> None:
 
 def test_agent_secret_is_unreadable_by_sandboxed_code(harness: Harness) -> None:
     sandbox = harness.start()
-    out = sandbox.python(
-        "import os, json, gc\n"
-        f"secret = {sandbox.secret[:8]!r}\n"  # a prefix: the full value never enters the sandbox
-        "res = {}\n"
-        "for p in ['/proc/1/environ', '/proc/1/mem', '/proc/1/maps', '/proc/self/environ', '/proc/1/cmdline']:\n"
-        "    try:\n"
-        "        data = open(p, 'rb').read(1 << 20); res[p] = secret.encode() in data\n"
-        "    except OSError as e:\n"
-        "        res[p] = type(e).__name__\n"
-        "hits = []\n"
-        "for top in ['/run', '/workspace', '/tmp', '/dev/shm', '/etc']:\n"
-        "    for root, dirs, files in os.walk(top):\n"
-        "        for f in files:\n"
-        "            try:\n"
-        "                if secret.encode() in open(os.path.join(root, f), 'rb').read(1 << 20): hits.append(f)\n"
-        "            except OSError:\n"
-        "                pass\n"
-        "res['files'] = hits\n"
-        "res['env'] = any(secret in v for v in os.environ.values())\n"
-        "res['heap'] = sum(1 for o in gc.get_objects() if isinstance(o, str) and o.startswith(secret) "
-        "and o is not secret)\n"
-        "print(json.dumps(res))")
-    res = json.loads(out["stdout"])
-    assert res["/proc/1/environ"] in ("PermissionError", False)
-    assert res["/proc/1/mem"] == "PermissionError"
-    assert res["/proc/self/environ"] is False and res["/proc/1/cmdline"] is False
-    assert res["files"] == [] and res["env"] is False and res["heap"] == 0, res
-    # The agent does hold it: a call without it is refused, with it accepted.
-    assert sandbox.client.post("/sessions/s/exec", json={}).status_code == 401
-    harness.kill(sandbox)
+    try:
+        out = sandbox.python(
+            "import os, json, gc\n"
+            f"secret = {sandbox.secret[:8]!r}\n"  # a prefix: the full value never enters the sandbox
+            "res = {}\n"
+            "for p in ['/proc/1/environ', '/proc/1/mem', '/proc/1/maps', '/proc/self/environ', '/proc/1/cmdline']:\n"
+            "    try:\n"
+            "        data = open(p, 'rb').read(1 << 20); res[p] = secret.encode() in data\n"
+            "    except OSError as e:\n"
+            "        res[p] = type(e).__name__\n"
+            "hits = []\n"
+            "for top in ['/run', '/workspace', '/tmp', '/dev/shm', '/etc']:\n"
+            "    for root, dirs, files in os.walk(top):\n"
+            "        for f in files:\n"
+            "            try:\n"
+            "                if secret.encode() in open(os.path.join(root, f), 'rb').read(1 << 20): hits.append(f)\n"
+            "            except OSError:\n"
+            "                pass\n"
+            "res['files'] = hits\n"
+            "res['env'] = any(secret in v for v in os.environ.values())\n"
+            "res['heap'] = sum(1 for o in gc.get_objects() if isinstance(o, str) and o.startswith(secret) "
+            "and o is not secret)\n"
+            "print(json.dumps(res))")
+        assert out["return_code"] == 0 and out["stdout"], out  # (once seen empty in a loaded suite run)
+        res = json.loads(out["stdout"])
+        assert res["/proc/1/environ"] in ("PermissionError", False)
+        assert res["/proc/1/mem"] == "PermissionError"
+        assert res["/proc/self/environ"] is False and res["/proc/1/cmdline"] is False
+        assert res["files"] == [] and res["env"] is False and res["heap"] == 0, res
+        # The agent does hold it: a call without it is refused, with it accepted.
+        assert sandbox.client.post("/sessions/s/exec", json={}).status_code == 401
+    finally:  # a failure here must not leave its sandbox to the next tests of the shared harness
+        harness.kill(sandbox)
 
 
 def test_fork_bomb_is_contained(harness: Harness) -> None:
