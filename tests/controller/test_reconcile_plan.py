@@ -18,6 +18,9 @@ from sandpool.controller.reconcile import (
     Plan,
     ReleaseDead,
     Situation,
+    judge,
+    merge,
+    orphans,
     plan,
 )
 from sandpool.state.sandboxes import STATES, SandboxRecord
@@ -151,3 +154,25 @@ def test_orphans_go_first_and_the_earliest_recheck_wins():
     decided = plan(records, running, {}, dataclasses.replace(SITUATION, led_for=1.0))
     assert list(decided.actions) == [Destroy("sb-z", POOL, ORPHAN), MarkLost("sb-c", POOL, "stale_record")]
     assert decided.recheck_in == pytest.approx(0.5)
+
+
+def test_judged_in_slices_the_plan_is_the_same():
+    """The controller judges the records in slices, pausing between them: the merged plan is the whole one."""
+    records, running, sessions = {}, {}, {}
+    for n, (_, rec, provider, rows_sessions, overrides, _, _) in enumerate(TABLE):
+        if overrides:
+            continue  # one situation for all the rows here
+        sid = f"sb-{n:03d}"
+        records[sid] = dataclasses.replace(rec, sandbox_id=sid, session=rec.session and f"{rec.session}-{n}")
+        if RUNNING[provider] is not None:
+            running[sid] = SandboxInfo(sid, POOL, ready=RUNNING[provider])
+        sessions.update({f"{name}-{n}": (sid if named == SID else named) for name, named in rows_sessions.items()})
+    running["sb-orphan"] = SandboxInfo("sb-orphan", POOL, ready=True)
+    whole = plan(records, running, sessions, SITUATION)
+    assert len(whole.actions) > 10  # the rows say what each gives: enough of them act
+    values = list(records.values())
+    for size in (1, 3, 7, len(values)):
+        slices = [values[i:i + size] for i in range(0, len(values), size)]
+        sliced = merge([orphans(records, running, SITUATION),
+                        *(judge(part, running, sessions, SITUATION) for part in slices)])
+        assert sliced == whole, size

@@ -10,7 +10,7 @@ executes the actions in order; an action whose sandbox failed an earlier one is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sandpool.controller.provider import SandboxInfo
@@ -110,22 +110,41 @@ def plan(records: Mapping[str, SandboxRecord], running: Mapping[str, SandboxInfo
     `records`: every member of the pools, by sandbox id, with its pool (`state` '' when the member's
     record is gone). `running`: what the provider runs, by sandbox id (`ready`: its agent is alive).
     `sessions`: session id -> the sandbox that session names ('' or absent: the session is gone).
+    The same as `orphans` and then `judge` of every record, merged: a caller may judge the records in
+    slices (the controller does, pausing between them) and get the same plan.
     """
+    return merge([orphans(records, running, situation), judge(records.values(), running, sessions, situation)])
+
+
+def orphans(records: Mapping[str, SandboxRecord], running: Mapping[str, SandboxInfo],
+            situation: Situation) -> Plan:
+    """What the provider runs and no pool owns: destroyed."""
+    return Plan(tuple(Destroy(sandbox_id, info.pool, "orphan_sandbox") for sandbox_id, info in running.items()
+                      if sandbox_id not in records and sandbox_id not in situation.busy))
+
+
+def judge(records: Iterable[SandboxRecord], running: Mapping[str, SandboxInfo], sessions: Mapping[str, str],
+          situation: Situation) -> Plan:
+    """The actions for these members of the pools (any slice of `plan`'s records)."""
     actions: list[Action] = []
-    for sandbox_id, info in running.items():
-        if sandbox_id not in records and sandbox_id not in situation.busy:
-            actions.append(Destroy(sandbox_id, info.pool, "orphan_sandbox"))
     recheck: float | None = None
-    for sandbox_id, record in records.items():
-        if sandbox_id in situation.busy:
+    for record in records:
+        if record.sandbox_id in situation.busy:
             continue
         if record.state == "starting":
             wait = _starting_wait(record, situation)
             if wait is not None:
                 recheck = wait if recheck is None else min(recheck, wait)
                 continue
-        actions.extend(_judge(record, running.get(sandbox_id), sessions))
+        actions.extend(_judge(record, running.get(record.sandbox_id), sessions))
     return Plan(tuple(actions), recheck)
+
+
+def merge(plans: Iterable[Plan]) -> Plan:
+    """One plan: the actions in order, the soonest recheck."""
+    plans = list(plans)
+    rechecks = [p.recheck_in for p in plans if p.recheck_in is not None]
+    return Plan(tuple(action for p in plans for action in p.actions), min(rechecks) if rechecks else None)
 
 
 def _starting_wait(record: SandboxRecord, situation: Situation) -> float | None:
@@ -172,4 +191,4 @@ def _judge(record: SandboxRecord, info: SandboxInfo | None, sessions: Mapping[st
 
 
 __all__ = ["Action", "Destroy", "DestroySessionless", "DoomAgain", "Forget", "MarkLost", "Plan", "ReleaseDead",
-           "Situation", "plan"]
+           "Situation", "judge", "merge", "orphans", "plan"]
