@@ -32,6 +32,18 @@ async def drain(pubsub: Any, quiet: float = 0.3) -> list[dict[str, Any]]:
     return got
 
 
+async def lease_on_a_new_sandbox(sessions: SessionStore, sandboxes: SandboxStore, session: str, workspace: str,
+                                 started: float, now: float) -> None:
+    """A sandbox of its own made ready (registered, published), then leased to `session` at `now`."""
+    sandbox = "sb-" + session
+    assert await sandboxes.register_starting(sandbox, pool="default", image="python", ceiling=16, now=started,
+                                             owner="test")
+    assert await sandboxes.publish_ready(sandbox, pool="default", address="unix:///nowhere", secret="s",
+                                         now=started)
+    assert isinstance(await sessions.lease(session_id=session, workspace=workspace, pool="default", image="python",
+                                           now=now, limits=LIMITS, workspace_limits={}), Leased)
+
+
 def test_a_reaper_call_meters_its_releases_once_per_workspace_and_pool(redis_url: str, redis_prefix: str) -> None:
     async def main() -> None:
         client = connect(redis_url, timeout=5)
@@ -43,16 +55,9 @@ def test_a_reaper_call_meters_its_releases_once_per_workspace_and_pool(redis_url
             leased: dict[str, str] = {}
             started = time.time()
             for n in range(7):
-                sandbox = f"sb-reap-{n}"
-                assert await sandboxes.register_starting(sandbox, pool="default", image="python", ceiling=16,
-                                                         now=started, owner="test")
-                assert await sandboxes.publish_ready(sandbox, pool="default", address="unix:///nowhere",
-                                                     secret="s", now=started)
                 workspace = "w-odd" if n % 2 else "w-even"
-                lease = await sessions.lease(session_id=f"s-reap-{n}", workspace=workspace, pool="default",
-                                             image="python", now=started + n * 0.1237, limits=LIMITS,
-                                             workspace_limits={})
-                assert isinstance(lease, Leased)
+                await lease_on_a_new_sandbox(sessions, sandboxes, f"s-reap-{n}", workspace, started,
+                                             started + n * 0.1237)
                 leased[f"s-reap-{n}"] = workspace
             await drain(pubsub)  # the subscriptions' confirmations, the leases' own nudges
 
@@ -72,7 +77,7 @@ def test_a_reaper_call_meters_its_releases_once_per_workspace_and_pool(redis_url
             assert set(await client.smembers(keys.usage_workspaces)) >= {"w-odd", "w-even"}
             bucket = keys.pool_rate_prefix("default", "releases") + str(rate_bucket(later))
             assert await client.get(bucket) == "7" and 0 < await client.ttl(bucket) <= 120
-            assert await client.smembers(keys.doomed) == {f"sb-reap-{n}" for n in range(7)}
+            assert await client.smembers(keys.doomed) == {f"sb-s-reap-{n}" for n in range(7)}
 
             published: dict[str, list[str]] = defaultdict(list)
             for message in await drain(pubsub):
@@ -96,14 +101,7 @@ def test_a_reaper_call_that_fails_part_way_meters_what_it_released(redis_url: st
         try:
             started = time.time()
             for n in range(3):
-                sandbox = f"sb-part-{n}"
-                assert await sandboxes.register_starting(sandbox, pool="default", image="python", ceiling=16,
-                                                         now=started, owner="test")
-                assert await sandboxes.publish_ready(sandbox, pool="default", address="unix:///nowhere",
-                                                     secret="s", now=started)
-                assert isinstance(await sessions.lease(
-                    session_id=f"s-part-{n}", workspace="w-part", pool="default", image="python",
-                    now=started + n, limits=LIMITS, workspace_limits={}), Leased)
+                await lease_on_a_new_sandbox(sessions, sandboxes, f"s-part-{n}", "w-part", started, started + n)
             await client.hdel(keys.session("s-part-2"), "max_lifetime_seconds")  # the last one due cannot be judged
 
             with pytest.raises(StateError):
