@@ -8,8 +8,6 @@ Every method raises `StateUnavailable` or `StateError`, never a Redis exception.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -220,24 +218,17 @@ class SandboxStore:
         records: dict[str, SandboxRecord] = {}
         sessions: dict[str, str] = {}
         k = self.keys
+        prefixes = {"sandbox_prefix": k.sandbox_prefix, "session_prefix": k.session_prefix}
         for pool in sorted(set(pools)):
-            cursor = "0"
-            while True:
-                began = time.perf_counter()
-                cursor, flat = await self._survey(
-                    keys=[k.pool_members(pool)],
-                    args=scripts.named(sandbox_prefix=k.sandbox_prefix, session_prefix=k.session_prefix,
-                                       cursor=cursor, count=SURVEY_STEP))
+            steps = scripts.scan_steps(self._survey, keys=[k.pool_members(pool)], arguments=prefixes,
+                                       count=SURVEY_STEP, rest=rest)
+            async for flat in steps:
                 for i in range(0, len(flat), 6):
                     sandbox_id, state, session, owner, created, named = flat[i:i + 6]
                     records[sandbox_id] = SandboxRecord(sandbox_id, state or "", pool, session or "", owner or "",
                                                         _seconds(created))
                     if session:
                         sessions[session] = named or ""
-                if str(cursor) == "0":
-                    break
-                if rest:
-                    await asyncio.sleep(rest * (time.perf_counter() - began))
         return Survey(records, sessions)
 
     @translated

@@ -23,9 +23,14 @@ ceiling checks count); a `doomed` one in the doomed set the controller drains.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from redis.commands.core import AsyncScript
 
 from sandpool.state.channels import LEASE_NUDGE_PREFIX
 
@@ -39,6 +44,23 @@ def named(**arguments: Any) -> list[str]:
     """A script's ARGV: its arguments as one JSON object in ARGV[1] (every script's convention; the script
     reads them as `local a = cjson.decode(ARGV[1])`, by the names its header lists)."""
     return [json.dumps(arguments, separators=(",", ":"))]
+
+
+async def scan_steps(script: AsyncScript, *, keys: list[str], arguments: dict[str, Any], count: int,
+                     rest: float = 0.0) -> AsyncIterator[list[Any]]:
+    """Run a script that reads a set one SSCAN step at a time (it takes `cursor` and `count` among its named
+    arguments and answers {next cursor, what it read}) until the set has been looked at; yield each step's
+    reading. With `rest`, wait that many times as long as a step took, its handling by the caller
+    included, before the next: a background reader leaves Redis and the CPU mostly to the request path."""
+    cursor = "0"
+    while True:
+        began = time.perf_counter()
+        cursor, read = await script(keys=keys, args=named(**arguments, cursor=cursor, count=count))
+        yield read
+        if str(cursor) == "0":
+            return
+        if rest:
+            await asyncio.sleep(rest * (time.perf_counter() - began))
 
 
 def load(name: str) -> str:

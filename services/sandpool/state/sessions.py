@@ -467,12 +467,10 @@ class SessionStore:
         width = 2 + len(HANDLE_FIELDS)
         out: list[dict[str, Any]] = []
         seen = 0
-        cursor = "0"
-        while seen < limit:
-            cursor, flat = await self._workspace_sessions(
-                keys=[k.workspace_sessions(workspace), k.deadlines],
-                args=scripts.named(session_prefix=k.session_prefix, fields=HANDLE_FIELDS, cursor=cursor,
-                                   count=LIST_STEP))
+        steps = scripts.scan_steps(self._workspace_sessions, keys=[k.workspace_sessions(workspace), k.deadlines],
+                                   arguments={"session_prefix": k.session_prefix, "fields": HANDLE_FIELDS},
+                                   count=LIST_STEP)
+        async for flat in steps:
             for start in range(0, len(flat), width):
                 if seen >= limit:
                     break
@@ -481,7 +479,7 @@ class SessionStore:
                 if values[0] != workspace:
                     continue  # released meanwhile, or not this workspace's: never show it
                 out.append(_handle(session_id, values, None if deadline is None else float(deadline)))
-            if str(cursor) == "0":
+            if seen >= limit:
                 break
         return sorted(out, key=lambda item: item["session_id"])
 
