@@ -619,10 +619,9 @@ class PoolController:
         # with its record (its pool the one that owns it) and the sandbox its session names.
         pool_names = set(self.pools) | {info.pool for info in running.values() if info.pool}
         survey = await self.sandboxes.survey(pool_names, rest=self.timing.reconcile_rest)
-        records = {sid: record for sid, record in survey.records.items() if sid not in busy}
-        sessions = survey.sessions
         led_for = time.monotonic() - self._leading_since
-        decided = await self._plan(records, running, sessions, Situation(
+        # (`busy` is left to the plan, which neither judges a busy record nor counts a busy sandbox an orphan.)
+        decided = await self._plan(survey.records, running, survey.sessions, Situation(
             now=time.time(), replica_id=self.replica_id, start_timeout=self.timing.start_timeout_seconds,
             term=self.timing.leadership_ms / 1000, led_for=led_for, busy=busy | frozenset(passing),
             busy_since=busy_since))
