@@ -415,15 +415,13 @@ def slowlog_mark(r: redis.Redis) -> int:
 async def leader_passes(stack: Stack) -> tuple[int, float]:
     """How many reconciliation passes the leader has run, and their wall time in all (its histogram)."""
     import httpx
-    count = total = 0.0
+    from prometheus_client.parser import text_string_to_metric_families
     async with httpx.AsyncClient(timeout=60) as http:
         response = await http.get(f"http://127.0.0.1:{stack.controller_port}/metrics")
-    for line in response.text.splitlines():
-        if line.startswith("sandpool_reconcile_pass_seconds_count"):
-            count = float(line.split()[-1])
-        elif line.startswith("sandpool_reconcile_pass_seconds_sum"):
-            total = float(line.split()[-1])
-    return int(count), total
+    samples = {sample.name: sample.value for family in text_string_to_metric_families(response.text)
+               if family.name == "sandpool_reconcile_pass_seconds" for sample in family.samples}
+    return int(samples.get("sandpool_reconcile_pass_seconds_count", 0)), samples.get(
+        "sandpool_reconcile_pass_seconds_sum", 0.0)
 
 
 async def scrape(url: str, times: int = 5) -> dict[str, Any]:
