@@ -71,13 +71,21 @@ class Replicated:
 
     def kill_primary(self) -> RedisServer:
         """SIGKILL the server the Sentinels name primary now (no shutdown, no last write to anyone);
-        `start()` on the one returned brings it back, as a replica once the Sentinels see it."""
+        `rejoin` brings it back."""
         port = self.primary_port()
         server = next(s for s in (self.primary, self.replica) if s.port == port)
         assert server.proc is not None
         server.proc.kill()
         server.proc.wait()
         return server
+
+    def rejoin(self, server: RedisServer) -> None:
+        """Restart a killed server as a replica of the primary the Sentinels name now, as
+        docs/operations.md's runbook says. Never as a primary: with no persistence it comes back empty,
+        and a Sentinel still on the old configuration (or a failover that did not complete) would make
+        the promoted replica sync from it, which empties every copy of the data."""
+        server.options = ("--replicaof", "127.0.0.1", str(self.primary_port()))
+        server.start()
 
     def can_fail_over(self) -> bool:
         """Every Sentinel knows a replica of the primary, up and in sync: a next failover has one to promote."""

@@ -62,7 +62,7 @@ def test_a_killed_primary_is_followed_and_nothing_is_leased_twice_or_leaked(repl
             old_port = replicated.primary_port()
             killed = replicated.kill_primary()
             wait_for(lambda old=old_port: replicated.primary_port() != old, timeout=30, what="the Sentinels' failover")
-            killed.start()  # it rejoins as a replica of the new primary: WAIT has a replica again
+            replicated.rejoin(killed)  # a replica of the new primary: WAIT has a replica again
             recovered = wait_for(
                 lambda: load.executions_answered(since=time.monotonic() - 0.5) > 5 and time.monotonic(),
                 timeout=30, what="calls answered again")
