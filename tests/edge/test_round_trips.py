@@ -3,10 +3,13 @@
 An Execute or a file call with auth on sends Redis one script call before it reaches the agent
 (admission and the session's touch together) and one after (`done`); a refused call sends one and
 touches nothing, and a call to another workspace's session is still counted against the caller's rate.
+A warm CreateSession sends one before its answer (admission and lease) and one after (the answer's
+confirmation: sessions/answers.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,11 +17,13 @@ from contextlib import contextmanager
 import redis
 from testkit import monitored, wait_for
 
+from sandpool.state import scripts
 from sandpool.state.keys import Keys as RedisKeys
 
 from .conftest import Api, Keys
 from .stack import PRINT_1, Sandboxes
 
+ANSWERED_SHA = hashlib.sha1(scripts.ANSWERED.encode()).hexdigest()
 QUIET = {"PING", "INFO", "CLIENT", "HELLO"}
 """Commands of the clients' own upkeep, not of a request."""
 
@@ -31,6 +36,10 @@ class Sent:
 
     def names(self) -> list[str]:
         return [name for name in (text.split(" ", 1)[0].upper() for _, text in list(self.seen)) if name not in QUIET]
+
+    def answered(self) -> int:
+        """How many of them ran the script confirming a CreateSession's answer (`state/lua/answered.lua`)."""
+        return sum(ANSWERED_SHA in text for _, text in list(self.seen))
 
 
 @contextmanager
@@ -67,8 +76,11 @@ def test_a_refused_or_unknown_call_sends_one_script_call_and_touches_no_session(
     sandboxes.publish_agents(1)
     rkeys = RedisKeys(redis_prefix)
     with api.client(keys.token("owner")) as owner:
-        sid = owner.post("/sessions", json={}).json()["session_id"]
-    deadline = rdb.zscore(rkeys.deadlines, sid)
+        handle = owner.post("/sessions", json={}).json()
+    sid = handle["session_id"]
+    # The state before the probes is the state once the answer was confirmed (it may trail the answer).
+    deadline = wait_for(lambda: rdb.zscore(rkeys.deadlines, sid) == handle["created_at"] + handle["idle_timeout_seconds"]
+                        and rdb.zscore(rkeys.deadlines, sid), timeout=10, what="the create's confirmation")
     with api.client(keys.token("prober")) as prober:
         with sent(redis_url) as commands:
             # Another workspace's session: the answer an unknown id gets, after one script call.
@@ -91,14 +103,17 @@ def test_a_warm_create_session_sends_one_script_call_and_still_sees_a_changed_po
     sandboxes.publish_agents(4)
     token = keys.token("acme", jti="acme-token-1")
     with api.client(token) as client:
-        # The first CreateSession of a workspace on a replica reads its policy (admission, then the lease).
+        # The first CreateSession of a workspace on a replica reads its policy (admission, then the lease);
+        # once the answer is sent, one more confirms it (it may trail the answer: waited for, bounded).
         with sent(redis_url) as commands:
             assert client.post("/sessions", json={}).status_code == 201
-        assert commands.names() == ["EVALSHA", "EVALSHA"]
+            wait_for(commands.answered, timeout=10, what="the answer's confirmation", state=commands.names)
+        assert commands.names() == ["EVALSHA", "EVALSHA", "EVALSHA"] and commands.answered() == 1
         # From then on, the lease's own round trip admits it.
         with sent(redis_url) as commands:
             assert client.post("/sessions", json={}).status_code == 201
-        assert commands.names() == ["EVALSHA"]
+            wait_for(commands.answered, timeout=10, what="the answer's confirmation", state=commands.names)
+        assert commands.names() == ["EVALSHA", "EVALSHA"] and commands.answered() == 1
 
         # The policy changed through another replica: the lease is computed again under it.
         with other_replica.client(keys.token("ops", admin=True)) as admin:

@@ -45,7 +45,9 @@ def test_handle_reports_what_is_in_force(api, r, keys) -> None:
     assert session["sandbox"] == sandbox and session["workspace"] == tenancy.STANDALONE_WORKSPACE
     assert r.hget(keys.sandbox(sandbox), "state") == "leased"
     assert r.hget(keys.sandbox(sandbox), "session") == sid
-    assert float(r.zscore(keys.deadlines, sid)) == pytest.approx(handle["created_at"] + 100, abs=0.01)
+    # Due at the idle timeout once the api confirmed its answer (which may trail the answer).
+    wait_for(lambda: float(r.zscore(keys.deadlines, sid) or 0) == pytest.approx(handle["created_at"] + 100, abs=0.01),
+             timeout=10, what="the create's confirmation", state=lambda: r.zscore(keys.deadlines, sid))
     assert 150 < r.ttl(keys.session(sid)) <= 150 + 3600
     assert usage_total(r, keys)["sessions_created"] == "1"
     events = r.xrange(keys.usage_events)

@@ -47,7 +47,7 @@ async def _create_session(request: Request, sessions: SessionLayer, caller: Call
                           admission: LeaseAdmission | None = None) -> Response:
     handle = await sessions.create_session(caller, body, client_gone=lambda: client_gone(request),
                                            admission=admission)
-    return ModelResponse(handle, status_code=201, exclude_unset=True)
+    return ModelResponse(handle, status_code=201, exclude_unset=True, background=sessions.answered(handle.session_id))
 
 
 async def _create_admitted(request: Request, sessions: SessionLayer, gate: Gate, principal: Principal,

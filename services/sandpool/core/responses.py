@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pydantic import BaseModel
+from starlette.background import BackgroundTask
 from starlette.responses import Response
 
 
@@ -17,6 +18,6 @@ class ModelResponse(Response):
     media_type = "application/json"
 
     def __init__(self, model: BaseModel, status_code: int = 200, headers: Mapping[str, str] | None = None, *,
-                 exclude_unset: bool = False) -> None:
+                 exclude_unset: bool = False, background: BackgroundTask | None = None) -> None:
         super().__init__(model.model_dump_json(exclude_unset=exclude_unset), status_code=status_code,
-                         headers=headers)
+                         headers=headers, background=background)

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -49,6 +50,7 @@ from sandpool.core.hop import HopBusy, HopConnectError, HopError
 from sandpool.core.hop import Response as HopResponse
 from sandpool.core.logs import request_id_var
 from sandpool.sessions import limits
+from sandpool.sessions.answers import Answers
 from sandpool.sessions.caller import Caller, ExecBody
 from sandpool.sessions.calls import NOTHING, Call, Metered, new_call_id
 from sandpool.sessions.forward import (
@@ -195,6 +197,7 @@ class SessionLayer:
         self.pools = pools
         self.waiters = waiters
         self.ceilings = limits.Ceilings.from_settings(settings)
+        self.answers = Answers(store, settings.answer_grace_seconds)
         self._background: set[asyncio.Task[Any]] = set()
         self._abandons: set[asyncio.Task[Any]] = set()  # retries that may outlast Redis: not awaited at exit
         self._in_flight: dict[str, set[asyncio.Future[Any]]] = {}  # session id -> its calls to the agent
@@ -222,7 +225,8 @@ class SessionLayer:
             result = await self.store.lease(
                 session_id=session_id, workspace=caller.workspace, pool=pool.name, image=pool.image, now=now,
                 limits=in_force, workspace_limits=limits.lease_limits(self.ceilings, caller.policy),
-                ceiling=pool.ceiling, wait_seconds=wait, egress_allow=caller.egress_allow, admission=admission)
+                ceiling=pool.ceiling, wait_seconds=wait, egress_allow=caller.egress_allow, admission=admission,
+                answer_grace=self.settings.answer_grace_seconds)
             if isinstance(result, Waiting):
                 result = await self._wait_for_sandbox(caller, session_id, pool.name, patience(result, wait),
                                                       client_gone, past_ceiling=result.past_ceiling)
@@ -243,6 +247,11 @@ class SessionLayer:
             max_lifetime_seconds=in_force.max_lifetime_seconds, created_at=now, last_activity_at=now,
             image=pool.image, pool=pool.name, exec_timeout_seconds=in_force.exec_timeout_seconds,
             max_exec_timeout_seconds=in_force.max_exec_timeout_seconds)
+
+    def answered(self, session_id: str) -> BackgroundTask:
+        """What a CreateSession's response runs once it is sent: the session keeps its idle timeout
+        (until then it is due at the answer's grace: `sessions.answers`)."""
+        return BackgroundTask(self.answers.answered, session_id)
 
     def _refusal(self, refused: Refused, pool: str, now: float) -> SandpoolError:
         if refused.kind == "quota":

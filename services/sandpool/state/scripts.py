@@ -76,6 +76,7 @@ def load(name: str) -> str:
 
 
 LEASE = load("lease")
+ANSWERED = load("answered")
 CLAIM = load("claim")
 CANCEL_WAIT = load("cancel_wait")
 TOUCH = load("touch")

@@ -230,6 +230,7 @@ class SessionStore:
         self.redis = client
         self.keys = keys
         self._lease = client.register_script(scripts.LEASE)
+        self._answered = client.register_script(scripts.ANSWERED)
         self._admit_lease = client.register_script(scripts.ADMIT_LEASE)
         self._claim = client.register_script(scripts.CLAIM)
         self._cancel_wait = client.register_script(scripts.CANCEL_WAIT)
@@ -248,8 +249,8 @@ class SessionStore:
     @translated
     async def load_scripts(self) -> None:
         """Load every script up front so the first request pays no SCRIPT LOAD."""
-        for script in (self._lease, self._admit_lease, self._claim, self._cancel_wait, self._touch, self._done,
-                       self._release, self._reap, self._pool_stats, self._settle_overdue):
+        for script in (self._lease, self._answered, self._admit_lease, self._claim, self._cancel_wait, self._touch,
+                       self._done, self._release, self._reap, self._pool_stats, self._settle_overdue):
             await self.redis.script_load(script.script)
 
     @translated
@@ -260,7 +261,7 @@ class SessionStore:
     async def lease(self, *, session_id: str, workspace: str, pool: str, image: str, now: float,
                     limits: SessionLimits, workspace_limits: Mapping[str, int], ceiling: int = 1 << 30,
                     wait_seconds: float = 0.0, egress_allow: Sequence[str] = (),
-                    admission: LeaseAdmission | None = None) -> Leased | Waiting | Refused:
+                    admission: LeaseAdmission | None = None, answer_grace: float = 0.0) -> Leased | Waiting | Refused:
         """Lease a ready sandbox of `pool` for a new session, within the workspace's lease limits.
 
         With none ready and `wait_seconds` > 0, the caller is queued (`Waiting`) below the pool's
@@ -268,7 +269,9 @@ class SessionStore:
         the caller within half the wait; otherwise a full pool is a capacity refusal, metered. A sandbox with an egress
         credential has it bound to the session and `egress_allow` in the same script (a waiter's
         binding is made when it claims its sandbox). With `admission`, the edge's admission runs in the
-        same script first (a warm CreateSession's one round trip); `NotAdmitted` when it refuses."""
+        same script first (a warm CreateSession's one round trip); `NotAdmitted` when it refuses.
+        With `answer_grace` > 0 the session is due that long after its lease (a waiter's: its claim)
+        until `answered` confirms the caller was told of it."""
         k = self.keys
         request = {
             "session": session_id, "workspace": workspace, "pool": pool, "image": image, "now": repr(now),
@@ -284,7 +287,7 @@ class SessionStore:
             "nudge": k.pool_events, "sandbox_prefix": k.sandbox_prefix, "session_prefix": k.session_prefix,
             "waiter_prefix": k.waiter_prefix,
             "egress_allow": json.dumps(list(egress_allow), separators=(",", ":")),
-            "egress_prefix": k.egress_binding_prefix,
+            "egress_prefix": k.egress_binding_prefix, "answer": answer_grace,
         }
         lease_keys = [k.pool_ready(pool), k.session(session_id), k.deadlines, k.workspace_sessions(workspace),
                       k.usage_total(workspace), k.usage_day(workspace, utc_day(now)), k.usage_workspaces,
@@ -314,6 +317,14 @@ class SessionStore:
             return Refused(kind="capacity", limit="at_capacity", waiters=int(result[1]),
                            releases_per_minute=int(result[2]))
         return Refused(kind=result[0], limit=result[1])
+
+    @translated
+    async def answered(self, session_ids: Sequence[str]) -> int:
+        """The CreateSessions of these sessions were answered: each is due at its idle timeout from now on,
+        no longer at the answer's grace. Returns how many were still live."""
+        return int(await self._answered(keys=[self.keys.deadlines],
+                                        args=scripts.named(session_prefix=self.keys.session_prefix,
+                                                           sessions=list(session_ids))))
 
     @translated
     async def claim(self, *, waiter: str, workspace: str, pool: str, now: float) -> Leased | Waiting | None:

@@ -14,7 +14,8 @@
 --         bucket (now // 10), lease_rate_prefix, release_rate_prefix, retention, maxlen,
 --         expiry_margin, nudge (channel), sandbox_prefix, session_prefix, waiter_prefix,
 --         egress_allow (the workspace's egress allow-list as a JSON list, in a string),
---         egress_prefix (key prefix of egress credential bindings)}
+--         egress_prefix (key prefix of egress credential bindings),
+--         answer (seconds the session is due after its lease until answered.lua confirms it; 0: none)}
 -- Returns {'ok', sandbox, address, secret} | {'wait', releases it waits for past the ceiling (0: a start),
 --         releases in the last minute} | {'quota', limit} | {'capacity', waiters, releases in the last minute}.
 return lease(cjson.decode(ARGV[1]))

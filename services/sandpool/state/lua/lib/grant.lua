@@ -21,7 +21,13 @@ local function grant(a, sandbox, sandbox_key, address, secret, egress, k)
     redis.call('HSET', binding, 'session', a.session, 'workspace', a.workspace, 'allow', a.egress_allow or '[]')
     redis.call('EXPIRE', binding, expiry)
   end
-  redis.call('ZADD', k.deadlines, math.min(now + lifetime, now + idle), a.session)
+  -- Until the api says it answered (answered.lua), the session is due `answer` seconds after its
+  -- lease: an api that died between the lease and its answer leaves no sandbox leased for an idle
+  -- timeout to a session nobody was told of.
+  local deadline = math.min(now + lifetime, now + idle)
+  local answer = tonumber(a.answer) or 0
+  if answer > 0 then deadline = math.min(deadline, now + answer) end
+  redis.call('ZADD', k.deadlines, deadline, a.session)
   redis.call('SADD', k.ws_sessions, a.session)
   if redis.call('TTL', k.ws_sessions) < expiry then redis.call('EXPIRE', k.ws_sessions, expiry) end
   meter(k.usage_total, k.usage_day, k.usage_workspaces, a.workspace, a.retention, 'sessions_created', 1)

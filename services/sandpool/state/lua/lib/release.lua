@@ -15,7 +15,7 @@ end
 local function release_session(a, session_key, deadlines, doomed, usage_workspaces, events, batch)
   local sid, now, mode = a.session, tonumber(a.now), a.mode
   local f = redis.call('HMGET', session_key, 'workspace', 'sandbox', 'created_at', 'max_lifetime_seconds',
-    'address', 'pool')
+    'address', 'pool', 'idle_timeout_seconds')
   if not f[1] then
     if mode == 'reap' then redis.call('ZREM', deadlines, sid) end
     return nil
@@ -26,7 +26,10 @@ local function release_session(a, session_key, deadlines, doomed, usage_workspac
   if mode == 'reap' then
     local score = redis.call('ZSCORE', deadlines, sid)
     if score and tonumber(score) > now then return nil end
-    if now >= tonumber(f[3]) + tonumber(f[4]) then reason = 'lifetime' else reason = 'idle' end
+    -- Due before its idle timeout could have passed: only the answer's grace (grant.lua) does that.
+    if now >= tonumber(f[3]) + tonumber(f[4]) then reason = 'lifetime'
+    elseif f[7] and now < tonumber(f[3]) + tonumber(f[7]) then reason = 'unanswered'
+    else reason = 'idle' end
   end
   redis.call('DEL', session_key)
   redis.call('ZREM', deadlines, sid)

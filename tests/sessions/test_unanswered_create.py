@@ -1,0 +1,103 @@
+"""A CreateSession whose answer was never sent leaves no sandbox leased for an idle timeout.
+
+A lease makes its session due `answer_grace_seconds` after it; the api confirms the answer once it is
+sent (`sessions.answers`), which moves the deadline to the idle timeout. An api killed between the
+lease and its answer never confirms, so the session reaper releases the session at the grace, as
+`unanswered` (tests/reliability/test_replicas.py kills an api for real mid-load). Against the suite's
+real Redis and, for the confirmation, a real api on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import redis
+from sessions_harness import publish
+from test_reap_batch import LIMITS, lease_on_a_new_sandbox
+
+from sandpool.state.client import close, connect
+from sandpool.state.keys import Keys
+from sandpool.state.sandboxes import SandboxStore
+from sandpool.state.sessions import CallSpec, Leased, SessionStore
+
+GRACE = 5.0
+
+
+def test_an_unconfirmed_lease_is_due_at_the_grace_and_reaped_as_unanswered(redis_url: str,
+                                                                          redis_prefix: str) -> None:
+    async def main() -> None:
+        client = connect(redis_url, timeout=5)
+        keys = Keys(redis_prefix)
+        sessions, sandboxes = SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
+        try:
+            now = time.time()
+            for sid in ("s-told", "s-never-told", "s-called"):
+                assert await sandboxes.register_starting("sb-" + sid, pool="default", image="python", ceiling=16,
+                                                         now=now, owner="test")
+                assert await sandboxes.publish_ready("sb-" + sid, pool="default", address="unix:///nowhere",
+                                                     secret="s", now=now)
+                leased = await sessions.lease(session_id=sid, workspace="w", pool="default", image="python", now=now,
+                                              limits=LIMITS, workspace_limits={}, answer_grace=GRACE)
+                assert isinstance(leased, Leased)
+                assert await client.zscore(keys.deadlines, sid) == now + GRACE
+            # A call before the confirmation extends the session over the call, and the confirmation
+            # never shortens that.
+            assert await sessions.touch(session_id="s-called", workspace="w", now=now + 1,
+                                        call=CallSpec(call_id="c-1", busy_for=30, tool="code_execution"))
+            extended = await client.zscore(keys.deadlines, "s-called")
+            assert extended > now + LIMITS.idle_timeout_seconds
+
+            assert await sessions.answered(["s-told", "s-called", "s-unknown"]) == 2
+            assert await client.zscore(keys.deadlines, "s-told") == now + LIMITS.idle_timeout_seconds
+            assert await client.zscore(keys.deadlines, "s-called") == extended
+            assert await client.zscore(keys.deadlines, "s-unknown") is None  # nothing made for an unknown id
+
+            examined, reaped = await sessions.reap(now + GRACE + 0.1, limit=100)
+            assert examined == 1
+            assert [(x.session_id, x.reason, x.sandbox) for x in reaped] == [("s-never-told", "unanswered",
+                                                                              "sb-s-never-told")]
+            assert await client.exists(keys.session("s-never-told")) == 0
+            assert await client.hget(keys.sandbox("sb-s-never-told"), "state") == "doomed"
+            assert await client.sismember(keys.doomed, "sb-s-never-told")
+            assert not await client.sismember(keys.pool_leased("default"), "sb-s-never-told")
+            assert await client.hget(keys.sandbox("sb-s-told"), "state") == "leased"
+
+            # A confirmation that comes after the release finds nothing to confirm, and revives nothing.
+            assert await sessions.answered(["s-never-told"]) == 0
+            assert await client.zscore(keys.deadlines, "s-never-told") is None
+            # Without a grace (what the state layer does unless asked) the idle timeout is the deadline.
+            await lease_on_a_new_sandbox(sessions, sandboxes, "s-plain", "w", now, now)
+            assert await client.zscore(keys.deadlines, "s-plain") == now + LIMITS.idle_timeout_seconds
+            # Past their idle timeouts the others are reaped as idle (the call's session past the
+            # extension the call gave it).
+            examined, reaped = await sessions.reap(extended + 1, limit=100)
+            assert {(x.session_id, x.reason) for x in reaped} == {("s-told", "idle"), ("s-called", "idle"),
+                                                                  ("s-plain", "idle")}
+        finally:
+            await close(client)
+
+    asyncio.run(main())
+
+
+def test_the_api_confirms_what_it_answered(api, agents, r: redis.Redis, keys: Keys) -> None:
+    """Served on loopback with a 1 s grace: a created session outlives the grace (the api confirmed its
+    answer), plain and after waiting for its sandbox (a claim goes through the same grant)."""
+    app = api(answer_grace_seconds=1.0)
+    (agent,) = agents.start(1)
+    publish(r, keys, address=agent.address, secret=agent.secret)
+    with httpx.Client(base_url=app.url, timeout=30) as client:
+        created = client.post("/sessions", json={})
+        assert created.status_code == 201, created.text
+        sid = created.json()["session_id"]
+        created_at = float(r.hget(keys.session(sid), "created_at"))
+        deadline = created_at + created.json()["idle_timeout_seconds"]
+        # The confirmation runs once the answer is sent: it lands within the grace.
+        for _ in range(100):
+            if r.zscore(keys.deadlines, sid) == deadline:
+                break
+            time.sleep(0.01)
+        assert r.zscore(keys.deadlines, sid) == deadline
+        answer = client.post(f"/sessions/{sid}/exec", json={"tool": "code_execution", "input": {"code": "print(1)"}})
+        assert answer.status_code == 200, answer.text
