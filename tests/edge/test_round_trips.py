@@ -79,8 +79,9 @@ def test_a_refused_or_unknown_call_sends_one_script_call_and_touches_no_session(
         handle = owner.post("/sessions", json={}).json()
     sid = handle["session_id"]
     # The state before the probes is the state once the answer was confirmed (it may trail the answer).
-    deadline = wait_for(lambda: rdb.zscore(rkeys.deadlines, sid) == handle["created_at"] + handle["idle_timeout_seconds"]
-                        and rdb.zscore(rkeys.deadlines, sid), timeout=10, what="the create's confirmation")
+    confirmed = handle["created_at"] + handle["idle_timeout_seconds"]
+    deadline = wait_for(lambda: rdb.zscore(rkeys.deadlines, sid) == confirmed and confirmed, timeout=10,
+                        what="the create's confirmation")
     with api.client(keys.token("prober")) as prober:
         with sent(redis_url) as commands:
             # Another workspace's session: the answer an unknown id gets, after one script call.
@@ -97,7 +98,7 @@ def test_a_refused_or_unknown_call_sends_one_script_call_and_touches_no_session(
     assert int(rdb.hget(rkeys.session(sid), "inflight") or 0) == 0
 
 
-def test_a_warm_create_session_sends_one_script_call_and_still_sees_a_changed_policy_and_a_revocation(
+def test_a_warm_create_session_sends_one_script_call_before_its_answer_and_sees_a_changed_policy_and_revocation(
         make_api: Callable[..., Api], keys: Keys, redis_url: str, sandboxes: Sandboxes) -> None:
     api, other_replica = make_api(), make_api()
     sandboxes.publish_agents(4)

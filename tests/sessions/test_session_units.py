@@ -82,8 +82,9 @@ def test_deadline_covers_a_call_in_flight() -> None:
 
 
 def test_reap_reason() -> None:
-    assert limits.reap_reason(now=1099, created_at=1000, lifetime=100) == "idle"
-    assert limits.reap_reason(now=1100, created_at=1000, lifetime=100) == "lifetime"
+    assert limits.reap_reason(now=1099, created_at=1000, lifetime=100, idle=60) == "idle"
+    assert limits.reap_reason(now=1100, created_at=1000, lifetime=100, idle=60) == "lifetime"
+    assert limits.reap_reason(now=1010, created_at=1000, lifetime=100, idle=60) == "unanswered"
 
 
 def test_budget_retry_after_points_at_utc_midnight() -> None:

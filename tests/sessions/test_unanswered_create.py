@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import redis
 from sessions_harness import publish
 from test_reap_batch import LIMITS, lease_on_a_new_sandbox
+from testkit import wait_for
 
 from sandpool.state.client import close, connect
 from sandpool.state.keys import Keys
@@ -23,6 +25,7 @@ from sandpool.state.sandboxes import SandboxStore
 from sandpool.state.sessions import CallSpec, Leased, SessionStore
 
 GRACE = 5.0
+PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
 
 
 def test_an_unconfirmed_lease_is_due_at_the_grace_and_reaped_as_unanswered(redis_url: str,
@@ -81,23 +84,39 @@ def test_an_unconfirmed_lease_is_due_at_the_grace_and_reaped_as_unanswered(redis
     asyncio.run(main())
 
 
-def test_the_api_confirms_what_it_answered(api, agents, r: redis.Redis, keys: Keys) -> None:
-    """Served on loopback with a 1 s grace: a created session outlives the grace (the api confirmed its
-    answer), plain and after waiting for its sandbox (a claim goes through the same grant)."""
-    app = api(answer_grace_seconds=1.0)
-    (agent,) = agents.start(1)
-    publish(r, keys, address=agent.address, secret=agent.secret)
-    with httpx.Client(base_url=app.url, timeout=30) as client:
-        created = client.post("/sessions", json={})
-        assert created.status_code == 201, created.text
-        sid = created.json()["session_id"]
-        created_at = float(r.hget(keys.session(sid), "created_at"))
-        deadline = created_at + created.json()["idle_timeout_seconds"]
-        # The confirmation runs once the answer is sent: it lands within the grace.
-        for _ in range(100):
-            if r.zscore(keys.deadlines, sid) == deadline:
-                break
-            time.sleep(0.01)
-        assert r.zscore(keys.deadlines, sid) == deadline
-        answer = client.post(f"/sessions/{sid}/exec", json={"tool": "code_execution", "input": {"code": "print(1)"}})
-        assert answer.status_code == 200, answer.text
+def test_the_api_confirms_what_it_answered(api, agents, r: redis.Redis, keys: Keys, redis_url: str,
+                                          redis_prefix: str) -> None:
+    """Served on loopback with a 1 s grace: a session created at once and one that waited for its sandbox
+    (the claim goes through the same grant) are each confirmed, so a reaper pass past the grace
+    releases neither, and both still answer calls."""
+    app = api(answer_grace_seconds=1.0, capacity_wait_seconds=10)
+    first, second = agents.start(2)
+    publish(r, keys, address=first.address, secret=first.secret)
+    with httpx.Client(base_url=app.url, timeout=30) as client, ThreadPoolExecutor(1) as pool:
+        handles = [client.post("/sessions", json={})]
+        waiting = pool.submit(client.post, "/sessions", json={})  # none ready: it waits, queued in Redis
+        wait_for(lambda: r.scard(keys.pool_queued("default")) == 1, timeout=10, what="the second create queued")
+        publish(r, keys, address=second.address, secret=second.secret)
+        handles.append(waiting.result(30))
+        assert [h.status_code for h in handles] == [201, 201], [h.text for h in handles]
+        for handle in (h.json() for h in handles):
+            sid = handle["session_id"]
+            created_at = float(r.hget(keys.session(sid), "created_at"))
+            wait_for(lambda s=sid, d=created_at + handle["idle_timeout_seconds"]: r.zscore(keys.deadlines, s) == d,
+                     timeout=10, what="the answer's confirmation", state=lambda s=sid: r.zscore(keys.deadlines, s))
+        time.sleep(1.2)  # past both graces
+
+        async def reap() -> list[str]:
+            store_client = connect(redis_url, timeout=5)
+            try:
+                _, reaped = await SessionStore(store_client, Keys(redis_prefix)).reap(time.time(), limit=100)
+                return [x.session_id for x in reaped]
+            finally:
+                await close(store_client)
+
+        assert asyncio.run(reap()) == []
+        for handle in handles:
+            sid = handle.json()["session_id"]
+            answer = client.post(f"/sessions/{sid}/exec", json=PRINT_1)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["result_block"]["content"]["stdout"] == "1\n"

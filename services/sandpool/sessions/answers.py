@@ -6,7 +6,10 @@ an idle timeout, to a session nobody was told of. Once the answer is sent (the r
 background task, in the request's own task) the session is confirmed. Confirmations group: the
 answers sent while one round trip is on its way go together in the next (whichever of their tasks
 gets there first sends them all; the others find theirs sent), so under load a round trip carries
-many sessions, at rest each answer costs one, and no task waits for more than two.
+many sessions, at rest each answer costs one, and while Redis answers no task waits for more than
+two. The confirmation is acknowledged by a replica as the lease was (`state.client.acknowledged`):
+a failover keeps both or neither. `answer_grace_seconds` = 0 turns all of this off (a lease is due
+at its idle timeout, nothing is confirmed).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from sandpool.state.sessions import SessionStore
 log = logging.getLogger(__name__)
 
 RETRY_PAUSE_SECONDS = 0.2
+ANSWERED_CHUNK = 200
+"""Sessions one confirmation carries at most (about 3 commands each): after a stall the backlog goes in
+calls that each hold Redis well under a millisecond."""
 
 
 class Answers:
@@ -32,24 +38,35 @@ class Answers:
         self._sending = asyncio.Lock()
 
     async def answered(self, session_id: str) -> None:
-        """Confirm `session_id` (with whatever else was answered meanwhile). Retried while Redis is
-        unreachable for up to half the grace; past that the reaper releases the session at its grace."""
+        """Confirm `session_id` (with whatever else was answered meanwhile). While Redis is unreachable
+        it is retried for the grace (confirming is idempotent, and a session the reaper released
+        meanwhile is left alone); past that the session is released at its grace."""
         self._waiting[session_id] = None
         async with self._sending:
             if session_id not in self._waiting:
                 return  # the round trip before this one took it
             batch = list(self._waiting)
             self._waiting.clear()
-            give_up_at = time.monotonic() + self.grace_seconds / 2
-            pause = RETRY_PAUSE_SECONDS
-            while True:
-                try:
-                    await self.store.answered(batch)
+            try:
+                await self._send(batch)
+            except BaseException:
+                # Cancelled (or a bug): the others' ids go back for whoever sends next.
+                self._waiting.update(dict.fromkeys(batch))
+                raise
+
+    async def _send(self, batch: list[str]) -> None:
+        give_up_at = time.monotonic() + self.grace_seconds
+        pause = RETRY_PAUSE_SECONDS
+        while batch:
+            try:
+                await self.store.answered(batch[:ANSWERED_CHUNK])
+                del batch[:ANSWERED_CHUNK]
+                continue
+            except StateError as exc:  # (a refused script is not retried; an unreachable Redis is)
+                if not isinstance(exc, StateUnavailable) or time.monotonic() + pause >= give_up_at:
+                    log.warning("answered sessions could not be confirmed: they are released at their grace",
+                                extra={"count": len(batch), "error": type(exc).__name__})
+                    batch.clear()
                     return
-                except StateError as exc:  # (a refused script is not retried; an unreachable Redis is)
-                    if not isinstance(exc, StateUnavailable) or time.monotonic() + pause >= give_up_at:
-                        log.warning("answered sessions could not be confirmed: they are released at their grace",
-                                    extra={"count": len(batch), "error": type(exc).__name__})
-                        return
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)

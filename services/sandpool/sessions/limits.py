@@ -109,9 +109,12 @@ def deadline(*, now: float, created_at: float, idle: float, lifetime: float, bus
     return min(created_at + lifetime, now + busy_for + idle)
 
 
-def reap_reason(*, now: float, created_at: float, lifetime: float) -> str:
-    """Why an expired session is reaped: its max lifetime, or idleness."""
-    return "lifetime" if now >= created_at + lifetime else "idle"
+def reap_reason(*, now: float, created_at: float, lifetime: float, idle: float) -> str:
+    """Why an expired session is reaped: its max lifetime; due before its idle timeout could have passed,
+    only the answer's grace (its CreateSession's answer was never confirmed sent); else idleness."""
+    if now >= created_at + lifetime:
+        return "lifetime"
+    return "unanswered" if now < created_at + idle else "idle"
 
 
 def seconds_until_utc_midnight(now: float) -> int:

@@ -248,9 +248,11 @@ class SessionLayer:
             image=pool.image, pool=pool.name, exec_timeout_seconds=in_force.exec_timeout_seconds,
             max_exec_timeout_seconds=in_force.max_exec_timeout_seconds)
 
-    def answered(self, session_id: str) -> BackgroundTask:
+    def answered(self, session_id: str) -> BackgroundTask | None:
         """What a CreateSession's response runs once it is sent: the session keeps its idle timeout
-        (until then it is due at the answer's grace: `sessions.answers`)."""
+        (until then it is due at the answer's grace: `sessions.answers`). None with no grace."""
+        if not self.settings.answer_grace_seconds:
+            return None
         return BackgroundTask(self.answers.answered, session_id)
 
     def _refusal(self, refused: Refused, pool: str, now: float) -> SandpoolError:

@@ -30,9 +30,10 @@ class SessionSettings(RedisSettings, PoolSettings):
         "How long CreateSession waits for a sandbox when none is ready: below the ceiling, for one started "
         "for it; at the ceiling, for a slot a release frees, when the pool's releases of the last minute say "
         "one comes within half this wait (0: fail fast with 503 at once)"))
-    answer_grace_seconds: float = Field(default=10.0, gt=0, description=(
+    answer_grace_seconds: float = Field(default=10.0, ge=0, description=(
         "How long after its lease a session whose CreateSession answer was never confirmed sent (the api "
-        "died first) keeps its sandbox before the reaper releases it"))
+        "died first) keeps its sandbox before the reaper releases it (0: until its idle timeout, and no "
+        "confirmation is sent)"))
     retry_after_seconds: int = Field(default=1, ge=1, description=(
         "Retry-After of a 503 other than a capacity refusal (whose Retry-After follows the pool's release rate)"))
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description=(

@@ -165,7 +165,7 @@ def target_of(found: Sequence[str]) -> Target:
 
 @dataclass(frozen=True)
 class Released:
-    reason: str  # destroy | dead | idle | lifetime | abandoned | admin
+    reason: str  # destroy | dead | idle | lifetime | unanswered | abandoned | admin
     session_seconds: float
     address: str
     sandbox: str
@@ -175,7 +175,8 @@ class Released:
 
 @dataclass(frozen=True)
 class Reaped:
-    """A session the reaper released, and why (`idle` or `lifetime`)."""
+    """A session the reaper released, and why (`idle`, `lifetime`, or `unanswered`: its CreateSession's
+    answer was never confirmed sent)."""
 
     session_id: str
     reason: str
@@ -322,9 +323,10 @@ class SessionStore:
     async def answered(self, session_ids: Sequence[str]) -> int:
         """The CreateSessions of these sessions were answered: each is due at its idle timeout from now on,
         no longer at the answer's grace. Returns how many were still live."""
-        return int(await self._answered(keys=[self.keys.deadlines],
-                                        args=scripts.named(session_prefix=self.keys.session_prefix,
-                                                           sessions=list(session_ids))))
+        return int(await acknowledged(self.redis, self._answered, keys=[self.keys.deadlines],
+                                      args=scripts.named(session_prefix=self.keys.session_prefix,
+                                                         sessions=list(session_ids)),
+                                      when=lambda confirmed: int(confirmed) > 0))
 
     @translated
     async def claim(self, *, waiter: str, workspace: str, pool: str, now: float) -> Leased | Waiting | None:
