@@ -19,6 +19,7 @@ from sessions_harness import publish
 from test_reap_batch import LIMITS, lease_on_a_new_sandbox
 from testkit import wait_for
 
+from sandpool.sessions.answers import Answers
 from sandpool.state.client import close, connect
 from sandpool.state.keys import Keys
 from sandpool.state.sandboxes import SandboxStore
@@ -120,3 +121,44 @@ def test_the_api_confirms_what_it_answered(api, agents, r: redis.Redis, keys: Ke
             answer = client.post(f"/sessions/{sid}/exec", json=PRINT_1)
             assert answer.status_code == 200, answer.text
             assert answer.json()["result_block"]["content"]["stdout"] == "1\n"
+
+
+def test_answers_gather_skip_what_was_called_and_confirm_the_rest_on_the_way_out(redis_url: str,
+                                                                                 redis_prefix: str) -> None:
+    """`Answers` as the app runs it: answers gathered for one round trip; a session called meanwhile (its
+    call's touch gave it its idle timeout) is not confirmed again; `stop` confirms what still waits."""
+    async def main() -> None:
+        client = connect(redis_url, timeout=5)
+        keys = Keys(redis_prefix)
+        sessions, sandboxes = SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
+        answers = Answers(sessions, GRACE, gather_seconds=0.05)
+        try:
+            now = time.time()
+            for sid in ("a-gathered", "a-called", "a-at-stop"):
+                assert await sandboxes.register_starting("sb-" + sid, pool="default", image="python", ceiling=16,
+                                                         now=now, owner="test")
+                assert await sandboxes.publish_ready("sb-" + sid, pool="default", address="unix:///nowhere",
+                                                     secret="s", now=now)
+                assert isinstance(await sessions.lease(session_id=sid, workspace="w", pool="default", image="python",
+                                                       now=now, limits=LIMITS, workspace_limits={},
+                                                       answer_grace=GRACE), Leased)
+            runner = asyncio.create_task(answers.run())
+            await answers.answered("a-gathered")
+            await answers.answered("a-called")
+            answers.called("a-called")
+            idle = now + LIMITS.idle_timeout_seconds
+            for _ in range(200):
+                if await client.zscore(keys.deadlines, "a-gathered") == idle:
+                    break
+                await asyncio.sleep(0.01)
+            assert await client.zscore(keys.deadlines, "a-gathered") == idle
+            assert await client.zscore(keys.deadlines, "a-called") == now + GRACE  # left to its call's touch
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+            await answers.answered("a-at-stop")  # answered as the api stops: no gathering runs any more
+            await answers.stop()
+            assert await client.zscore(keys.deadlines, "a-at-stop") == idle
+        finally:
+            await close(client)
+
+    asyncio.run(main())

@@ -97,6 +97,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         stopping = asyncio.Event()
         tasks = [
             asyncio.create_task(waiters.run(), name="sandpool-waiters"),
+            asyncio.create_task(sessions.answers.run(), name="sandpool-answers"),
             asyncio.create_task(channels.listen(redis, keys.released_sessions, sessions.session_released,
                                                 while_=lambda: not stopping.is_set()),
                                 name="sandpool-released-sessions"),

@@ -3,13 +3,14 @@
 A lease makes its session due a short grace after it (`answer_grace_seconds`), not at its idle
 timeout: an api killed between the lease and the answer would otherwise leave a sandbox leased, for
 an idle timeout, to a session nobody was told of. Once the answer is sent (the response's
-background task, in the request's own task) the session is confirmed. Confirmations group: the
-answers sent while one round trip is on its way go together in the next (whichever of their tasks
-gets there first sends them all; the others find theirs sent), so under load a round trip carries
-many sessions, at rest each answer costs one, and while Redis answers no task waits for more than
-two. The confirmation is acknowledged by a replica as the lease was (`state.client.acknowledged`):
-a failover keeps both or neither. `answer_grace_seconds` = 0 turns all of this off (a lease is due
-at its idle timeout, nothing is confirmed).
+background task) the session waits here to be confirmed; every `GATHER_SECONDS` one round trip
+confirms all that wait (`state/lua/answered.lua`). A session called meanwhile needs none: the call's
+own round trip already gave it its idle timeout, so under a client that calls what it creates the
+confirmations cost nothing, and at rest they cost one round trip per quarter second at most.
+
+The confirmation is acknowledged by a replica as the lease was (`state.client.acknowledged`), and
+what waits is confirmed once more on the way out (`flush`). `answer_grace_seconds` = 0 turns all of
+this off: a lease is due at its idle timeout and nothing is confirmed.
 """
 
 from __future__ import annotations
@@ -24,49 +25,73 @@ from sandpool.state.sessions import SessionStore
 
 log = logging.getLogger(__name__)
 
-RETRY_PAUSE_SECONDS = 0.2
+GATHER_SECONDS = 0.25
+"""How long answers gather before one round trip confirms them: far inside the grace, long enough that
+a burst of CreateSessions shares one."""
 ANSWERED_CHUNK = 200
 """Sessions one confirmation carries at most (about 3 commands each): after a stall the backlog goes in
 calls that each hold Redis well under a millisecond."""
+RETRY_PAUSE_SECONDS = 0.2
 
 
 class Answers:
-    def __init__(self, store: SessionStore, grace_seconds: float) -> None:
+    def __init__(self, store: SessionStore, grace_seconds: float, *, gather_seconds: float = GATHER_SECONDS) -> None:
         self.store = store
         self.grace_seconds = grace_seconds
-        self._waiting: dict[str, None] = {}  # answered, not yet sent: in order, each once
-        self._sending = asyncio.Lock()
+        self.gather_seconds = gather_seconds
+        self._waiting: dict[str, None] = {}  # answered, not yet confirmed: in order, each once
+        self._wake = asyncio.Event()
 
     async def answered(self, session_id: str) -> None:
-        """Confirm `session_id` (with whatever else was answered meanwhile). While Redis is unreachable
-        it is retried for the grace (confirming is idempotent, and a session the reaper released
-        meanwhile is left alone); past that the session is released at its grace."""
+        """The CreateSession of `session_id` was answered (a response's background task: no Redis here)."""
         self._waiting[session_id] = None
-        async with self._sending:
-            if session_id not in self._waiting:
-                return  # the round trip before this one took it
-            batch = list(self._waiting)
-            self._waiting.clear()
-            try:
-                await self._send(batch)
-            except BaseException:
-                # Cancelled (or a bug): the others' ids go back for whoever sends next.
-                self._waiting.update(dict.fromkeys(batch))
-                raise
+        self._wake.set()
 
-    async def _send(self, batch: list[str]) -> None:
+    def called(self, session_id: str) -> None:
+        """A call of `session_id` was admitted (or it was destroyed): its deadline is its idle timeout's
+        already, so it needs no confirmation."""
+        self._waiting.pop(session_id, None)
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Confirm what still waits (bounded: a shutdown never hangs on an unreachable Redis)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.flush()
+        except TimeoutError:
+            log.warning("answered sessions left unconfirmed at stop: they are released at their grace",
+                        extra={"count": len(self._waiting)})
+
+    async def run(self) -> None:
+        """Confirm what waits, a gathering at a time, until cancelled (then `stop` confirms the rest)."""
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(self.gather_seconds)
+            self._wake.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Confirm everything waiting now. While Redis is unreachable this is retried for the grace
+        (confirming is idempotent, and leaves a session the reaper released meanwhile alone); past
+        that, the sessions are released at their grace."""
+        batch = list(self._waiting)
+        self._waiting.clear()
         give_up_at = time.monotonic() + self.grace_seconds
         pause = RETRY_PAUSE_SECONDS
-        while batch:
-            try:
-                await self.store.answered(batch[:ANSWERED_CHUNK])
-                del batch[:ANSWERED_CHUNK]
-                continue
-            except StateError as exc:  # (a refused script is not retried; an unreachable Redis is)
-                if not isinstance(exc, StateUnavailable) or time.monotonic() + pause >= give_up_at:
-                    log.warning("answered sessions could not be confirmed: they are released at their grace",
-                                extra={"count": len(batch), "error": type(exc).__name__})
-                    batch.clear()
-                    return
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 2.0)
+        try:
+            while batch:
+                try:
+                    await self.store.answered(batch[:ANSWERED_CHUNK])
+                    del batch[:ANSWERED_CHUNK]
+                    continue
+                except StateError as exc:  # (a refused script is not retried; an unreachable Redis is)
+                    if not isinstance(exc, StateUnavailable) or time.monotonic() + pause >= give_up_at:
+                        log.warning("answered sessions could not be confirmed: they are released at their grace",
+                                    extra={"count": len(batch), "error": type(exc).__name__})
+                        batch.clear()
+                        return
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+        finally:
+            # Cancelled mid-way (the api stopping): what was not sent waits for the last flush.
+            for session_id in batch:
+                self._waiting.setdefault(session_id, None)

@@ -249,8 +249,8 @@ class SessionLayer:
             max_exec_timeout_seconds=in_force.max_exec_timeout_seconds)
 
     def answered(self, session_id: str) -> BackgroundTask | None:
-        """What a CreateSession's response runs once it is sent: the session keeps its idle timeout
-        (until then it is due at the answer's grace: `sessions.answers`). None with no grace."""
+        """What a CreateSession's response runs once it is sent: the session is confirmed (until then it
+        is due at the answer's grace: `sessions.answers`, whose `run` the app runs). None with no grace."""
         if not self.settings.answer_grace_seconds:
             return None
         return BackgroundTask(self.answers.answered, session_id)
@@ -345,6 +345,7 @@ class SessionLayer:
         released = await self.store.release(session_id=session_id, workspace=caller.workspace,
                                             now=time.time(), mode="destroy")
         if released is not None:
+            self.answers.called(session_id)  # (nothing left to confirm)
             self.clients.forget(released.address)
             log.info("session destroyed", extra={"session": session_id, "session_seconds": released.session_seconds})
 
@@ -483,6 +484,7 @@ class SessionLayer:
                                             call=spec)
         if target is None:
             raise unknown_session()
+        self.answers.called(session_id)
         return Call(self.store, self.metrics, caller, session_id, spec), target
 
     async def _forward(
@@ -733,3 +735,4 @@ class SessionLayer:
         pending = [*self._background, *self._abandons, *self._streams]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        await self.answers.stop()
