@@ -12,10 +12,9 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+from test_lease_repeats import stores
 
 from sandpool.state import StateError
-from sandpool.state.client import close, connect
-from sandpool.state.keys import Keys
 from sandpool.state.sandboxes import SandboxStore
 from sandpool.state.sessions import Leased, SessionLimits, SessionStore, rate_bucket, utc_day
 
@@ -33,60 +32,59 @@ async def drain(pubsub: Any, quiet: float = 0.3) -> list[dict[str, Any]]:
 
 
 async def lease_on_a_new_sandbox(sessions: SessionStore, sandboxes: SandboxStore, session: str, workspace: str,
-                                 started: float, now: float) -> None:
-    """A sandbox of its own made ready (registered, published), then leased to `session` at `now`."""
+                                 started: float, now: float, answer_grace: float = 0.0) -> None:
+    """A sandbox of its own (`sb-<session>`) made ready (registered, published), then leased to `session` at
+    `now` (due `answer_grace` after it, with one)."""
     sandbox = "sb-" + session
     assert await sandboxes.register_starting(sandbox, pool="default", image="python", ceiling=16, now=started,
                                              owner="test")
     assert await sandboxes.publish_ready(sandbox, pool="default", address="unix:///nowhere", secret="s",
                                          now=started)
     assert isinstance(await sessions.lease(session_id=session, workspace=workspace, pool="default", image="python",
-                                           now=now, limits=LIMITS, workspace_limits={}), Leased)
+                                           now=now, limits=LIMITS, workspace_limits={}, answer_grace=answer_grace),
+                      Leased)
 
 
 def test_a_reaper_call_meters_its_releases_once_per_workspace_and_pool(redis_url: str, redis_prefix: str) -> None:
     async def main() -> None:
-        client = connect(redis_url, timeout=5)
-        keys = Keys(redis_prefix)
-        sessions, sandboxes = SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
-        pubsub = client.pubsub()
-        try:
-            await pubsub.subscribe(keys.pool_events, keys.released_sessions)
-            leased: dict[str, str] = {}
-            started = time.time()
-            for n in range(7):
-                workspace = "w-odd" if n % 2 else "w-even"
-                await lease_on_a_new_sandbox(sessions, sandboxes, f"s-reap-{n}", workspace, started,
-                                             started + n * 0.1237)
-                leased[f"s-reap-{n}"] = workspace
-            await drain(pubsub)  # the subscriptions' confirmations, the leases' own nudges
+        async with stores(redis_url, redis_prefix) as (client, keys, sessions, sandboxes):
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(keys.pool_events, keys.released_sessions)
+                leased: dict[str, str] = {}
+                started = time.time()
+                for n in range(7):
+                    workspace = "w-odd" if n % 2 else "w-even"
+                    await lease_on_a_new_sandbox(sessions, sandboxes, f"s-reap-{n}", workspace, started,
+                                                 started + n * 0.1237)
+                    leased[f"s-reap-{n}"] = workspace
+                await drain(pubsub)  # the subscriptions' confirmations, the leases' own nudges
 
-            later = started + 700  # past every session's lifetime
-            examined, reaped = await sessions.reap(now=later, limit=256)
-            assert examined == 7 and sorted(r.session_id for r in reaped) == sorted(leased)
+                later = started + 700  # past every session's lifetime
+                examined, reaped = await sessions.reap(now=later, limit=256)
+                assert examined == 7 and sorted(r.session_id for r in reaped) == sorted(leased)
 
-            events = [e for _, e in await client.xrange(keys.usage_events) if e.get("type") == "session_released"]
-            assert sorted(e["session"] for e in events) == sorted(leased)
-            per_workspace: dict[str, float] = defaultdict(float)
-            for event in events:
-                per_workspace[event["workspace"]] += float(event["session_seconds"])
-            for workspace, seconds in per_workspace.items():
-                total = await client.hget(keys.usage_total(workspace), "session_seconds")
-                day = await client.hget(keys.usage_day(workspace, utc_day(later)), "session_seconds")
-                assert round(float(total), 3) == round(float(day), 3) == round(seconds, 3) > 0
-            assert set(await client.smembers(keys.usage_workspaces)) >= {"w-odd", "w-even"}
-            bucket = keys.pool_rate_prefix("default", "releases") + str(rate_bucket(later))
-            assert await client.get(bucket) == "7" and 0 < await client.ttl(bucket) <= 120
-            assert await client.smembers(keys.doomed) == {f"sb-s-reap-{n}" for n in range(7)}
+                events = [e for _, e in await client.xrange(keys.usage_events) if e.get("type") == "session_released"]
+                assert sorted(e["session"] for e in events) == sorted(leased)
+                per_workspace: dict[str, float] = defaultdict(float)
+                for event in events:
+                    per_workspace[event["workspace"]] += float(event["session_seconds"])
+                for workspace, seconds in per_workspace.items():
+                    total = await client.hget(keys.usage_total(workspace), "session_seconds")
+                    day = await client.hget(keys.usage_day(workspace, utc_day(later)), "session_seconds")
+                    assert round(float(total), 3) == round(float(day), 3) == round(seconds, 3) > 0
+                assert set(await client.smembers(keys.usage_workspaces)) >= {"w-odd", "w-even"}
+                bucket = keys.pool_rate_prefix("default", "releases") + str(rate_bucket(later))
+                assert await client.get(bucket) == "7" and 0 < await client.ttl(bucket) <= 120
+                assert await client.smembers(keys.doomed) == {f"sb-s-reap-{n}" for n in range(7)}
 
-            published: dict[str, list[str]] = defaultdict(list)
-            for message in await drain(pubsub):
-                published[message["channel"]].append(message["data"])
-            assert sorted(published[keys.released_sessions]) == sorted(leased)
-            assert len(published[keys.pool_events]) == 1  # the controller is nudged once, to drain them all
-        finally:
-            await pubsub.aclose()
-            await close(client)
+                published: dict[str, list[str]] = defaultdict(list)
+                for message in await drain(pubsub):
+                    published[message["channel"]].append(message["data"])
+                assert sorted(published[keys.released_sessions]) == sorted(leased)
+                assert len(published[keys.pool_events]) == 1  # the controller is nudged once, to drain them all
+            finally:
+                await pubsub.aclose()
 
     asyncio.run(main())
 
@@ -95,10 +93,7 @@ def test_a_reaper_call_that_fails_part_way_meters_what_it_released(redis_url: st
     """Redis keeps a script's writes when it fails: the sessions released before the failing one are
     metered all the same (as they were when each release wrote its own counters)."""
     async def main() -> None:
-        client = connect(redis_url, timeout=5)
-        keys = Keys(redis_prefix)
-        sessions, sandboxes = SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
-        try:
+        async with stores(redis_url, redis_prefix) as (client, keys, sessions, sandboxes):
             started = time.time()
             for n in range(3):
                 await lease_on_a_new_sandbox(sessions, sandboxes, f"s-part-{n}", "w-part", started, started + n)
@@ -113,7 +108,5 @@ def test_a_reaper_call_that_fails_part_way_meters_what_it_released(redis_url: st
             total = await client.hget(keys.usage_total("w-part"), "session_seconds")
             assert round(float(total), 3) == round(sum(float(e["session_seconds"]) for e in events), 3) > 0
             assert await client.exists(keys.session("s-part-2")) == 1  # not released: it is there to look at
-        finally:
-            await close(client)
 
     asyncio.run(main())

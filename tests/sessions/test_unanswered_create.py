@@ -16,14 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import redis
 from sessions_harness import publish
+from test_lease_repeats import stores
 from test_reap_batch import LIMITS, lease_on_a_new_sandbox
 from testkit import wait_for
 
 from sandpool.sessions.answers import Answers
 from sandpool.state.client import close, connect
 from sandpool.state.keys import Keys
-from sandpool.state.sandboxes import SandboxStore
-from sandpool.state.sessions import CallSpec, Leased, SessionStore
+from sandpool.state.sessions import CallSpec, SessionStore
 
 GRACE = 5.0
 PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
@@ -32,19 +32,10 @@ PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
 def test_an_unconfirmed_lease_is_due_at_the_grace_and_reaped_as_unanswered(redis_url: str,
                                                                           redis_prefix: str) -> None:
     async def main() -> None:
-        client = connect(redis_url, timeout=5)
-        keys = Keys(redis_prefix)
-        sessions, sandboxes = SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
-        try:
+        async with stores(redis_url, redis_prefix) as (client, keys, sessions, sandboxes):
             now = time.time()
             for sid in ("s-told", "s-never-told", "s-called"):
-                assert await sandboxes.register_starting("sb-" + sid, pool="default", image="python", ceiling=16,
-                                                         now=now, owner="test")
-                assert await sandboxes.publish_ready("sb-" + sid, pool="default", address="unix:///nowhere",
-                                                     secret="s", now=now)
-                leased = await sessions.lease(session_id=sid, workspace="w", pool="default", image="python", now=now,
-                                              limits=LIMITS, workspace_limits={}, answer_grace=GRACE)
-                assert isinstance(leased, Leased)
+                await lease_on_a_new_sandbox(sessions, sandboxes, sid, "w", now, now, answer_grace=GRACE)
                 assert await client.zscore(keys.deadlines, sid) == now + GRACE
             # A call before the confirmation extends the session over the call, and the confirmation
             # never shortens that.
@@ -79,8 +70,6 @@ def test_an_unconfirmed_lease_is_due_at_the_grace_and_reaped_as_unanswered(redis
             examined, reaped = await sessions.reap(extended + 1, limit=100)
             assert {(x.session_id, x.reason) for x in reaped} == {("s-told", "idle"), ("s-called", "idle"),
                                                                   ("s-plain", "idle")}
-        finally:
-            await close(client)
 
     asyncio.run(main())
 
@@ -128,20 +117,11 @@ def test_answers_gather_skip_what_was_called_and_confirm_the_rest_on_the_way_out
     """`Answers` as the app runs it: answers gathered for one round trip; a session called meanwhile (its
     call's touch gave it its idle timeout) is not confirmed again; `stop` confirms what still waits."""
     async def main() -> None:
-        client = connect(redis_url, timeout=5)
-        keys = Keys(redis_prefix)
-        sessions, sandboxes = SessionStore(client, keys), SandboxStore(client, keys, record_ttl_seconds=600)
-        answers = Answers(sessions, GRACE, gather_seconds=0.05)
-        try:
+        async with stores(redis_url, redis_prefix) as (client, keys, sessions, sandboxes):
+            answers = Answers(sessions, GRACE, gather_seconds=0.05)
             now = time.time()
             for sid in ("a-gathered", "a-called", "a-at-stop"):
-                assert await sandboxes.register_starting("sb-" + sid, pool="default", image="python", ceiling=16,
-                                                         now=now, owner="test")
-                assert await sandboxes.publish_ready("sb-" + sid, pool="default", address="unix:///nowhere",
-                                                     secret="s", now=now)
-                assert isinstance(await sessions.lease(session_id=sid, workspace="w", pool="default", image="python",
-                                                       now=now, limits=LIMITS, workspace_limits={},
-                                                       answer_grace=GRACE), Leased)
+                await lease_on_a_new_sandbox(sessions, sandboxes, sid, "w", now, now, answer_grace=GRACE)
             runner = asyncio.create_task(answers.run())
             await answers.answered("a-gathered")
             await answers.answered("a-called")
@@ -158,7 +138,5 @@ def test_answers_gather_skip_what_was_called_and_confirm_the_rest_on_the_way_out
             await answers.answered("a-at-stop")  # answered as the api stops: no gathering runs any more
             await answers.stop()
             assert await client.zscore(keys.deadlines, "a-at-stop") == idle
-        finally:
-            await close(client)
 
     asyncio.run(main())
