@@ -96,6 +96,20 @@ def test_an_agent_that_cannot_start_closes_its_ready_fd_without_ok(tmp_path: Pat
         agent.stop()
 
 
+def test_an_agent_nobody_waits_for_any_more_stops_instead_of_serving(tmp_path: Path) -> None:
+    """Its launcher gave the start up, or was killed, before it could record the agent's pid: nothing
+    would ever lease, find or destroy that sandbox, so the agent must not stay behind as an orphan."""
+    ready_r, ready_w = os.pipe()
+    agent = start_agent(tmp_path, "--ready-fd", str(ready_w), wait=False, pass_fds=(ready_w,))
+    os.close(ready_w)
+    os.close(ready_r)  # the launcher is gone before the agent serves
+    try:
+        assert agent.proc.wait(timeout=30) == 0
+        assert "stopped waiting for this agent" in agent.logs()
+    finally:
+        agent.stop()
+
+
 def test_settings_from_values_validate_like_the_constructor(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in os.environ if n.startswith("SANDPOOL_")]:
         monkeypatch.delenv(name)

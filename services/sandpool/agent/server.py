@@ -56,15 +56,22 @@ class _AgentServer(uvicorn.Server):
 
     def report_ready(self) -> None:
         """`ok` when serving, then close: the launcher learns the agent is up without polling it, and
-        reads end-of-file instead when the start failed (this is also called on the way out)."""
+        reads end-of-file instead when the start failed (this is also called on the way out).
+
+        Nobody reading any more (the launcher was killed or gave the start up before it could record
+        this process) means nobody will ever lease, find or destroy this sandbox: the agent stops
+        rather than live on as an orphan."""
         fd, self.ready_fd = self.ready_fd, None
         if fd is None:
             return
         try:
             if self.started and not self.should_exit:
                 os.write(fd, b"ok")
+        except BrokenPipeError:
+            log.warning("the launcher stopped waiting for this agent before it served: stopping")
+            self.should_exit = True
         except OSError:
-            pass  # the launcher stopped waiting; its own timeout reports that
+            pass  # the launcher's own timeout reports that
         finally:
             os.close(fd)
 
