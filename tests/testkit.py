@@ -483,12 +483,17 @@ class AgentProcess:
 
     def start(self) -> AgentProcess:
         self.workspace.mkdir(parents=True, exist_ok=True)
+        # Its temporary files (the private matplotlib directory) beside the workspace, not in the host's
+        # /tmp: an agent killed -9 runs no clean-up, and pytest removes its own temporary directories.
+        tmp = self.workspace.parent / f"{self.workspace.name}-tmp"
+        tmp.mkdir(mode=0o711, exist_ok=True)
         where = (["--uds", str(self.socket_path)] if self.socket_path is not None
                  else ["--host", "127.0.0.1", "--port", str(self.port)])
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, *self.launcher, "agent", *where, "--workspace", str(self.workspace), *self.args],
-                env=scrubbed_env(SANDPOOL_AGENT_SECRET=self.secret, **self.env), stdout=log, stderr=subprocess.STDOUT,
+                env=scrubbed_env(**{"SANDPOOL_AGENT_SECRET": self.secret, "TMPDIR": str(tmp), **self.env}),
+                stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, cwd=str(self.cwd) if self.cwd else None, start_new_session=True,
                 pass_fds=self.pass_fds)
         return self

@@ -99,10 +99,15 @@ def agent_arguments(workspace: Path, socket_path: Path, secret: AgentSecret, lim
     return args
 
 
-def agent_environment(workspace: Path, egress: EgressAccess | None = None) -> dict[str, str]:
+def agent_environment(workspace: Path, egress: EgressAccess | None = None, *,
+                      tmp: Path | None = None) -> dict[str, str]:
     """A clean environment: nothing of the control plane's (credentials, Redis URL) reaches a sandbox;
-    only the sandbox's own egress credential, when it has one."""
+    only the sandbox's own egress credential, when it has one. `tmp`: the agent's TMPDIR (its
+    private matplotlib directory goes there), inside the sandbox's directory so that destroying the
+    sandbox removes it even when the agent was killed -9; not the host's /tmp."""
     extra = {"SANDPOOL_EGRESS_CREDENTIAL": egress.credential} if egress is not None else {}
+    if tmp is not None:
+        extra["TMPDIR"] = str(tmp)
     return {
         **extra,
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -127,11 +132,13 @@ class SubprocessLauncher:
         # 0600: the agent's log is the control plane's, not the sandboxed code's, to read.
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         ready = ["--ready-fd", str(ready_fd)] if ready_fd is not None else []
+        tmp = log_path.parent / "tmp"
+        tmp.mkdir(mode=0o711, exist_ok=True)  # the sandbox uid only passes through (its own directory is in it)
         try:
             proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "sandpool", *agent_arguments(workspace, socket_path, secret, limits), *ready,
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-                cwd=str(log_path.parent), env=agent_environment(workspace, limits.egress),
+                cwd=str(log_path.parent), env=agent_environment(workspace, limits.egress, tmp=tmp),
                 start_new_session=True, close_fds=True, pass_fds=(ready_fd,) if ready_fd is not None else ())
         finally:
             os.close(log_fd)
