@@ -67,7 +67,11 @@ class Answers:
             await self._wake.wait()
             await asyncio.sleep(self.gather_seconds)
             self._wake.clear()
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:  # a bug here must not stop every later confirmation (what was not sent waits)
+                log.exception("confirming answered sessions failed")
+                self._wake.set()
 
     async def flush(self) -> None:
         """Confirm everything waiting now. While Redis is unreachable this is retried for the grace
