@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -138,5 +139,41 @@ def test_answers_gather_skip_what_was_called_and_confirm_the_rest_on_the_way_out
             await answers.answered("a-at-stop")  # answered as the api stops: no gathering runs any more
             await answers.stop()
             assert await client.zscore(keys.deadlines, "a-at-stop") == idle
+
+    asyncio.run(main())
+
+
+class BuggyOnce(SessionStore):
+    """A store whose first confirmation fails as a bug would (not a Redis error)."""
+
+    failed = False
+
+    async def answered(self, session_ids: Sequence[str]) -> int:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("a bug in the first confirmation")
+        return await super().answered(session_ids)
+
+
+def test_a_confirmation_that_fails_unexpectedly_is_retried_not_the_end_of_confirming(
+        redis_url: str, redis_prefix: str) -> None:
+    async def main() -> None:
+        async with stores(redis_url, redis_prefix) as (client, keys, sessions, sandboxes):
+            answers = Answers(BuggyOnce(client, keys), GRACE, gather_seconds=0.05)
+            now = time.time()
+            await lease_on_a_new_sandbox(sessions, sandboxes, "b-retried", "w", now, now, answer_grace=GRACE)
+            runner = asyncio.create_task(answers.run())
+            try:
+                await answers.answered("b-retried")
+                idle = now + LIMITS.idle_timeout_seconds
+                for _ in range(200):
+                    if await client.zscore(keys.deadlines, "b-retried") == idle:
+                        break
+                    await asyncio.sleep(0.01)
+                assert await client.zscore(keys.deadlines, "b-retried") == idle
+                assert not runner.done()
+            finally:
+                runner.cancel()
+                await asyncio.gather(runner, return_exceptions=True)
 
     asyncio.run(main())
