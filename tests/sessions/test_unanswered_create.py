@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import redis
@@ -28,6 +29,16 @@ from sandpool.state.sessions import CallSpec, SessionStore
 
 GRACE = 5.0
 PRINT_1 = {"tool": "code_execution", "input": {"code": "print(1)"}}
+
+
+async def deadline_becomes(client: Any, keys: Keys, session_id: str, deadline: float, timeout: float = 2.0) -> bool:
+    """Whether the session's deadline becomes `deadline` within `timeout` (a confirmation trails its answer)."""
+    give_up_at = time.monotonic() + timeout
+    while await client.zscore(keys.deadlines, session_id) != deadline:
+        if time.monotonic() > give_up_at:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def test_an_unconfirmed_lease_is_due_at_the_grace_and_reaped_as_unanswered(redis_url: str,
@@ -128,11 +139,7 @@ def test_answers_gather_skip_what_was_called_and_confirm_the_rest_on_the_way_out
             await answers.answered("a-called")
             answers.called("a-called")
             idle = now + LIMITS.idle_timeout_seconds
-            for _ in range(200):
-                if await client.zscore(keys.deadlines, "a-gathered") == idle:
-                    break
-                await asyncio.sleep(0.01)
-            assert await client.zscore(keys.deadlines, "a-gathered") == idle
+            assert await deadline_becomes(client, keys, "a-gathered", idle)
             assert await client.zscore(keys.deadlines, "a-called") == now + GRACE  # left to its call's touch
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
@@ -165,12 +172,7 @@ def test_a_confirmation_that_fails_unexpectedly_is_retried_not_the_end_of_confir
             runner = asyncio.create_task(answers.run())
             try:
                 await answers.answered("b-retried")
-                idle = now + LIMITS.idle_timeout_seconds
-                for _ in range(200):
-                    if await client.zscore(keys.deadlines, "b-retried") == idle:
-                        break
-                    await asyncio.sleep(0.01)
-                assert await client.zscore(keys.deadlines, "b-retried") == idle
+                assert await deadline_becomes(client, keys, "b-retried", now + LIMITS.idle_timeout_seconds)
                 assert not runner.done()
             finally:
                 runner.cancel()
