@@ -23,7 +23,6 @@ from test_reap_batch import LIMITS, lease_on_a_new_sandbox
 from testkit import wait_for
 
 from sandpool.sessions.answers import Answers
-from sandpool.state.client import close, connect
 from sandpool.state.keys import Keys
 from sandpool.state.sessions import CallSpec, SessionStore
 
@@ -109,12 +108,9 @@ def test_the_api_confirms_what_it_answered(api, agents, r: redis.Redis, keys: Ke
         time.sleep(1.2)  # past both graces
 
         async def reap() -> list[str]:
-            store_client = connect(redis_url, timeout=5)
-            try:
-                _, reaped = await SessionStore(store_client, Keys(redis_prefix)).reap(time.time(), limit=100)
+            async with stores(redis_url, redis_prefix) as (_, _, sessions, _):
+                _, reaped = await sessions.reap(time.time(), limit=100)
                 return [x.session_id for x in reaped]
-            finally:
-                await close(store_client)
 
         assert asyncio.run(reap()) == []
         for handle in handles:

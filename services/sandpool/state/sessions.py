@@ -321,8 +321,9 @@ class SessionStore:
 
     @translated
     async def answered(self, session_ids: Sequence[str]) -> int:
-        """The CreateSessions of these sessions were answered: each is due at its idle timeout from now on,
-        no longer at the answer's grace. Returns how many were still live."""
+        """The CreateSessions of these sessions were answered: each is due at its idle timeout from its
+        creation (or later, if a call already pushed it), no longer at the answer's grace. Returns how many
+        were still live."""
         return int(await acknowledged(self.redis, self._answered, keys=[self.keys.deadlines],
                                       args=scripts.named(session_prefix=self.keys.session_prefix,
                                                          sessions=list(session_ids)),
