@@ -1,8 +1,8 @@
 """A reaper call releases many sessions and writes each workspace's and pool's counters once for the call
 (reap.lua's batch), against the suite's real Redis: the totals and the day's figures equal the sum of the
 sessions' own usage events, to the millisecond; every release is counted in the pool's release rate;
-every sandbox is doomed; the controller is nudged once; and each session's release is published (the
-api replicas end its calls) and evented on its own."""
+every sandbox is doomed; the controller is nudged once; the releases are published in one message
+naming every session (the api replicas end their calls); and each release is evented on its own."""
 
 from __future__ import annotations
 
@@ -81,7 +81,9 @@ def test_a_reaper_call_meters_its_releases_once_per_workspace_and_pool(redis_url
                 published: dict[str, list[str]] = defaultdict(list)
                 for message in await drain(pubsub):
                     published[message["channel"]].append(message["data"])
-                assert sorted(published[keys.released_sessions]) == sorted(leased)
+                # One message for the call, naming each session (the apis end their calls to every one).
+                assert len(published[keys.released_sessions]) == 1
+                assert sorted(published[keys.released_sessions][0].split()) == sorted(leased)
                 assert len(published[keys.pool_events]) == 1  # the controller is nudged once, to drain them all
             finally:
                 await pubsub.aclose()

@@ -3,6 +3,7 @@ the full contract, clamping, byte-for-byte forwarding, tenancy probes, dead agen
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from sessions_harness import publish
+from test_lease_repeats import stores
 from testkit import usage_settled, wait_for
 
 from sandpool.contract import tenancy
@@ -235,6 +237,33 @@ def test_an_agent_dying_mid_call_gives_502_then_404(stack, agents, r, keys) -> N
         resp = call.result()
     assert resp.status_code in (502, 503)
     assert httpx.get(f"{app.url}/sessions/{sid}/files/list").status_code == 404
+
+
+def test_one_reaper_call_ends_the_calls_in_flight_of_every_session_it_releases(stack, r, keys, redis_url,
+                                                                              redis_prefix) -> None:
+    """The reaper names every session one call released in one message on the released channel: the api
+    ends each of their calls in flight at once (502, the session gone), not at its exec timeout."""
+    app = stack(2)
+    sids = [httpx.post(app.url + "/sessions").json()["session_id"] for _ in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        calls = [pool.submit(httpx.post, f"{app.url}/sessions/{sid}/exec",
+                             json=code("import time; time.sleep(60)"), timeout=30) for sid in sids]
+        wait_for(lambda: all(r.hget(keys.session(sid), "inflight") == "1" for sid in sids), timeout=10,
+                 what="both calls in flight")
+
+        async def reap() -> list[str]:
+            async with stores(redis_url, redis_prefix) as (_, _, sessions, _):
+                _, reaped = await sessions.reap(now=time.time() + 10**6, limit=256)  # past every lifetime
+                return sorted(result.session_id for result in reaped)
+
+        assert asyncio.run(reap()) == sorted(sids)
+        # Within the client's 30 s, well before the code's 60 s sleep or the 60 s exec timeout.
+        answers = [call.result() for call in calls]
+    for answer in answers:
+        assert answer.status_code == 502, answer.text
+        assert "released while the call ran" in answer.text
+    for sid in sids:
+        assert httpx.get(f"{app.url}/sessions/{sid}/files/list").status_code == 404
 
 
 def test_usage_is_exact_after_a_scripted_workload(stack, r, keys) -> None:

@@ -681,10 +681,12 @@ class SessionLayer:
                                  "failover): the call did not run, the session is gone",
                                  retry_after=self.settings.retry_after_seconds)
 
-    def session_released(self, session_id: str) -> None:
-        """A replica released this session: end this replica's calls to it now."""
-        for sent in self._in_flight.get(session_id, ()):
-            sent.cancel()
+    def session_released(self, message: str) -> None:
+        """A replica released these sessions (one id, or a reaper call's several space-separated): end this
+        replica's calls to them now."""
+        for session_id in message.split():
+            for sent in self._in_flight.get(session_id, ()):
+                sent.cancel()
 
     async def _release_dead(self, call: Call, address: str) -> None:
         """The session's sandbox died under a call: the call ends unmetered, the session is released."""

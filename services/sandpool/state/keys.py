@@ -220,7 +220,8 @@ class Keys:
 
     @property
     def released_sessions(self) -> str:
-        """Pub/sub channel of released session ids: every api replica ends their calls in flight."""
+        """Pub/sub channel of released session ids (a message names one, or several space-separated: a
+        reaper call's): every api replica ends their calls in flight."""
         return f"{self.base}sessions:released"
 
     # --- MCP (the api's /mcp endpoint, previous protocol revision) ----------------------------

@@ -11,7 +11,7 @@ local a = cjson.decode(ARGV[1])
 a.workspace, a.mode = '', 'reap'
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', a.now, 'LIMIT', 0, a.limit)
 local out = {#due}
-local batch = {seconds = {}, releases = {}}
+local batch = {seconds = {}, releases = {}, sessions = {}}
 for _, sid in ipairs(due) do
   a.session = sid
   local ok, r = pcall(release_session, a, a.session_prefix .. sid, KEYS[1], KEYS[2], KEYS[3], KEYS[4], batch)
