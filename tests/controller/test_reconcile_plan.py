@@ -23,7 +23,7 @@ from sandpool.controller.reconcile import (
     orphans,
     plan,
 )
-from sandpool.state.sandboxes import STATES, SandboxRecord
+from sandpool.state.sandboxes import STATES, SandboxRecord, Settled
 
 NOW = 1_000_000.0
 ME, OTHER = "me", "other"
@@ -124,6 +124,34 @@ def test_plan(rec, running, sessions, situation, actions, recheck):
     decided = decide(rec, running, sessions, **situation)
     assert list(decided.actions) == actions
     assert decided.recheck_in == (pytest.approx(recheck) if recheck is not None else None)
+
+
+SETTLED_ROWS = [row for row in TABLE if row[1].state == "ready" or (row[1].state == "leased" and row[3] == HOLDS)]
+
+
+@pytest.mark.parametrize(("rec", "running", "sessions", "situation", "actions", "recheck"),
+                         [row[1:] for row in SETTLED_ROWS], ids=[row[0] for row in SETTLED_ROWS])
+def test_a_member_read_as_settled_is_judged_as_its_record_is(rec, running, sessions, situation, actions, recheck):
+    """Reconciliation reads ready members and leases their session names as ids alone (`Settled`): given
+    that way, each row of the table decides what its record decides."""
+    ready = RUNNING[running]
+    provider = {} if ready is None else {SID: SandboxInfo(SID, POOL, ready=ready)}
+    held = rec.state == "leased"
+    settled = Settled(POOL, ready=[] if held else [SID], held=[SID] if held else [],
+                      sessions=[SESSION] if held else [])
+    decided = plan({}, provider, {}, dataclasses.replace(SITUATION, **situation), settled=[settled])
+    assert list(decided.actions) == actions == list(decide(rec, running, sessions, **situation).actions)
+    assert decided.recheck_in is None
+
+
+def test_settled_members_are_not_orphans_nor_judged_while_busy_and_a_member_read_twice_is_judged_once():
+    settled = Settled(POOL, ready=["sb-r", "sb-busy", "sb-twice"], held=["sb-h"], sessions=["s-h"])
+    running = {"sb-r": SandboxInfo("sb-r", POOL, ready=True), "sb-h": SandboxInfo("sb-h", POOL, ready=True),
+               "sb-busy": SandboxInfo("sb-busy", POOL, ready=False)}
+    records = {"sb-twice": SandboxRecord("sb-twice", "doomed", POOL)}  # read again after it changed
+    decided = plan(records, running, {}, dataclasses.replace(SITUATION, busy=frozenset({"sb-busy"})),
+                   settled=[settled])
+    assert list(decided.actions) == [Forget("sb-twice", POOL, None)]  # judged by its record, once
 
 
 def test_the_table_covers_every_state_against_every_provider_answer():

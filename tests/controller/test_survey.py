@@ -1,7 +1,8 @@
 """What reconciliation reads of Redis (`SandboxStore.survey`: one script per step of a pool's members),
-against the suite's real Redis: every member once, over several steps, with its record as Redis holds
-it and the sandbox its session names, including the cases reconciliation exists for (a member whose
-record is gone, a lease whose session is gone or names another sandbox)."""
+against the suite's real Redis: every member once, over several steps; the settled ones (ready, or
+leased to a session that names them) as ids, every other with its record as Redis holds it and the
+sandbox its session names, including the cases reconciliation exists for (a member whose record is
+gone, a lease whose session is gone or names another sandbox)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 
 from sandpool.state.client import close, connect
 from sandpool.state.keys import Keys
-from sandpool.state.sandboxes import SURVEY_STEP, SandboxRecord, SandboxStore
+from sandpool.state.sandboxes import SURVEY_STEP, SandboxRecord, SandboxStore, Settled
 
 
 def test_survey_reads_every_member_with_its_record_and_session(redis_url: str, redis_prefix: str) -> None:
@@ -31,18 +32,22 @@ def test_survey_reads_every_member_with_its_record_and_session(redis_url: str, r
             await client.hset(keys.session("s-elsewhere"), mapping={"sandbox": "sb-9999"})
             await client.hset(keys.sandbox("sb-0002"), mapping={"state": "leased", "session": "s-gone"})
             await client.hset(keys.sandbox("sb-0003"), mapping={"created_at": "not a time"})
+            await client.hset(keys.sandbox("sb-0004"), mapping={"state": "ready"})
 
             survey = await sandboxes.survey(["default", "other"], rest=0.5)  # paced: the same answer
 
-            assert sorted(survey.records) == sorted([*many, "sb-gone"])
+            # Ready, and leased to a session that names it: settled, read as ids (and the session).
+            assert survey.settled == [Settled("default", ready=["sb-0004"], held=["sb-0000"], sessions=["s-holds"]),
+                                      Settled("other")]
+            assert sorted(survey.records) == sorted([*set(many) - {"sb-0000", "sb-0004"}, "sb-gone"])
             assert survey.records["sb-gone"] == SandboxRecord("sb-gone", "", "other")
             starting = survey.records["sb-0010"]
             assert (starting.state, starting.pool, starting.session, starting.owner) == \
                 ("starting", "default", "", "replica-a")
             assert abs(starting.created_at - now) < 0.01
-            assert survey.records["sb-0000"].session == "s-holds"
+            assert survey.records["sb-0001"].session == "s-elsewhere"
             assert survey.records["sb-0003"].created_at == 0.0  # unreadable: as old as can be
-            assert survey.sessions == {"s-holds": "sb-0000", "s-elsewhere": "sb-9999", "s-gone": ""}
+            assert survey.sessions == {"s-elsewhere": "sb-9999", "s-gone": ""}
         finally:
             await close(client)
 

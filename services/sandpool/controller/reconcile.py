@@ -10,11 +10,11 @@ executes the actions in order; an action whose sandbox failed an earlier one is 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
 from sandpool.controller.provider import SandboxInfo
-from sandpool.state.sandboxes import SandboxRecord
+from sandpool.state.sandboxes import SandboxRecord, Settled
 
 CLOCK_ROUNDING = 0.001
 """A record's `created_at` is written to the millisecond."""
@@ -104,23 +104,63 @@ class Plan:
 # --- the decision -----------------------------------------------------------------------------
 
 def plan(records: Mapping[str, SandboxRecord], running: Mapping[str, SandboxInfo],
-         sessions: Mapping[str, str], situation: Situation) -> Plan:
+         sessions: Mapping[str, str], situation: Situation, settled: Iterable[Settled] = ()) -> Plan:
     """The actions that make Redis and the provider agree.
 
-    `records`: every member of the pools, by sandbox id, with its pool (`state` '' when the member's
+    `records`: members of the pools, by sandbox id, with its pool (`state` '' when the member's
     record is gone). `running`: what the provider runs, by sandbox id (`ready`: its agent is alive).
     `sessions`: session id -> the sandbox that session names ('' or absent: the session is gone).
+    `settled`: the other members, read as ids (`Settled`); a member given this way is judged exactly as
+    its record would be.
     The same as `orphans` and then `judge` of every record, merged: a caller may judge the records in
     slices (the controller does, pausing between them) and get the same plan.
     """
-    return merge([orphans(records, running, situation), judge(records.values(), running, sessions, situation)])
+    settled = list(settled)
+    values, named = to_judge(records, sessions, settled, running)
+    return merge([orphans(members(records, settled), running, situation), judge(values, running, named, situation)])
 
 
-def orphans(records: Mapping[str, SandboxRecord], running: Mapping[str, SandboxInfo],
-            situation: Situation) -> Plan:
-    """What the provider runs and no pool owns: destroyed."""
+def to_judge(records: Mapping[str, SandboxRecord], sessions: Mapping[str, str], settled: Iterable[Settled],
+             running: Mapping[str, SandboxInfo]) -> tuple[list[SandboxRecord], dict[str, str]]:
+    """The records `judge` must see (every one of `records`, and the settled members the provider does not
+    run with a live agent: the other settled ones need nothing), and the sessions they name."""
+    steady, steady_sessions = unsettled(settled, running)
+    # A member read twice, once settled and once not (a set scan may): judged once, by its record.
+    return list({**steady, **records}.values()), {**steady_sessions, **sessions}
+
+
+def members(records: Mapping[str, SandboxRecord], settled: Iterable[Settled]) -> set[str]:
+    """Every member's id, however it was read."""
+    ids = set(records)
+    for group in settled:
+        ids.update(group.ready)
+        ids.update(group.held)
+    return ids
+
+
+def unsettled(settled: Iterable[Settled], running: Mapping[str, SandboxInfo]) -> tuple[dict[str, SandboxRecord],
+                                                                                       dict[str, str]]:
+    """The settled members the provider does not run with a live agent, as records (and the sessions they
+    hold). Rare: records are built only for those."""
+    records: dict[str, SandboxRecord] = {}
+    sessions: dict[str, str] = {}
+    for group in settled:
+        for sandbox_id in group.ready:
+            info = running.get(sandbox_id)
+            if info is None or not info.ready:
+                records[sandbox_id] = SandboxRecord(sandbox_id, "ready", group.pool)
+        for sandbox_id, session in zip(group.held, group.sessions, strict=True):
+            info = running.get(sandbox_id)
+            if info is None or not info.ready:
+                records[sandbox_id] = SandboxRecord(sandbox_id, "leased", group.pool, session)
+                sessions[session] = sandbox_id
+    return records, sessions
+
+
+def orphans(members: Container[str], running: Mapping[str, SandboxInfo], situation: Situation) -> Plan:
+    """What the provider runs and no pool owns (`members`: every member's id, or the records by id): destroyed."""
     return Plan(tuple(Destroy(sandbox_id, info.pool, "orphan_sandbox") for sandbox_id, info in running.items()
-                      if sandbox_id not in records and sandbox_id not in situation.busy))
+                      if sandbox_id not in members and sandbox_id not in situation.busy))
 
 
 def judge(records: Iterable[SandboxRecord], running: Mapping[str, SandboxInfo], sessions: Mapping[str, str],
@@ -191,4 +231,4 @@ def _judge(record: SandboxRecord, info: SandboxInfo | None, sessions: Mapping[st
 
 
 __all__ = ["Action", "Destroy", "DestroySessionless", "DoomAgain", "Forget", "MarkLost", "Plan", "ReleaseDead",
-           "Situation", "judge", "merge", "orphans", "plan"]
+           "Situation", "judge", "members", "merge", "orphans", "plan", "to_judge", "unsettled"]

@@ -9,7 +9,7 @@ Every method raises `StateUnavailable` or `StateError`, never a Redis exception.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sandpool.state import scripts
 from sandpool.state.client import Client
@@ -84,14 +84,29 @@ def _seconds(value: str | None) -> float:
 
 
 @dataclass(frozen=True)
+class Settled:
+    """Members of one pool whose records are steady: `ready`, or `leased` to a session that names them
+    (`held`, the session of each at the same index of `sessions`). Only the provider can make one of them
+    need an action (it does not run it, or its agent is gone), so `survey` reads them as ids, not records:
+    at 100,000 sandboxes nearly every member is one (docs/capacity.md)."""
+
+    pool: str
+    ready: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+    sessions: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Survey:
     """What reconciliation reads of Redis (`SandboxStore.survey`)."""
 
     records: dict[str, SandboxRecord]
-    """Every member of the pools read, by sandbox id."""
+    """Every member of the pools read that is not settled, by sandbox id."""
     sessions: dict[str, str]
-    """Session id -> the sandbox that session names ('' when the session is gone), for every session a
-    record names."""
+    """Session id -> the sandbox that session names ('' when the session is gone), for every session one of
+    `records` names."""
+    settled: list[Settled] = field(default_factory=list)
+    """The rest of the members, by pool."""
 
 
 class SandboxStore:
@@ -209,27 +224,34 @@ class SandboxStore:
 
     @translated
     async def survey(self, pools: Iterable[str], *, rest: float = 0.0) -> Survey:
-        """Every sandbox the pools own with its record (`pool` the pool that owns it; `state` '' when the
-        record is gone), and the sandbox each of their sessions names: what reconciliation judges by.
+        """Every sandbox the pools own: the settled ones by id (`Settled`), the others with their record
+        (`pool` the pool that owns it; `state` '' when the record is gone) and the sandbox each of their
+        sessions names: what reconciliation judges by.
         Read `SURVEY_STEP` members per script call, so no call holds Redis for long at any size; after
         each, wait `rest` times as long as it took, so a background reader leaves Redis and the CPU it
         shares with the request path mostly to that path (a pass at full speed took about a core at
         100,000 sandboxes, and the request tails with it: docs/capacity.md)."""
         records: dict[str, SandboxRecord] = {}
         sessions: dict[str, str] = {}
+        settled: list[Settled] = []
         k = self.keys
         prefixes = {"sandbox_prefix": k.sandbox_prefix, "session_prefix": k.session_prefix}
         for pool in sorted(set(pools)):
+            steady = Settled(pool)
+            settled.append(steady)
             steps = scripts.scan_steps(self._survey, keys=[k.pool_members(pool)], arguments=prefixes,
                                        count=SURVEY_STEP, rest=rest)
-            async for flat in steps:
-                for i in range(0, len(flat), 6):
-                    sandbox_id, state, session, owner, created, named = flat[i:i + 6]
+            async for ready, held, others in steps:
+                steady.ready.extend(ready)
+                steady.held.extend(held[0::2])
+                steady.sessions.extend(held[1::2])
+                for i in range(0, len(others), 6):
+                    sandbox_id, state, session, owner, created, named = others[i:i + 6]
                     records[sandbox_id] = SandboxRecord(sandbox_id, state or "", pool, session or "", owner or "",
                                                         _seconds(created))
                     if session:
                         sessions[session] = named or ""
-        return Survey(records, sessions)
+        return Survey(records, sessions, settled)
 
     @translated
     async def records(self, sandbox_ids: list[str]) -> dict[str, SandboxRecord]:
