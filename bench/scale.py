@@ -407,6 +407,22 @@ def slowest(r: redis.Redis, since_id: int, count: int = 5) -> list[dict[str, Any
     return [{"us": int(e["duration"]), "command": str(e["command"])[:80]} for e in entries[:count]]
 
 
+def command_counts(r: redis.Redis) -> dict[str, tuple[int, int]]:
+    """Redis's own count of each command: (calls, microseconds). A script's commands count on their own
+    too, and in its EVALSHA's time."""
+    return {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+            for name, v in r.info("commandstats").items()}
+
+
+def commands_between(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]],
+                     count: int = 8) -> dict[str, dict[str, int]]:
+    """The commands Redis ran most time on between two `command_counts`: what its CPU around a pass went to."""
+    moved = {name: (calls - before.get(name, (0, 0))[0], usec - before.get(name, (0, 0))[1])
+             for name, (calls, usec) in after.items()}
+    top = sorted((item for item in moved.items() if item[1][0] > 0), key=lambda item: -item[1][1])[:count]
+    return {name: {"calls": calls, "usec": usec} for name, (calls, usec) in top}
+
+
 def slowlog_mark(r: redis.Redis) -> int:
     entries = r.slowlog_get(1)
     return int(entries[0]["id"]) if entries else -1
@@ -451,7 +467,7 @@ def run_pass(stack: Stack, kind: str) -> dict[str, Any]:
     """A reconciliation or reaper pass in the passes' process (its CPU is its own); Redis's CPU and
     slowest calls around it."""
     r = stack.redis()
-    mark, cpu = slowlog_mark(r), redis_cpu(r)
+    mark, cpu, commands = slowlog_mark(r), redis_cpu(r), command_counts(r)
     assert stack.passes is not None and stack.passes.stdin is not None and stack.passes.stdout is not None
     stack.passes.stdin.write(kind + "\n")
     stack.passes.stdin.flush()
@@ -460,6 +476,7 @@ def run_pass(stack: Stack, kind: str) -> dict[str, Any]:
         raise SystemExit(f"the {kind} pass failed (see stderr)")
     result: dict[str, Any] = json.loads(line)
     result["redis_cpu_ms_around_it"] = round((redis_cpu(r) - cpu) * 1000, 1)
+    result["redis_commands_around_it"] = commands_between(commands, command_counts(r))
     result["slowest_redis_calls"] = slowest(r, mark)
     return result
 
