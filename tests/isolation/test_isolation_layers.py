@@ -74,7 +74,7 @@ def test_disabled_layers_are_reported_missing_and_really_off(
             "res = {'uid': os.getuid(), 'agent_seccomp': agent.get('Seccomp', '').strip(),\n"
             "       'agent_name': agent.get('Name', '').strip(),\n"
             "       'ifaces': len(open('/proc/net/dev').readlines()) - 2,\n"
-            "       'cgroup': open('/proc/self/cgroup').read()}\n"
+            "       'cgroup': open('/proc/self/cgroup').read(), 'mpl': os.environ.get('MPLCONFIGDIR')}\n"
             "s = socket.socket(); s.settimeout(2)\n"
             f"res['connect'] = s.connect_ex(('127.0.0.1', {port}))\n"
             "print(json.dumps(res))")
@@ -92,6 +92,8 @@ def test_disabled_layers_are_reported_missing_and_really_off(
             assert res["connect"] == 0  # the host's loopback, where the scheduler and Redis listen
         else:
             assert res["ifaces"] == 1 and res["connect"] != 0
+        if "filesystem" in missing:  # the agent's temporary directories are in the sandbox's, not the host's /tmp
+            assert Path(res["mpl"]).parent == sandbox.directory / "tmp"
         if "cgroups" in missing:
             assert groups == [] and h.launcher.client.cgroup_bases == []
         else:

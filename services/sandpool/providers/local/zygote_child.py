@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -139,6 +140,13 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
             raise RuntimeError("no workspace: the filesystem layer is off and none was given")
         workspace, uds = spec.host_workspace, spec.host_socket
         os.chdir(workspace)
+        if spec.log_path:
+            # No root of its own, so no /tmp of its own: the agent's temporary directories go in the
+            # sandbox's directory, which the provider removes however the agent ends, not in the host's
+            # /tmp (the zygote's cached `gettempdir()`), where a sandbox killed -9 left them.
+            tmp = os.path.join(os.path.dirname(spec.log_path), "tmp")
+            os.makedirs(tmp, mode=0o711, exist_ok=True)  # the sandbox uid only passes through
+            tempfile.tempdir = tmp
 
     if "unprivileged_uid" in spec.layers and os.geteuid() == 0:
         linux.restrict_capabilities(AGENT_CAPS, linux.last_cap())
