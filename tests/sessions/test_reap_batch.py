@@ -112,3 +112,18 @@ def test_a_reaper_call_that_fails_part_way_meters_what_it_released(redis_url: st
             assert await client.exists(keys.session("s-part-2")) == 1  # not released: it is there to look at
 
     asyncio.run(main())
+
+
+def test_a_direct_release_in_mode_reap_leaves_a_session_that_is_not_due(redis_url: str, redis_prefix: str) -> None:
+    """The reap script reads what is due in the same script; release.lua in mode `reap` (a replica racing
+    the reaper) looks at the deadline itself: a session touched meanwhile is left alone."""
+    async def main() -> None:
+        async with stores(redis_url, redis_prefix) as (client, keys, sessions, sandboxes):
+            now = time.time()
+            await lease_on_a_new_sandbox(sessions, sandboxes, "s-not-due", "w-direct", now, now)
+            assert await sessions.release(session_id="s-not-due", workspace=None, now=now + 1, mode="reap") is None
+            assert await client.exists(keys.session("s-not-due")) == 1
+            released = await sessions.release(session_id="s-not-due", workspace=None, now=now + 700, mode="reap")
+            assert released is not None and released.reason == "lifetime"
+
+    asyncio.run(main())

@@ -24,7 +24,12 @@ local function release_session(a, session_key, deadlines, doomed, usage_workspac
   if a.workspace ~= '' and ws ~= a.workspace then return nil end
   local reason = mode
   if mode == 'reap' then
-    -- (Due: reap.lua read it from the deadlines in this same script, so no touch came between.)
+    -- Due? reap.lua (`batch`) read it from the deadlines in this same script, so no touch came between;
+    -- a direct release in mode `reap` looks again.
+    if not batch then
+      local score = redis.call('ZSCORE', deadlines, sid)
+      if score and tonumber(score) > now then return nil end
+    end
     -- Due before its idle timeout could have passed: only the answer's grace (grant.lua) does that.
     if now >= tonumber(f[3]) + tonumber(f[4]) then reason = 'lifetime'
     elseif f[7] and now < tonumber(f[3]) + tonumber(f[7]) then reason = 'unanswered'
