@@ -33,6 +33,8 @@ def test_survey_reads_every_member_with_its_record_and_session(redis_url: str, r
             await client.hset(keys.sandbox("sb-0002"), mapping={"state": "leased", "session": "s-gone"})
             await client.hset(keys.sandbox("sb-0003"), mapping={"created_at": "not a time"})
             await client.hset(keys.sandbox("sb-0004"), mapping={"state": "ready"})
+            # Ready, yet naming a session (no script writes that: a restored or edited Redis): not settled.
+            await client.hset(keys.sandbox("sb-0005"), mapping={"state": "ready", "session": "s-stray"})
 
             survey = await sandboxes.survey(["default", "other"], rest=0.5)  # paced: the same answer
 
@@ -46,8 +48,9 @@ def test_survey_reads_every_member_with_its_record_and_session(redis_url: str, r
                 ("starting", "default", "", "replica-a")
             assert abs(starting.created_at - now) < 0.01
             assert survey.records["sb-0001"].session == "s-elsewhere"
+            assert (survey.records["sb-0005"].state, survey.records["sb-0005"].session) == ("ready", "s-stray")
             assert survey.records["sb-0003"].created_at == 0.0  # unreadable: as old as can be
-            assert survey.sessions == {"s-elsewhere": "sb-9999", "s-gone": ""}
+            assert survey.sessions == {"s-elsewhere": "sb-9999", "s-gone": "", "s-stray": ""}
         finally:
             await close(client)
 

@@ -618,7 +618,8 @@ class PoolController:
             return False
         # Members are read after the provider's list: a sandbox the provider runs was
         # registered before it was created, so it is in its pool's members by now. Each member is read
-        # with its record (its pool the one that owns it) and the sandbox its session names.
+        # as settled (its id) or with its record (its pool the one that owns it) and the sandbox its
+        # session names.
         pool_names = set(self.pools) | {info.pool for info in running.values() if info.pool}
         survey = await self.sandboxes.survey(pool_names, rest=self.timing.reconcile_rest)
         led_for = time.monotonic() - self._leading_since

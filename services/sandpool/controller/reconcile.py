@@ -125,7 +125,8 @@ def to_judge(records: Mapping[str, SandboxRecord], sessions: Mapping[str, str], 
     """The records `judge` must see (every one of `records`, and the settled members the provider does not
     run with a live agent: the other settled ones need nothing), and the sessions they name."""
     steady, steady_sessions = unsettled(settled, running)
-    # A member read twice, once settled and once not (a set scan may): judged once, by its record.
+    # A member given both ways is judged once, by its record (`survey` gives a member read twice by
+    # its later read only).
     return list({**steady, **records}.values()), {**steady_sessions, **sessions}
 
 

@@ -8,6 +8,7 @@ Every method raises `StateUnavailable` or `StateError`, never a Redis exception.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -245,6 +246,9 @@ class SandboxStore:
                 steady.ready.extend(ready)
                 steady.held.extend(held[0::2])
                 steady.sessions.extend(held[1::2])
+                if records:  # a set scan may return a member twice: the later read is the one kept
+                    for sandbox_id in itertools.chain(ready, held[0::2]):
+                        records.pop(sandbox_id, None)
                 for i in range(0, len(others), 6):
                     sandbox_id, state, session, owner, created, named = others[i:i + 6]
                     records[sandbox_id] = SandboxRecord(sandbox_id, state or "", pool, session or "", owner or "",

@@ -3,7 +3,7 @@
 -- ARGV[1] {sandbox_prefix, session_prefix, cursor (where this look at the members goes on: '0' to begin),
 --         count (members looked at: an SSCAN step)}
 -- Returns {the next cursor ('0': every member has been looked at), {ready, held, others}}:
---   ready  {sandbox id...}: members whose record is `ready`;
+--   ready  {sandbox id...}: members whose record is `ready` (and names no session);
 --   held   {sandbox id, session...}: members `leased` to a session that names them;
 --   others {sandbox id, state, session, owner, created_at, the sandbox the session names, ... six per member}:
 --          every other member, a field that is not there nil (a member's pool is the set's: the caller
@@ -21,7 +21,7 @@ for _, sandbox in ipairs(step[2]) do
   if f[2] then
     named = redis.call('HGET', a.session_prefix .. f[2], 'sandbox')
   end
-  if f[1] == 'ready' then
+  if f[1] == 'ready' and not f[2] then
     ready[#ready + 1] = sandbox
   elseif f[1] == 'leased' and named == sandbox then
     held[#held + 1] = sandbox
