@@ -298,11 +298,12 @@ def matplotlib_dir(seed: Path | None, policy: ChildPolicy) -> str | None:
     matplotlib insists on a writable config and cache directory: without MPLCONFIGDIR it
     writes under $HOME, the workspace (files the user did not make), and given an unwritable
     one it makes a temporary directory and warns on stderr. The temporary directory is the
-    sandbox's own (`TMPDIR`, the pod's /tmp volume; a private /tmp locally), never the
-    workspace. A font cache found in `seed` (`fontlist-v*.json`, pre-built in the image) is
-    copied in, so the first `import matplotlib.pyplot` reads it instead of rebuilding it (0.17 s
-    in the sandbox image, which has only matplotlib's own fonts; more with system fonts). None
-    when no directory can be made: matplotlib then falls back by itself.
+    sandbox's own (`TMPDIR`, the pod's /tmp volume; a private /tmp locally, or the sandbox
+    directory's `tmp` when the sandbox has no root of its own), never the workspace. A font
+    cache found in `seed` (`fontlist-v*.json`, pre-built in the image) is copied in, so the
+    first `import matplotlib.pyplot` reads it instead of rebuilding it (0.17 s in the sandbox
+    image, which has only matplotlib's own fonts; more with system fonts). None when no
+    directory can be made: matplotlib then falls back by itself.
     """
     path = None
     # The temp dir found at start may be a host path a sandbox root does not have: /tmp then.

@@ -133,7 +133,8 @@ class SubprocessLauncher:
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         ready = ["--ready-fd", str(ready_fd)] if ready_fd is not None else []
         tmp = log_path.parent / "tmp"
-        tmp.mkdir(mode=0o711, exist_ok=True)  # the sandbox uid only passes through (its own directory is in it)
+        tmp.mkdir(exist_ok=True)
+        tmp.chmod(0o711)  # the sandbox uid only passes through (its own directory is in it); not left to the umask
         try:
             proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "sandpool", *agent_arguments(workspace, socket_path, secret, limits), *ready,

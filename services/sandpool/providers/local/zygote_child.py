@@ -145,8 +145,12 @@ def prepare(spec: ChildSpec, cgroup: SandboxCgroup | None, secret_fd: int) -> di
             # sandbox's directory, which the provider removes however the agent ends, not in the host's
             # /tmp (the zygote's cached `gettempdir()`), where a sandbox killed -9 left them.
             tmp = os.path.join(os.path.dirname(spec.log_path), "tmp")
-            os.makedirs(tmp, mode=0o711, exist_ok=True)  # the sandbox uid only passes through
-            tempfile.tempdir = tmp
+            try:
+                os.makedirs(tmp, exist_ok=True)
+                os.chmod(tmp, 0o711)  # the sandbox uid only passes through (not left to the umask)
+                tempfile.tempdir = tmp
+            except OSError:
+                pass  # best effort, as the directories it holds are: the agent does without them
 
     if "unprivileged_uid" in spec.layers and os.geteuid() == 0:
         linux.restrict_capabilities(AGENT_CAPS, linux.last_cap())
