@@ -30,7 +30,7 @@ class ControllerSettings(ServingSettings, RedisSettings, PoolSettings):
     reap_batch: int = Field(default=256, ge=1, description="Most sessions one session reaper pass releases")
     reconcile_interval_seconds: float = Field(default=30.0, gt=0, description=(
         "How often the leader reconciles Redis with what the provider runs (the safety net under the events; "
-        "a pass reads every sandbox: about 1.5 s of the controller's CPU per 100,000, docs/capacity.md)"))
+        "a pass reads every sandbox: under 1 s of the controller's CPU per 100,000, docs/capacity.md)"))
 
     @field_validator("provider")
     @classmethod
