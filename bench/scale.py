@@ -18,7 +18,11 @@ generator does not eat the machine). Then, for `--window` seconds, a steady open
 (20 CreateSession/s, 100 Execute/s on random live sessions, 20 DestroySession/s of sessions the
 load created): its latencies are the level's figures, with the controller doing its own work
 meanwhile (its leader's reconciliation passes among it: how many fell in the window is
-reported, from `sandpool_reconcile_pass_seconds`). In the window:
+reported, from `sandpool_reconcile_pass_seconds`, and the window's latencies are also split into
+the answers that overlapped one of those passes and the rest, `load_by_leader_pass`: the
+histogram, read every half second, dates each pass by its end (to within that) and its length;
+one still running when the window closes is not dated, and its answers count with the rest). In
+the window:
 
 - `/metrics` scraped on every api and on the controller (time, bytes, series);
 - one workspace's sessions listed at the default limit (`GET /v1/sessions`).
@@ -54,6 +58,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import random
@@ -329,6 +334,12 @@ class Samples:
     execute: list[float] = field(default_factory=list)
     destroy: list[float] = field(default_factory=list)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    answered: list[tuple[str, float, float]] = field(default_factory=list)
+    """(operation, when its answer came (perf_counter), how long it took), for the split by leader pass."""
+
+    def add(self, operation: str, took: float) -> None:
+        getattr(self, operation).append(took)
+        self.answered.append((operation, time.perf_counter(), took))
 
 
 async def background(client: Client, live: Live, stop: asyncio.Event, sink: list[Samples],
@@ -346,7 +357,7 @@ async def background(client: Client, live: Live, stop: asyncio.Event, sink: list
         if session is None:
             samples.errors[f"create {status}"] += 1
             return
-        samples.create.append(took)
+        samples.add("create", took)
         churn.append((workspace, session))
 
     async def execute() -> None:
@@ -356,7 +367,7 @@ async def background(client: Client, live: Live, stop: asyncio.Event, sink: list
         if status != 200:
             samples.errors[f"execute {status}"] += 1
             return
-        samples.execute.append(took)
+        samples.add("execute", took)
 
     async def destroy() -> None:
         if not churn:
@@ -367,7 +378,7 @@ async def background(client: Client, live: Live, stop: asyncio.Event, sink: list
         if status != 204:
             samples.errors[f"destroy {status}"] += 1
             return
-        samples.destroy.append(took)
+        samples.add("destroy", took)
 
     async def ticker(rate: float, job: Callable[[], Awaitable[None]], offset: float) -> None:
         interval = 1.0 / rate
@@ -438,6 +449,34 @@ async def leader_passes(stack: Stack) -> tuple[int, float]:
                if family.name == "sandpool_reconcile_pass_seconds" for sample in family.samples}
     return int(samples.get("sandpool_reconcile_pass_seconds_count", 0)), samples.get(
         "sandpool_reconcile_pass_seconds_sum", 0.0)
+
+
+async def watch_leader_passes(stack: Stack, stop: asyncio.Event) -> list[tuple[float, float]]:
+    """The leader's reconciliation passes that end until `stop`, as (start, end) in perf_counter time: its
+    histogram read every half second, a pass dated by when its count moved and the time its sum grew by."""
+    passes: list[tuple[float, float]] = []
+    count, total = await leader_passes(stack)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+        now_count, now_total = await leader_passes(stack)
+        if now_count > count:
+            now = time.perf_counter()
+            passes.append((now - (now_total - total), now))
+        count, total = now_count, now_total
+    return passes
+
+
+def by_leader_pass(samples: Samples, passes: list[tuple[float, float]]) -> dict[str, Any]:
+    """The answers that overlapped a leader pass (sent or answered while it ran) and the others."""
+    during: dict[str, list[float]] = collections.defaultdict(list)
+    outside: dict[str, list[float]] = collections.defaultdict(list)
+    for operation, answered, took in samples.answered:
+        overlaps = any(answered - took <= end and answered >= start for start, end in passes)
+        (during if overlaps else outside)[operation].append(took)
+    return {"passes": [round(end - start, 2) for start, end in passes],
+            "during": {op: ms(during[op]) for op in ("create", "execute", "destroy")},
+            "outside": {op: ms(outside[op]) for op in ("create", "execute", "destroy")}}
 
 
 async def scrape(url: str, times: int = 5) -> dict[str, Any]:
@@ -513,6 +552,8 @@ async def measure_level(stack: Stack, client: Client, live: Live, level: int, ar
     stop = asyncio.Event()
     mark, cpu0, wall0 = slowlog_mark(r), redis_cpu(r), time.perf_counter()
     leader0 = await leader_passes(stack)
+    window_over = asyncio.Event()
+    watching = asyncio.create_task(watch_leader_passes(stack, window_over))
     load = asyncio.create_task(background(client, live, stop, sink, BACKGROUND))
     await asyncio.sleep(min(3.0, args.window / 4))
     under: dict[str, Any] = {}
@@ -528,6 +569,8 @@ async def measure_level(stack: Stack, client: Client, live: Live, level: int, ar
     wall = time.perf_counter() - wall0
     redis_share = round((redis_cpu(r) - cpu0) / wall, 3)
     leader1 = await leader_passes(stack)
+    window_over.set()
+    split = by_leader_pass(window, await watching)
     leader = {"passes": leader1[0] - leader0[0], "seconds": round(leader1[1] - leader0[1], 2)}
     sink.append(passes)
     under["reconcile"] = await asyncio.to_thread(run_pass, stack, "reconcile")
@@ -539,7 +582,7 @@ async def measure_level(stack: Stack, client: Client, live: Live, level: int, ar
     out["loadavg_after"] = os.getloadavg()[0]  # a shared machine: what else ran says how far to trust it
     out["load"] = {"seconds": round(wall, 1), "create": ms(window.create), "execute": ms(window.execute),
                    "destroy": ms(window.destroy), "errors": dict(window.errors),
-                   "leader_reconcile_passes": leader, "redis_cpu_share": redis_share,
+                   "leader_reconcile_passes": leader, "load_by_leader_pass": split, "redis_cpu_share": redis_share,
                    "slowest_redis_calls": slowest(r, mark)}
     out["load_during_measured_passes"] = {"create": ms(passes.create), "execute": ms(passes.execute),
                                           "destroy": ms(passes.destroy), "errors": dict(passes.errors)}
