@@ -1,4 +1,4 @@
--- uses: admission rate touch
+-- uses: deadline admission rate touch
 -- Admission, the session's touch and the call's record, in one round trip: revocation, the rate window
 -- and the policy (as ADMIT), then, only if admitted, the session resolved and marked busy and the call
 -- recorded (as TOUCH). A refusal is decided before anything is extended, marked in flight or recorded;

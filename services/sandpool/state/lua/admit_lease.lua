@@ -1,4 +1,4 @@
--- uses: admission rate meter waiting grant lease
+-- uses: deadline admission rate meter waiting grant lease
 -- A warm CreateSession in one round trip: the edge's admission (revocation, the rate window and the
 -- policy, as ADMIT_CALL), then, only if admitted under the very policy the lease was computed from,
 -- the lease (as LEASE). A policy changed since the api read it is answered with the current one and

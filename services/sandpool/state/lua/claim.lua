@@ -1,4 +1,4 @@
--- uses: meter waiting grant
+-- uses: deadline meter waiting grant
 -- A waiter takes the sandbox promised to it, as a new session (the lease it asked for, at `now`).
 -- KEYS[1] the waiter's hash      KEYS[2] the new session's hash   KEYS[3] deadlines zset
 -- KEYS[4] workspace sessions set KEYS[5] usage total hash          KEYS[6] usage day hash

@@ -1,4 +1,4 @@
--- uses: meter settle
+-- uses: deadline meter settle
 -- A call ended: meter it, mark the session active and remove the call's record, in one step and only
 -- if the record is still there (a `done` sent twice, or after the controller settled the call, does nothing).
 -- KEYS[1] the call's record  KEYS[2] call deadlines zset  KEYS[3] session hash  KEYS[4] deadlines zset

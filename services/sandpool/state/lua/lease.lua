@@ -1,4 +1,4 @@
--- uses: meter waiting grant lease
+-- uses: deadline meter waiting grant lease
 -- Lease a ready sandbox for a new session, within the workspace's lease limits; with none ready,
 -- queue the caller as a waiter instead (the controller starts a sandbox for each waiter at once, or
 -- as soon as a release frees a slot under the ceiling, and promises them to the waiters in order,

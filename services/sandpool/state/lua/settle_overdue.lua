@@ -1,4 +1,4 @@
--- uses: meter settle
+-- uses: deadline meter settle
 -- Settle calls whose `done` never came by their deadline (the api that ran them crashed): an Execute
 -- is metered as an unconfirmed call (in `executions`, its tool's count with no execution time, and
 -- `unconfirmed_executions`); every record is removed and its session's deadline reset to its idle

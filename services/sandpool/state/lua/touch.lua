@@ -1,4 +1,4 @@
--- uses: touch
+-- uses: deadline touch
 -- Resolve a session for a call and record the call (standalone: the edge's ADMIT_CALL does it with auth on).
 -- KEYS[1] session hash   KEYS[2] deadlines zset   KEYS[3] the call's record   KEYS[4] call deadlines zset
 -- ARGV[1] {session, workspace (the caller's), now, busy_for (seconds), call (its id),

@@ -24,7 +24,7 @@ local function grant(a, sandbox, sandbox_key, address, secret, egress, k)
   -- Until the api says it answered (answered.lua), the session is due `answer` seconds after its
   -- lease: an api that died between the lease and its answer leaves no sandbox leased for an idle
   -- timeout to a session nobody was told of.
-  local deadline = math.min(now + lifetime, now + idle)
+  local deadline = idle_deadline(now, idle, lifetime, now)
   local answer = tonumber(a.answer) or 0
   if answer > 0 then deadline = math.min(deadline, now + answer) end
   redis.call('ZADD', k.deadlines, deadline, a.session)

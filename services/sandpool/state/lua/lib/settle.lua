@@ -9,7 +9,7 @@ local function settle(session_key, deadlines_key, sid, workspace, now)
     inflight = 0
   end
   local f = redis.call('HMGET', session_key, 'created_at', 'idle_timeout_seconds', 'max_lifetime_seconds')
-  local deadline = math.min(tonumber(f[1]) + tonumber(f[3]), now + tonumber(f[2]))
+  local deadline = idle_deadline(f[1], f[2], f[3], now)
   local score = redis.call('ZSCORE', deadlines_key, sid)
   if score then
     if inflight > 0 then deadline = math.max(deadline, tonumber(score)) end

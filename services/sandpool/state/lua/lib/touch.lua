@@ -8,8 +8,7 @@ local function touch(session_key, deadlines_key, sid, workspace, now, busy_for)
   if not f[1] or f[1] ~= workspace then return nil end
   local score = redis.call('ZSCORE', deadlines_key, sid)
   if not score or tonumber(score) <= now then return nil end
-  local cap = tonumber(f[4]) + tonumber(f[6])
-  local deadline = math.min(cap, now + busy_for + tonumber(f[5]))
+  local deadline = idle_deadline(f[4], f[5], f[6], now + busy_for)
   if deadline > tonumber(score) then redis.call('ZADD', deadlines_key, 'XX', deadline, sid) end
   redis.call('HINCRBY', session_key, 'inflight', 1)
   return {f[2], f[3], f[7], f[8]}
