@@ -10,25 +10,29 @@ no second bookkeeping to drift. Labels are closed sets (operation names, kinds).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from sandpool.providers.kubernetes.provider import KubernetesProvider
+from sandpool.providers.kubernetes.client import ApiStats
+from sandpool.providers.kubernetes.watch import PodWatcher
 
 SANDBOX_EVENTS = ("created", "create_failed", "destroyed", "lost")
 
 
 class KubernetesProviderCollector(Collector):
-    def __init__(self, provider: KubernetesProvider) -> None:
-        self.provider = provider
+    """Reads the provider's API statistics, its pod watch and its sandbox counts (the objects themselves,
+    which the provider keeps for its lifetime and updates in place) at each scrape."""
+
+    def __init__(self, stats: ApiStats, watcher: PodWatcher, counts: Mapping[str, int]) -> None:
+        self.stats = stats
+        self.watcher = watcher
+        self.counts = counts
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.provider.api.stats
-        watcher = self.provider.watcher
+        stats = self.stats
+        watcher = self.watcher
         calls = CounterMetricFamily("sandpool_kube_api_calls", "Kubernetes API requests sent, by operation",
                                     labels=["operation"])
         for operation, count in sorted(stats.by_operation.items()):
@@ -53,7 +57,7 @@ class KubernetesProviderCollector(Collector):
         sandboxes = CounterMetricFamily("sandpool_kube_sandboxes", "Sandbox pods by what happened to them",
                                         labels=["event"])
         for event in SANDBOX_EVENTS:
-            sandboxes.add_metric([event], self.provider.counts.get(event, 0))
+            sandboxes.add_metric([event], self.counts.get(event, 0))
         yield sandboxes
         yield CounterMetricFamily("sandpool_kube_delete_calls", "Delete requests sent (each up to 50 pods)",
-                                  value=self.provider.counts.get("delete_calls", 0))
+                                  value=self.counts.get("delete_calls", 0))

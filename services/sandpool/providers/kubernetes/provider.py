@@ -38,6 +38,7 @@ import httpx
 
 from sandpool.controller.provider import LostListener, PoolSpec, ProviderError, SandboxInfo
 from sandpool.providers.kubernetes.client import ApiError, Conflict, KubeApi, NotFound
+from sandpool.providers.kubernetes.metrics import KubernetesProviderCollector
 from sandpool.providers.kubernetes.pods import (
     ANNOTATION_ATTEMPT,
     HEALTH_PATH,
@@ -384,9 +385,7 @@ class KubernetesProvider:
 
     def register_metrics(self, registry: Any) -> None:
         """Export the counters below on the owner's Prometheus registry (its `/metrics`)."""
-        from sandpool.providers.kubernetes.metrics import KubernetesProviderCollector
-
-        registry.register(KubernetesProviderCollector(self))
+        registry.register(KubernetesProviderCollector(self.api.stats, self.watcher, self.counts))
 
     def describe(self) -> dict[str, object]:
         return {
