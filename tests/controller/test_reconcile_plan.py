@@ -22,6 +22,7 @@ from sandpool.controller.reconcile import (
     merge,
     orphans,
     plan,
+    prepare,
 )
 from sandpool.state.sandboxes import STATES, SandboxRecord, Settled
 
@@ -198,9 +199,9 @@ def test_judged_in_slices_the_plan_is_the_same():
     running["sb-orphan"] = SandboxInfo("sb-orphan", POOL, ready=True)
     whole = plan(records, running, sessions, SITUATION)
     assert len(whole.actions) > 10  # the rows say what each gives: enough of them act
-    values = list(records.values())
+    first, values, named = prepare(records, running, sessions, SITUATION)  # as the controller does
+    assert first == orphans(records, running, SITUATION) and values == list(records.values())
     for size in (1, 3, 7, len(values)):
         slices = [values[i:i + size] for i in range(0, len(values), size)]
-        sliced = merge([orphans(records, running, SITUATION),
-                        *(judge(part, running, sessions, SITUATION) for part in slices)])
+        sliced = merge([first, *(judge(part, running, named, SITUATION) for part in slices)])
         assert sliced == whole, size

@@ -48,10 +48,8 @@ from sandpool.controller.reconcile import (
     ReleaseDead,
     Situation,
     judge,
-    members,
     merge,
-    orphans,
-    to_judge,
+    prepare,
 )
 from sandpool.state import channels
 from sandpool.state.client import Client
@@ -654,10 +652,9 @@ class PoolController:
         reads are: judged all at once, records of 100,000 sandboxes were ~0.2 s of pure Python that took a
         core from the request path for as long (on the event loop it would also hold this process's
         reaper and refills). The settled members cost a look-up each."""
-        values, sessions = await asyncio.to_thread(to_judge, survey.records, survey.sessions, survey.settled,
-                                                   running)
-        known = await asyncio.to_thread(members, survey.records, survey.settled)
-        parts = [await asyncio.to_thread(orphans, known, running, situation)]
+        first, values, sessions = await asyncio.to_thread(prepare, survey.records, running, survey.sessions,
+                                                          situation, survey.settled)
+        parts = [first]
         for start in range(0, len(values), PLAN_SLICE):
             began = time.perf_counter()
             parts.append(await asyncio.to_thread(judge, values[start:start + PLAN_SLICE], running, sessions,

@@ -115,19 +115,22 @@ def plan(records: Mapping[str, SandboxRecord], running: Mapping[str, SandboxInfo
     The same as `orphans` and then `judge` of every record, merged: a caller may judge the records in
     slices (the controller does, pausing between them) and get the same plan.
     """
+    first, values, named = prepare(records, running, sessions, situation, settled)
+    return merge([first, judge(values, running, named, situation)])
+
+
+def prepare(records: Mapping[str, SandboxRecord], running: Mapping[str, SandboxInfo], sessions: Mapping[str, str],
+            situation: Situation, settled: Iterable[Settled] = ()) -> tuple[Plan, list[SandboxRecord],
+                                                                            dict[str, str]]:
+    """`plan` up to the judging: the orphans' plan, and the records `judge` must see (every one of
+    `records`, and the settled members the provider does not run with a live agent: the other settled
+    ones need nothing) with the sessions they name. A caller judges those whole or in slices."""
     settled = list(settled)
-    values, named = to_judge(records, sessions, settled, running)
-    return merge([orphans(members(records, settled), running, situation), judge(values, running, named, situation)])
-
-
-def to_judge(records: Mapping[str, SandboxRecord], sessions: Mapping[str, str], settled: Iterable[Settled],
-             running: Mapping[str, SandboxInfo]) -> tuple[list[SandboxRecord], dict[str, str]]:
-    """The records `judge` must see (every one of `records`, and the settled members the provider does not
-    run with a live agent: the other settled ones need nothing), and the sessions they name."""
     steady, steady_sessions = unsettled(settled, running)
     # A member given both ways is judged once, by its record (`survey` gives a member read twice by
     # its later read only).
-    return list({**steady, **records}.values()), {**steady_sessions, **sessions}
+    values = list({**steady, **records}.values())
+    return orphans(members(records, settled), running, situation), values, {**steady_sessions, **sessions}
 
 
 def members(records: Mapping[str, SandboxRecord], settled: Iterable[Settled]) -> set[str]:
@@ -232,4 +235,4 @@ def _judge(record: SandboxRecord, info: SandboxInfo | None, sessions: Mapping[st
 
 
 __all__ = ["Action", "Destroy", "DestroySessionless", "DoomAgain", "Forget", "MarkLost", "Plan", "ReleaseDead",
-           "Situation", "judge", "members", "merge", "orphans", "plan", "to_judge", "unsettled"]
+           "Situation", "judge", "members", "merge", "orphans", "plan", "prepare", "unsettled"]
