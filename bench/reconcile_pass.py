@@ -31,6 +31,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from scale import command_counts, commands_between, redis_cpu  # bench/ is this script's directory
 from testkit import RedisServer
 
 from sandpool.controller import reconcile
@@ -66,17 +67,12 @@ def populate(r: redis.Redis, keys: Keys, members: int) -> None:
     pipe.execute()
 
 
-def redis_cpu(r: redis.Redis) -> float:
-    info = r.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
 async def one_pass(url: str, keys: Keys, running: dict[str, SandboxInfo], r: redis.Redis) -> dict[str, Any]:
     client = connect(url, timeout=30)
     store = SandboxStore(client, keys, record_ttl_seconds=600)
     try:
-        r.config_resetstat()
-        redis0, cpu, wall = redis_cpu(r), time.process_time(), time.perf_counter()
+        commands, redis0 = command_counts(r), redis_cpu(r)
+        cpu, wall = time.process_time(), time.perf_counter()
         survey = await store.survey([POOL])
         read = time.process_time() - cpu
         situation = reconcile.Situation(now=time.time(), replica_id="bench", start_timeout=60.0, term=5.0,
@@ -85,12 +81,10 @@ async def one_pass(url: str, keys: Keys, running: dict[str, SandboxInfo], r: red
         decided = reconcile.plan(survey.records, running, survey.sessions, situation,
                                  *([settled] if settled is not None else []))
         used, took = time.process_time() - cpu, time.perf_counter() - wall
-        commands = {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
-                    for name, v in r.info("commandstats").items() if name != "cmdstat_info"}
         return {"read_cpu_ms": round(read * 1000, 1), "read_and_plan_cpu_ms": round(used * 1000, 1),
                 "wall_ms": round(took * 1000, 1), "redis_cpu_ms": round((redis_cpu(r) - redis0) * 1000, 1),
                 "actions": len(decided.actions),
-                "redis_commands": dict(sorted(commands.items(), key=lambda item: -item[1][1])[:6])}
+                "redis_commands": commands_between(commands, command_counts(r), count=6)}
     finally:
         await close(client)
 
