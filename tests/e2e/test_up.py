@@ -96,7 +96,7 @@ def test_up_works_from_a_data_dir_of_any_length(up_factory, tmp_path: Path) -> N
 
 
 def test_a_request_is_followed_through_api_and_agent_logs_by_its_id(up_factory) -> None:
-    up = up_factory("--log-level", "info")
+    up = up_factory("--log-level", "info", "--agent-log-level", "info")  # agents log each call at info only
     url, token = up.printed("SANDPOOL_URL="), up.printed("SANDPOOL_TOKEN=")
     with httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"}) as client:
         sid = client.post("/sessions", json={}).json()["session_id"]
@@ -125,6 +125,8 @@ def test_a_request_is_followed_through_api_and_agent_logs_by_its_id(up_factory) 
     assert {line["service"] for line in followed} == {"api", "agent"}, followed
     at_agent = [line for line in followed if line["service"] == "agent"]
     assert at_agent[0]["tool"] == "bash_code_execution" and at_agent[0]["outcome"] == "ok", at_agent
+    at_api = [line for line in followed if line["service"] == "api" and line["msg"] == "request"]
+    assert at_api[0]["tool"] == "bash_code_execution" and at_api[0]["outcome"] == "ok", at_api
     # An id the api generated is followed the same way; the token is in no line at all.
     assert {line["service"] for line in control_plane + agent_lines if line.get("request_id") == generated} \
         == {"api", "agent"}

@@ -159,6 +159,33 @@ def test_log_lines_carry_the_request_id_and_never_the_token(api: Api, keys: Keys
     assert token.split(".")[1] not in stream.getvalue() and token.split(".")[2] not in stream.getvalue()
 
 
+def test_an_execute_access_line_names_its_tool_and_outcome(stack: Stack) -> None:
+    """What the agent's own line added (agents log at warning by default): the api's line says it."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter("api"))
+    logger = logging.getLogger("sandpool.access")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    stack.sandboxes.publish_agents(1)
+    try:
+        with stack.client("acme") as client:
+            sid = client.post("/sessions", json={}).json()["session_id"]
+            ok = client.post(f"/sessions/{sid}/exec", json=PRINT_1, headers={"X-Request-Id": "rid-ok"})
+            failed = client.post(f"/sessions/{sid}/exec", headers={"X-Request-Id": "rid-failed"},
+                                 json={"tool": "bash_code_execution", "input": {"command": "exit 3"}})
+            unknown = client.post("/sessions/no-such-session/exec", json=PRINT_1, headers={"X-Request-Id": "rid-404"})
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+    assert ok.status_code == 200 and failed.status_code == 200 and unknown.status_code == 404
+    lines = {line.get("request_id"): line for line in map(json.loads, stream.getvalue().splitlines())}
+    assert lines["rid-ok"]["tool"] == "code_execution" and lines["rid-ok"]["outcome"] == "ok"
+    assert lines["rid-failed"]["tool"] == "bash_code_execution" and lines["rid-failed"]["outcome"] == "failed"
+    assert lines["rid-404"]["status"] == 404 and "outcome" not in lines["rid-404"]
+
+
 def test_a_client_leaving_mid_upload_is_dropped_quietly(stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
     stack.sandboxes.publish_agents(1)
     with stack.client("acme") as client:

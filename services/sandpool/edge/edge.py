@@ -16,7 +16,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandpool.core.logs import request_id_var
-from sandpool.core.request_ids import log_access, request_id_from, with_request_id
+from sandpool.core.request_ids import ACCESS_EXTRA_KEY, log_access, request_id_from, with_request_id
 from sandpool.sessions.metrics import ApiMetrics
 
 OPERATION_KEY = "sandpool.operation"
@@ -57,4 +57,4 @@ class EdgeMiddleware:
         status["observed"] = True
         operation, seconds = scope.get(OPERATION_KEY, "other"), time.perf_counter() - started
         self.metrics.observe(operation, status["code"], seconds)
-        log_access(scope, status["code"], started, operation=operation)
+        log_access(scope, status["code"], started, operation=operation, **scope.get(ACCESS_EXTRA_KEY, {}))

@@ -49,6 +49,7 @@ from sandpool.core.errors import (
 from sandpool.core.hop import HopBusy, HopConnectError, HopError
 from sandpool.core.hop import Response as HopResponse
 from sandpool.core.logs import request_id_var
+from sandpool.core.request_ids import ACCESS_EXTRA_KEY
 from sandpool.sessions import limits
 from sandpool.sessions.answers import Answers
 from sandpool.sessions.caller import Caller, ExecBody
@@ -378,6 +379,9 @@ class SessionLayer:
             body = self.exec_body(await read_capped(request, self.settings.max_body_bytes))
         call, target = await self._admitted(caller, session_id, body)
         tool = body.tool
+        # The access line names the call's tool, and its outcome once known before the answer starts (a
+        # streamed call's comes after): what the agent's own line added, which it writes only at info.
+        access = request.scope[ACCESS_EXTRA_KEY] = {"tool": tool}
         # (The model already refused a non-integer; the fallback only keeps the type honest.)
         timeout = limits.exec_timeout(body.timeout_hint, default=target.exec_timeout_seconds,
                                       ceiling=target.max_exec_timeout_seconds,
@@ -389,6 +393,8 @@ class SessionLayer:
                                  ensure_ascii=False).encode()
 
         async def metered(status: int, outcome: str, elapsed: float, _: int) -> Metered:
+            if status == 200:
+                access["outcome"] = outcome
             if status != 200 or outcome == Outcome.WITHDRAWN:  # a withdrawn call never ran
                 return NOTHING
             self.metrics.executions.labels(tool=tool, outcome=outcome).inc()
