@@ -236,6 +236,10 @@ async def test_destroy_removes_a_full_workspace_and_everything_beside_it(data_di
     # stays empty. A tmpfs on the host, or no tmpfs, shows the session's files here.
     in_sandbox_namespace = tmpfs and ROOT and not mounts_below(data_dir)
     assert on_host == (0 if in_sandbox_namespace else 301)
+    # And beside the files the provider made, what it did not (an agent's own temporary directory).
+    extra = data_dir / "sandboxes" / "sb-full" / "tmp" / "left"
+    extra.mkdir(parents=True)
+    (extra / "file").write_text("x")
     await provider.destroy("sb-full")
     assert not (data_dir / "sandboxes" / "sb-full").exists()
     assert mounts_below(data_dir) == []

@@ -62,6 +62,29 @@ log = logging.getLogger("sandpool.providers.local")
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 
+_AS_MADE = ("meta.json", "secret", "agent.pid", "agent.log")
+"""The files a sandbox directory holds beside its workspace (the module docstring's layout)."""
+
+
+def _remove_as_made(sandbox_dir: Path) -> bool:
+    """Remove a sandbox directory that holds only what the provider put there and an empty
+    workspace (its tmpfs unmounted): a few unlinks and two rmdirs on the event loop, instead of
+    rmtree's walk in a worker thread. False when it holds anything else, or a name is not what the
+    provider made (the caller's rmtree removes the rest); FileNotFoundError when it is gone."""
+    try:
+        for name in _AS_MADE:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sandbox_dir / name)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(sandbox_dir / "workspace")
+        os.rmdir(sandbox_dir)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return False
+    return True
+
+
 def data_dir_need(path: Path) -> str:
     """What the data dir needs, said for this process's uid (the controller chmods it, so it must own it)."""
     uid = os.geteuid()
@@ -98,6 +121,9 @@ class LocalProvider:
         self._lost_listener: LostListener | None = None
         self._creating: set[str] = set()  # a sandbox that dies while created fails its create instead
         self._uids: dict[tuple[str, int], int] = {}  # uid of each sandbox directory (name, inode) read so far
+        self._made: dict[str, tuple[dict[str, object], ProcessHandle]] = {}
+        """meta.json and agent.pid of the sandboxes this provider started, as written: destroy reads
+        the files only for a sandbox an earlier provider started."""
 
     # --- lifecycle of the provider itself ------------------------------------------------
     async def start(self) -> None:
@@ -323,9 +349,10 @@ class LocalProvider:
         except OSError as exc:
             raise ProviderError(f"cannot make the socket directory of sandbox {sandbox_id}: {exc}",
                                 transient=False) from None
-        (sandbox_dir / "meta.json").write_text(json.dumps({
+        meta: dict[str, object] = {
             "pool": pool.name, "uid": limits.uid, "gid": limits.gid, "created_at": time.time(),
-            "dedicated_uid": self._dedicated(limits.uid), "socket": str(socket_path)}))
+            "dedicated_uid": self._dedicated(limits.uid), "socket": str(socket_path)}
+        (sandbox_dir / "meta.json").write_text(json.dumps(meta))
         egress = None
         if self.settings.egress_socket is not None:
             egress = EgressAccess(socket=str(self.settings.egress_socket), credential=secrets.token_urlsafe(32))
@@ -345,6 +372,7 @@ class LocalProvider:
             finally:
                 os.close(ready_w)  # the agent holds the only write end now: end-of-file if it dies
             (sandbox_dir / "agent.pid").write_text(handle.to_line())
+            self._made[sandbox_id] = (meta, handle)
             await self._wait_serving(sandbox_id, socket_path, ready_r)
         finally:
             os.close(ready_r)
@@ -357,8 +385,8 @@ class LocalProvider:
             return  # nothing of ours can have that name
         sandbox_dir = self._dir(sandbox_id)
         try:
-            meta = self._meta(sandbox_dir)
-            handle = self._handle(sandbox_dir)
+            made = self._made.get(sandbox_id)
+            meta, handle = made if made is not None else (self._meta(sandbox_dir), self._handle(sandbox_dir))
             contained = await self.launcher.kill(handle) if handle is not None else False
             uid, gid = meta.get("uid"), meta.get("gid")
             if not contained and meta.get("dedicated_uid") and isinstance(uid, int) and self._dedicated(uid):
@@ -368,11 +396,14 @@ class LocalProvider:
             if socket_path is not None:
                 SocketDir.remove(socket_path)
             fsmount.unmount_under(sandbox_dir)
-            await asyncio.to_thread(shutil.rmtree, sandbox_dir, ignore_errors=False)
+            if not _remove_as_made(sandbox_dir):
+                await asyncio.to_thread(shutil.rmtree, sandbox_dir, ignore_errors=False)
         except FileNotFoundError:
+            self._made.pop(sandbox_id, None)
             return
         except OSError as exc:
             raise ProviderError(f"cannot destroy sandbox {sandbox_id}: {exc.strerror or exc}") from None
+        self._made.pop(sandbox_id, None)
 
     async def list(self) -> list[SandboxInfo]:
         try:
@@ -394,6 +425,9 @@ class LocalProvider:
                 sandbox_id=sandbox_dir.name, pool=str(meta.get("pool") or ""),
                 address=f"unix://{socket_path}" if socket_path else None, secret=secret,
                 ready=handle is not None and is_alive(handle)))
+        # What another provider on this data dir destroyed (a controller that took over) is forgotten here.
+        listed = {entry.name for entry in entries} | self._creating
+        self._made = {sandbox_id: made for sandbox_id, made in self._made.items() if sandbox_id in listed}
         return found
 
     async def destroy_all(self) -> int:
