@@ -25,6 +25,7 @@ bounded; a failed step is retried after a backoff or left to reconciliation.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -56,7 +57,7 @@ from sandpool.state.client import Client
 from sandpool.state.errors import StateError
 from sandpool.state.keys import Keys
 from sandpool.state.leader import Leadership
-from sandpool.state.sandboxes import SandboxStore, Survey
+from sandpool.state.sandboxes import Look, SandboxStore, Survey
 from sandpool.state.sessions import SessionStore
 
 log = logging.getLogger("sandpool.controller.controller")
@@ -271,12 +272,18 @@ class PoolController:
         while self._leader:
             self._wake.clear()
             self.ticks += 1
-            await self._step("drain", self.drain_doomed())
+            # Our starts are counted before Redis is read: one that publishes meanwhile is then counted
+            # twice (one pass of under-filling), never missed (one sandbox over the target).
+            starting = collections.Counter(self._starting.values())
+            look = await self._look()
+            if look is not None:
+                await self._step("drain", self.drain_doomed(look))
             now = time.monotonic()
             if now - self._last_demand >= self.timing.demand_seconds:
                 self._last_demand, self._demand_moved = now, False
                 await self._step("demand", self.follow_demand())
-            await self._step("top-up", self.top_up())
+            if look is not None:
+                await self._step("top-up", self.top_up(look, starting))
             now = time.monotonic()
             if self._reconciling is None and (
                     now - self._last_reconcile >= self.timing.reconcile_seconds or now >= self._recheck_at):
@@ -369,18 +376,28 @@ class PoolController:
         await channels.listen(self.redis, self.keys.pool_events, on_nudge, while_=lambda: self._leader,
                               poll_seconds=self.timing.safety_wake_seconds)
 
+    async def _look(self) -> Look | None:
+        """What the pass reads first (every pool's fill, the doomed sandboxes it may start destroying),
+        or None when Redis could not say (the step is retried after a backoff)."""
+        looked: list[Look] = []
+
+        async def read() -> None:
+            room = self.timing.max_concurrent_destroys - len(self._destroying)
+            looked.append(await self.sandboxes.look(self.pools, room))
+
+        await self._step("look", read())
+        return looked[0] if looked else None
+
     # --- keeping pools warm --------------------------------------------------------------
-    async def top_up(self) -> None:
+    async def top_up(self, look: Look, starting: collections.Counter[str]) -> None:
+        """Start what each pool lacks, from the pass's `look` and the starts counted before it."""
         for pool in self.pools.values():
             if time.monotonic() < self._backoff_until.get(pool.name, 0.0):
                 continue
-            # Counted before reading Redis: a start that publishes meanwhile is then counted
-            # twice (one pass of under-filling), never missed (one sandbox over the target).
-            starting = sum(1 for p in self._starting.values() if p == pool.name)
-            fill = await self.sandboxes.fill(pool.name)
+            fill = look.fills[pool.name]
             self._waiters[pool.name] = fill.waiters
             target = self.targets[pool.name].target
-            if starting == 0 and fill.queued == 0 and fill.ready > target:
+            if starting[pool.name] == 0 and fill.queued == 0 and fill.ready > target:
                 # Demand may have moved since the last look (a waiter gave up and left its sandbox
                 # ready): follow it before throwing warm sandboxes away.
                 target = await self._follow(pool, time.time())
@@ -389,7 +406,7 @@ class PoolController:
                 continue
             # Every queued waiter wants a sandbox started for it at once, beyond the warm target.
             slots = self.timing.max_concurrent_starts - len(self._starting)
-            wanted = min(target + fill.queued - fill.ready - starting, pool.ceiling - fill.members, slots)
+            wanted = min(target + fill.queued - fill.ready - starting[pool.name], pool.ceiling - fill.members, slots)
             for _ in range(max(0, wanted)):
                 sandbox_id = new_sandbox_id()
                 # Known as starting before its record exists: stepping down while the script runs
@@ -491,11 +508,11 @@ class PoolController:
             self._wake.set()
 
     # --- destroying ----------------------------------------------------------------------
-    async def drain_doomed(self) -> None:
-        """Start destroying every doomed sandbox (bounded concurrency, one task each)."""
-        while len(self._destroying) < self.timing.max_concurrent_destroys:
-            batch = self.timing.max_concurrent_destroys - len(self._destroying)
-            popped = await self.sandboxes.pop_doomed(batch)
+    async def drain_doomed(self, look: Look) -> None:
+        """Start destroying every doomed sandbox (bounded concurrency, one task each): those the pass's
+        look popped, then more while the set gives a full batch."""
+        popped, batch = look.doomed, look.asked
+        while batch > 0:
             if self._passing is not None:
                 self._passing.update(popped)
             for sandbox_id in popped:
@@ -507,6 +524,8 @@ class PoolController:
                 task.add_done_callback(self._destroy_tasks.discard)
             if len(popped) < batch:
                 return  # the set was empty: no second round trip to find that out (a doom wakes us)
+            batch = self.timing.max_concurrent_destroys - len(self._destroying)
+            popped = await self.sandboxes.pop_doomed(batch) if batch > 0 else []
 
     async def _destroy_doomed(self, sandbox_id: str) -> None:
         try:
