@@ -116,6 +116,22 @@ async def test_destroy_kills_the_whole_process_tree(data_dir: Path) -> None:
 
 
 @pytest.mark.skipif(not ROOT, reason="uid separation needs root")
+async def test_a_late_destroy_of_a_sandbox_another_provider_removed_kills_nothing(data_dir: Path) -> None:
+    """The first provider remembers the sandbox it made; the second destroys it and gives its uid (the
+    range's only one) to a new sandbox. The first's late destroy must not kill by that uid."""
+    first = await started(data_dir, sandbox_uid_range="1700110-1700110")
+    second = await started(data_dir, sandbox_uid_range="1700110-1700110")
+    await first.create(POOL, "sb-late")
+    await second.destroy("sb-late")
+    info = await second.create(POOL, "sb-now")
+    assert output(await run(info.address, info.secret, "code_execution", code="x = 42"))[2] == 0
+    await first.destroy("sb-late")
+    stdout, stderr, _ = output(await run(info.address, info.secret, "code_execution", code="print(x)"))
+    assert (stdout, stderr) == ("42\n", "")  # the same interpreter: nothing of the new sandbox was killed
+    await second.destroy("sb-now")
+
+
+@pytest.mark.skipif(not ROOT, reason="uid separation needs root")
 async def test_sandboxed_code_runs_unprivileged_and_cannot_read_the_secret(data_dir: Path) -> None:
     provider = await started(data_dir)
     info = await provider.create(POOL, "sb-uid")
@@ -449,6 +465,29 @@ def test_cpu_limits_are_checked() -> None:
         cpu_millis(PoolSpec(name="p", image="i", cpu="lots"), 1.0)
     with pytest.raises(ValueError, match="cpu_limit"):
         LocalProviderSettings(cpu_limit=0.001)
+
+
+@pytest.mark.timeout(60, method="thread")  # the bug this shows hangs the loop's close, out of a signal's reach
+def test_killing_a_tree_leaves_its_exit_to_the_event_loop_that_started_it() -> None:
+    """An agent the subprocess launcher started is the event loop's child: kill_tree must not reap it,
+    or uvloop never learns its exit (the process's `wait()` never returns, and closing the loop hangs).
+    Here it has already died, a zombie the loop has not looked at yet, when kill_tree runs."""
+    import time
+
+    import uvloop
+
+    async def scenario() -> int | None:
+        proc = await asyncio.create_subprocess_exec("sleep", "300", start_new_session=True)
+        handle = procs.ProcessHandle(pid=proc.pid, pgid=proc.pid, start_time=procs.start_time(proc.pid))
+        os.kill(proc.pid, 9)
+        deadline = time.monotonic() + 5
+        while procs.is_alive(handle) and time.monotonic() < deadline:  # no await: the loop sees nothing yet
+            time.sleep(0.001)  # noqa: ASYNC251 - blocking on purpose, as said above
+        await procs.kill_tree(handle, grace=0)
+        return await asyncio.wait_for(proc.wait(), 5)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(scenario()) == -9
 
 
 @pytest.mark.skipif(not ROOT, reason="uids per sandbox need root")

@@ -10,6 +10,7 @@ restarted provider can still find and kill the sandbox.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import sandpool
-from sandpool.providers.local.procs import ProcessHandle, kill_tree, start_time
+from sandpool.providers.local.procs import EXIT_WAIT_SECONDS, ProcessHandle, kill_tree, start_time
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,8 @@ class SubprocessLauncher:
     def __init__(self, python: str | None = None, *, stop_grace_seconds: float = 2.0) -> None:
         self.python = python or sys.executable
         self.stop_grace_seconds = stop_grace_seconds
+        self._started: dict[int, asyncio.subprocess.Process] = {}
+        """The agents this launcher started, by pid: the event loop reaps them, and a kill waits for it."""
 
     async def launch(self, sandbox_id: str, workspace: Path, socket_path: Path, secret: AgentSecret,
                      limits: SandboxLimits, *, log_path: Path, ready_fd: int | None = None) -> ProcessHandle:
@@ -143,10 +146,16 @@ class SubprocessLauncher:
                 start_new_session=True, close_fds=True, pass_fds=(ready_fd,) if ready_fd is not None else ())
         finally:
             os.close(log_fd)
+        self._started = {pid: p for pid, p in self._started.items() if p.returncode is None}
+        self._started[proc.pid] = proc
         return ProcessHandle(pid=proc.pid, pgid=proc.pid, start_time=start_time(proc.pid))
 
     async def kill(self, handle: ProcessHandle) -> bool:
         await kill_tree(handle, grace=self.stop_grace_seconds)
+        proc = self._started.pop(handle.pid, None)
+        if proc is not None:  # ours: gone once the loop has reaped it (its exit status read, its handle closed)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), EXIT_WAIT_SECONDS)
         return False  # a process tree is no container: a double-forked escapee is the uid scan's
 
     def describe(self) -> dict[str, object]:

@@ -117,25 +117,21 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-async def _reap(pid: int) -> None:
-    """Collect our own child's exit status so it does not linger as a zombie."""
-    try:
-        os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG: never blocks
-    except ChildProcessError:
-        pass
-
-
 async def kill_tree(handle: ProcessHandle, *, grace: float) -> None:
     """SIGTERM the agent's group, wait up to `grace`, then SIGKILL group and descendants, and wait
     (bounded) until the agent is gone: a caller told the sandbox is destroyed may rely on it.
-    Exiting takes the kernel a moment (a killed agent's memory is torn down first)."""
+    Exiting takes the kernel a moment (a killed agent's memory is torn down first).
+
+    A zombie counts as gone, and is never reaped here: an agent that is our child was started by
+    the event loop's subprocess machinery, which reaps it. A `waitpid` of ours could take its exit
+    first, and then uvloop never learns it: the process handle stays open, and closing the loop
+    waits for it for ever."""
     loop = asyncio.get_running_loop()
     if is_alive(handle):
         tree = descendants(handle.pid)
         _signal_group(handle.pgid, signal.SIGTERM)
         deadline = loop.time() + grace
-        while is_alive(handle) and loop.time() < deadline:
-            await _reap(handle.pid)
+        while is_alive(handle) and loop.time() < deadline:  # noqa: ASYNC110 - /proc is all that says it is gone
             await asyncio.sleep(0.02)
         tree |= descendants(handle.pid) if is_alive(handle) else set()
         _signal_group(handle.pgid, signal.SIGKILL)
@@ -147,10 +143,8 @@ async def kill_tree(handle: ProcessHandle, *, grace: float) -> None:
         # The agent is gone; its group may live on.
         _signal_group(handle.pgid, signal.SIGKILL)
     deadline = loop.time() + EXIT_WAIT_SECONDS
-    await _reap(handle.pid)
-    while is_alive(handle) and loop.time() < deadline:
+    while is_alive(handle) and loop.time() < deadline:  # noqa: ASYNC110 - as above
         await asyncio.sleep(0.005)
-        await _reap(handle.pid)
 
 
 async def kill_uid(uid: int, gid: int, *, rounds: int = 20) -> bool:
