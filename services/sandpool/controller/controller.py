@@ -401,8 +401,11 @@ class PoolController:
                 # Demand may have moved since the last look (a waiter gave up and left its sandbox
                 # ready): follow it before throwing warm sandboxes away.
                 target = await self._follow(pool, time.time())
-                if fill.ready > target:
-                    await self._retire_surplus(pool, fill.ready - target)
+                # Read again: leases since the pass's look would make the surplus too large (the
+                # script dooms as many ready sandboxes as it is told). Rare: only above the target.
+                ready = (await self.sandboxes.look([pool.name], 0)).fills[pool.name].ready
+                if ready > target:
+                    await self._retire_surplus(pool, ready - target)
                 continue
             # Every queued waiter wants a sandbox started for it at once, beyond the warm target.
             slots = self.timing.max_concurrent_starts - len(self._starting)

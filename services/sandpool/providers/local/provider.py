@@ -370,8 +370,8 @@ class LocalProvider:
                                                     log_path=sandbox_dir / "agent.log", ready_fd=ready_w)
             finally:
                 os.close(ready_w)  # the agent holds the only write end now: end-of-file if it dies
+            self._made[sandbox_id] = (meta, handle)  # before the file: a failed write's destroy still kills it
             (sandbox_dir / "agent.pid").write_text(handle.to_line())
-            self._made[sandbox_id] = (meta, handle)
             await self._wait_serving(sandbox_id, socket_path, ready_r)
         finally:
             os.close(ready_r)
@@ -385,6 +385,11 @@ class LocalProvider:
         sandbox_dir = self._dir(sandbox_id)
         try:
             made = self._made.get(sandbox_id)
+            if made is not None and not os.path.lexists(sandbox_dir):
+                # Gone already (another provider on this data dir destroyed it): its pid, and above all its
+                # uid, may be another sandbox's by now, so nothing is killed by what we remember.
+                self._made.pop(sandbox_id, None)
+                return
             meta, handle = made if made is not None else (self._meta(sandbox_dir), self._handle(sandbox_dir))
             contained = await self.launcher.kill(handle) if handle is not None else False
             uid, gid = meta.get("uid"), meta.get("gid")

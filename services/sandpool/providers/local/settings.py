@@ -57,7 +57,7 @@ class LocalProviderSettings(ServiceSettings):
     agent_log_level: str = Field(default="warning", pattern=r"^(debug|info|warning|error)$", description=(
         "Log level of each sandbox's agent (JSON lines in its sandbox directory's agent.log); info adds "
         "one line per call (tool, outcome, return code, the caller's request id), ~0.1 ms of the agent's "
-        "CPU a call: the api's access line already names each Execute's tool and outcome"))
+        "CPU a call: the api's access line already names each Execute's tool and outcome (unless it streamed)"))
     start_timeout_seconds: float = Field(default=30.0, gt=0, description=(
         "How long a new sandbox's agent may take to report that it serves (its readiness pipe)"))
     stop_grace_seconds: float = Field(default=2.0, ge=0, description=(
