@@ -383,30 +383,27 @@ class LocalProvider:
         if not SANDBOX_ID.match(sandbox_id):
             return  # nothing of ours can have that name
         sandbox_dir = self._dir(sandbox_id)
-        try:
-            made = self._made.get(sandbox_id)
-            if made is not None and not os.path.lexists(sandbox_dir):
-                # Gone already (another provider on this data dir destroyed it): its pid, and above all its
-                # uid, may be another sandbox's by now, so nothing is killed by what we remember.
-                self._made.pop(sandbox_id, None)
-                return
-            meta, handle = made if made is not None else (self._meta(sandbox_dir), self._handle(sandbox_dir))
-            contained = await self.launcher.kill(handle) if handle is not None else False
-            uid, gid = meta.get("uid"), meta.get("gid")
-            if not contained and meta.get("dedicated_uid") and isinstance(uid, int) and self._dedicated(uid):
-                if not await kill_uid(uid, gid if isinstance(gid, int) else uid):
-                    raise ProviderError(f"processes of sandbox {sandbox_id} survived SIGKILL")
-            socket_path = self._socket(sandbox_dir, meta)
-            if socket_path is not None:
-                SocketDir.remove(socket_path)
-            fsmount.unmount_under(sandbox_dir)
-            await asyncio.to_thread(_remove, sandbox_dir)
-        except FileNotFoundError:
-            self._made.pop(sandbox_id, None)
-            return
-        except OSError as exc:
-            raise ProviderError(f"cannot destroy sandbox {sandbox_id}: {exc.strerror or exc}") from None
-        self._made.pop(sandbox_id, None)
+        made = self._made.get(sandbox_id)
+        # A sandbox of ours whose directory is gone was destroyed by another provider on this data dir: its
+        # pid, and above all its uid, may be another sandbox's by now, so nothing is killed by what we remember.
+        if made is None or os.path.lexists(sandbox_dir):
+            try:
+                meta, handle = made if made is not None else (self._meta(sandbox_dir), self._handle(sandbox_dir))
+                contained = await self.launcher.kill(handle) if handle is not None else False
+                uid, gid = meta.get("uid"), meta.get("gid")
+                if not contained and meta.get("dedicated_uid") and isinstance(uid, int) and self._dedicated(uid):
+                    if not await kill_uid(uid, gid if isinstance(gid, int) else uid):
+                        raise ProviderError(f"processes of sandbox {sandbox_id} survived SIGKILL")
+                socket_path = self._socket(sandbox_dir, meta)
+                if socket_path is not None:
+                    SocketDir.remove(socket_path)
+                fsmount.unmount_under(sandbox_dir)
+                await asyncio.to_thread(_remove, sandbox_dir)
+            except FileNotFoundError:
+                pass  # gone meanwhile
+            except OSError as exc:
+                raise ProviderError(f"cannot destroy sandbox {sandbox_id}: {exc.strerror or exc}") from None
+        self._made.pop(sandbox_id, None)  # gone (a failed destroy keeps what we remember, for its retry)
 
     async def list(self) -> list[SandboxInfo]:
         try:
